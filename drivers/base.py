@@ -1,0 +1,95 @@
+"""The array driver contract: one open array = metadata + chunk I/O.
+
+A driver maps an N-d array onto keys of a :class:`~tensorstore_py.kvstore.KvStore`
+(it never knows which store). It does no numpy-style indexing sugar: the view
+layer (``tensorstore_py.tensorstore``) turns user indexing into the normalised
+``index`` tuples below, casts and broadcasts values, and checks bounds.
+
+``index`` is a tuple of one ``slice`` per dimension with
+``0 <= start <= stop <= shape[d]`` and ``step >= 1`` (already normalised; the
+result has ``len(range(start, stop, step))`` elements along ``d``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from tensorstore_py.kvstore.base import KvStore
+
+__all__ = ["ArrayDriver", "Index"]
+
+Index = tuple[slice, ...]
+
+
+class ArrayDriver(ABC):
+    """An open chunked array (zarr3, zarr2, ...).
+
+    Guarantees: ``write`` of a whole chunk replaces it atomically; a partial
+    chunk write is a read-modify-write conditioned on the chunk's generation and
+    retried when it loses a race, so concurrent writers of disjoint regions of
+    one chunk never lose each other's data. Chunks equal to the fill value are
+    deleted rather than stored (as zarr-python does).
+    """
+
+    #: spec name: "zarr3" or "zarr"
+    driver: str
+    kvstore: KvStore
+
+    @property
+    @abstractmethod
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    @abstractmethod
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    @abstractmethod
+    def fill_value(self) -> Any:
+        """The fill value as a numpy scalar of ``dtype`` (zarr2 ``null`` -> 0)."""
+
+    @property
+    @abstractmethod
+    def dimension_names(self) -> tuple[str | None, ...]: ...
+
+    @property
+    @abstractmethod
+    def read_chunk_shape(self) -> tuple[int, ...]:
+        """The smallest unit that can be read alone (inner chunk when sharded)."""
+
+    @property
+    @abstractmethod
+    def write_chunk_shape(self) -> tuple[int, ...]:
+        """The unit written atomically (the shard when sharded, else the chunk)."""
+
+    @property
+    @abstractmethod
+    def metadata(self) -> dict[str, Any]:
+        """The stored metadata document (zarr.json / .zarray fields) as JSON."""
+
+    @abstractmethod
+    def spec(self) -> dict[str, Any]:
+        """``{"driver": ..., "kvstore": kvstore spec, "metadata": metadata}``."""
+
+    @abstractmethod
+    async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
+        """Read ``index``; missing chunks read as the fill value.
+
+        With ``out`` (C-contiguous, exact shape and dtype) chunks are decoded
+        straight into it and it is returned.
+        """
+
+    @abstractmethod
+    async def write(self, index: Index, value: np.ndarray) -> None:
+        """Write ``value`` (exact shape of ``index``, dtype == ``self.dtype``)."""
+
+    @abstractmethod
+    async def resize(self, new_shape: tuple[int, ...]) -> ArrayDriver:
+        """Write new metadata with ``new_shape``; chunks wholly outside it are deleted."""
+
+    @abstractmethod
+    def with_kvstore(self, kvstore: KvStore) -> ArrayDriver:
+        """The same array over another view of its store (e.g. a transaction)."""

@@ -1,0 +1,446 @@
+"""The kvstore contract: bytes by key, with honest conditions.
+
+This module holds the contract and nothing else: the abstract :class:`KvStore`,
+:class:`ReadResult`, :class:`Generation` and :class:`ByteRange`. Each backend is
+one module beside it.
+
+Guarantees every store gives (a store that can not give one raises
+:class:`~tensorstore_py.errors.UnsupportedError` naming the operation):
+
+* ``write(key, value)`` replaces the whole value atomically: a reader sees the old
+  value or the new one, never a mix.
+* ``write(..., if_equal=Generation.NO_VALUE)`` creates only: it raises
+  :class:`~tensorstore_py.errors.ConditionFailedError` if the key exists.
+  ``write(..., if_equal=g)`` is a compare-and-swap against generation ``g``.
+  Both are atomic with respect to every other writer the store serves.
+* A missing key is a result (``state == "missing"``), never an exception.
+* Generations are opaque, change on every write, and are only comparable for one
+  key of one store.
+* Keys are relative to the store's ``path``; they are validated (no empty key, no
+  absolute key, no ``.``/``..`` segment, no empty segment, no NUL) so nothing
+  escapes the root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
+
+from tensorstore_py.errors import (
+    ConditionFailedError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    ReadOnlyError,
+    UnsupportedError,
+)
+from tensorstore_py.future import Future, spawn
+
+if TYPE_CHECKING:
+    from tensorstore_py.kvstore.transaction import Transaction
+
+__all__ = [
+    "Buffer",
+    "ByteRange",
+    "Generation",
+    "KvStore",
+    "RangesResult",
+    "ReadResult",
+    "ReadState",
+    "validate_key",
+    "validate_prefix",
+]
+
+Buffer = Union[bytes, bytearray, memoryview]
+ReadState = Literal["value", "missing", "unchanged"]
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """An opaque stamp of one stored value of one key.
+
+    It changes on every write (even of identical bytes where the store allows),
+    is only meaningful for the key and store it came from, and is never ordered.
+    ``Generation.NO_VALUE`` stands for "the key is absent": as a write condition
+    it means create-only.
+    """
+
+    token: bytes
+
+    NO_VALUE: ClassVar[Generation]
+
+    @property
+    def is_no_value(self) -> bool:
+        return self.token == b""
+
+    def __repr__(self) -> str:
+        return "Generation.NO_VALUE" if self.token == b"" else f"Generation({self.token.hex()})"
+
+
+Generation.NO_VALUE = Generation(b"")
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """Bytes ``[start, stop)`` of a value; ``start < 0`` with ``stop=None`` is a suffix.
+
+    ``ByteRange(2, 10)`` is bytes 2..9, ``ByteRange(5)`` is from byte 5 to the end,
+    ``ByteRange(-16)`` is the last 16 bytes. A range that extends past the end of
+    the value is clipped; one that starts past the end reads as empty.
+    """
+
+    start: int = 0
+    stop: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.start < 0 and self.stop is not None:
+            raise InvalidArgumentError(
+                f"byte range: a suffix (negative start {self.start}) takes no stop, got {self.stop}"
+            )
+        if self.stop is not None and self.stop < self.start:
+            raise InvalidArgumentError(
+                f"byte range: stop {self.stop} is before start {self.start}"
+            )
+
+    @staticmethod
+    def of(r: slice | ByteRange | None) -> ByteRange | None:
+        """Normalise ``slice(a, b)``, ``slice(-n, None)`` or a ByteRange; None = whole."""
+        if r is None or isinstance(r, ByteRange):
+            return r
+        if isinstance(r, slice):
+            if r.step not in (None, 1):
+                raise InvalidArgumentError(f"byte range: step must be 1, got {r.step}")
+            start = 0 if r.start is None else int(r.start)
+            stop = None if r.stop is None else int(r.stop)
+            if start < 0 and stop is not None:
+                raise InvalidArgumentError(
+                    f"byte range {r}: a suffix range is slice(-n, None)"
+                )
+            if stop is not None and stop < 0:
+                raise InvalidArgumentError(f"byte range {r}: negative stop")
+            if start == 0 and stop is None:
+                return None
+            return ByteRange(start, stop)
+        raise InvalidArgumentError(f"byte range must be a slice or ByteRange, got {r!r}")
+
+    def apply(self, data: Buffer) -> Buffer:
+        """This range of ``data`` (clipped), without copying memoryviews."""
+        n = len(data)
+        if self.start < 0:
+            return data[max(0, n + self.start):]
+        stop = n if self.stop is None else min(self.stop, n)
+        return data[min(self.start, n):stop]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """The outcome of a read: ``state`` is "value", "missing" or "unchanged".
+
+    ``value`` is the bytes read (empty unless ``state == "value"``);
+    ``generation`` is the value's generation (``NO_VALUE`` when missing).
+    """
+
+    state: ReadState
+    value: Buffer
+    generation: Generation
+
+    @staticmethod
+    def missing() -> ReadResult:
+        return ReadResult("missing", b"", Generation.NO_VALUE)
+
+
+@dataclass(frozen=True, slots=True)
+class RangesResult:
+    """Several byte ranges of one value, all read at the same generation."""
+
+    state: Literal["value", "missing"]
+    values: list[Buffer]
+    generation: Generation
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a valid relative key, else raise InvalidKeyError."""
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"key must be a str, got {type(key).__name__}: {key!r}")
+    if not key:
+        raise InvalidKeyError("key must not be empty")
+    if "\x00" in key:
+        raise InvalidKeyError(f"key {key!r} contains NUL")
+    if key.startswith("/"):
+        raise InvalidKeyError(f"key {key!r} is absolute; keys are relative to the store path")
+    if key.endswith("/"):
+        raise InvalidKeyError(f"key {key!r} ends with '/'")
+    for part in key.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidKeyError(
+                f"key {key!r} has an empty, '.' or '..' segment (it could escape the root)"
+            )
+    return key
+
+
+def validate_prefix(prefix: str) -> str:
+    """Validate a list/delete prefix: "" or a key-like string (trailing '/' allowed)."""
+    if not isinstance(prefix, str):
+        raise InvalidKeyError(f"prefix must be a str, got {type(prefix).__name__}")
+    if prefix == "":
+        return prefix
+    validate_key(prefix[:-1] if prefix.endswith("/") else prefix)
+    return prefix
+
+
+def join_path(path: str, sub: str) -> str:
+    """``path`` extended by the relative ``sub`` (validated), ending with '/'."""
+    sub = sub.strip("/")
+    if not sub:
+        return path
+    validate_key(sub)
+    if path and not path.endswith("/"):
+        path += "/"
+    return path + sub + "/"
+
+
+# Coalescing of nearby byte ranges into one request (see KvStore.read_ranges).
+DEFAULT_COALESCE_GAP = 1 << 20
+_MAX_RANGES_ATTEMPTS = 5
+
+
+class KvStore(ABC):
+    """Abstract key-value store: every public call returns a :class:`Future`.
+
+    Backends implement the ``_``-prefixed coroutines, which receive *full* keys
+    (``self.path + key``), already validated. Everything else is derived here.
+    """
+
+    #: name of the driver in specs and in the registry
+    driver: ClassVar[str] = ""
+    #: True when the store rejects every mutation
+    read_only: bool = False
+
+    def __init__(self, *, path: str = "") -> None:
+        self.path = path
+
+    # -- opening ------------------------------------------------------------
+    @staticmethod
+    def open(spec: str | Mapping[str, Any] | KvStore) -> Future[KvStore]:
+        """Open a store from a URL (``file:///abs/``, ``memory://``, ``gs://b/p``,
+        ``http(s)://...``, any fsspec URL) or a JSON spec dict."""
+        from tensorstore_py.kvstore.registry import open_kvstore
+
+        return spawn(open_kvstore(spec))
+
+    # -- identity -----------------------------------------------------------
+    def spec(self) -> dict[str, Any]:
+        """A JSON-able dict from which ``KvStore.open`` reopens this store."""
+        d: dict[str, Any] = {"driver": self.driver}
+        d.update(self._spec_fields())
+        d["path"] = self.path
+        return d
+
+    @abstractmethod
+    def _spec_fields(self) -> dict[str, Any]:
+        """Backend fields of the spec (everything but driver and path)."""
+
+    def url(self) -> str:
+        """A URL for this store (where the backend has a URL form)."""
+        raise UnsupportedError(f"{self.driver} store has no URL form; use spec()")
+
+    def __repr__(self) -> str:
+        return f"KvStore({self.spec()!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self._identity() == other._identity()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._identity()))
+
+    def _identity(self) -> Any:
+        """What makes two instances the same store (default: the spec)."""
+        import json
+
+        return json.dumps(self.spec(), sort_keys=True)
+
+    # -- sub-paths ----------------------------------------------------------
+    def with_path(self, sub: str) -> KvStore:
+        """A view of this store whose keys live under ``sub/``."""
+        other = copy.copy(self)
+        other.path = join_path(self.path, sub)
+        return other
+
+    def __truediv__(self, sub: str) -> KvStore:
+        return self.with_path(sub)
+
+    def _full(self, key: str) -> str:
+        return self.path + validate_key(key)
+
+    # -- the public, Future-returning API -------------------------------------
+    def read(
+        self,
+        key: str,
+        *,
+        byte_range: slice | ByteRange | None = None,
+        if_not_equal: Generation | None = None,
+    ) -> Future[ReadResult]:
+        """Read ``key`` (optionally a byte range of it).
+
+        ``if_not_equal=g``: when the stored generation is still ``g`` the result
+        has ``state == "unchanged"`` and no value (cache revalidation).
+        """
+        full = self._full(key)
+        return spawn(self._read(full, ByteRange.of(byte_range), if_not_equal))
+
+    def read_ranges(
+        self,
+        key: str,
+        ranges: Sequence[slice | ByteRange],
+        *,
+        coalesce_gap: int = DEFAULT_COALESCE_GAP,
+    ) -> Future[RangesResult]:
+        """Read several byte ranges of one value, consistently.
+
+        Ranges closer than ``coalesce_gap`` bytes are merged into one request;
+        requests run concurrently. All ranges come from the same generation: if
+        the value changes between requests, the read is retried.
+        """
+        full = self._full(key)
+        norm = [ByteRange.of(r) or ByteRange(0) for r in ranges]
+        return spawn(self._read_ranges(full, norm, coalesce_gap))
+
+    def write(self, key: str, value: Buffer, *, if_equal: Generation | None = None) -> Future[Generation]:
+        """Write ``value`` at ``key``; returns the new generation.
+
+        ``if_equal=None`` overwrites; ``Generation.NO_VALUE`` creates only;
+        a generation makes it a compare-and-swap. A lost condition raises
+        :class:`ConditionFailedError`. The write is atomic; durability on return
+        is the backend's (documented per store).
+        """
+        full = self._full(key)
+        self._check_writable("write", key)
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(
+                f"value for key {key!r} must be bytes-like, got {type(value).__name__}"
+            )
+        return spawn(self._write(full, value, if_equal))
+
+    def delete(self, key: str, *, if_equal: Generation | None = None) -> Future[None]:
+        """Delete ``key`` (a missing key is not an error unless ``if_equal`` is set)."""
+        full = self._full(key)
+        self._check_writable("delete", key)
+        return spawn(self._delete(full, if_equal))
+
+    def delete_range(self, prefix: str = "") -> Future[None]:
+        """Delete every key starting with ``prefix``. Not atomic as a whole."""
+        validate_prefix(prefix)
+        self._check_writable("delete_range", prefix)
+        return spawn(self._delete_range(self.path + prefix))
+
+    def list(self, prefix: str = "") -> Future[list[str]]:
+        """Sorted keys (relative to this store's path) starting with ``prefix``."""
+        validate_prefix(prefix)
+        return spawn(self._list_relative(prefix))
+
+    def with_transaction(self, txn: Transaction) -> KvStore:
+        """A view of this store whose reads and writes go through ``txn``."""
+        from tensorstore_py.kvstore.transaction import TransactionalKvStore
+
+        return TransactionalKvStore(self, txn)
+
+    # -- backend hooks ------------------------------------------------------
+    @abstractmethod
+    async def _read(
+        self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None
+    ) -> ReadResult: ...
+
+    @abstractmethod
+    async def _write(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation: ...
+
+    @abstractmethod
+    async def _delete(self, key: str, if_equal: Generation | None) -> None: ...
+
+    @abstractmethod
+    async def _list(self, prefix: str) -> list[str]:
+        """Full keys starting with the full ``prefix``, in any order."""
+
+    async def _delete_range(self, prefix: str) -> None:
+        keys = await self._list(prefix)
+        await asyncio.gather(*(self._delete(k, None) for k in keys))
+
+    async def _list_relative(self, prefix: str) -> list[str]:
+        n = len(self.path)
+        return sorted(k[n:] for k in await self._list(self.path + prefix))
+
+    async def _read_ranges(
+        self, key: str, ranges: list[ByteRange], gap: int
+    ) -> RangesResult:
+        groups = _coalesce(ranges, gap)
+        for _attempt in range(_MAX_RANGES_ATTEMPTS):
+            results = await asyncio.gather(
+                *(self._read(key, g_range, None) for g_range, _members in groups)
+            )
+            gens = {r.generation for r in results}
+            if any(r.state == "missing" for r in results):
+                if all(r.state == "missing" for r in results):
+                    return RangesResult("missing", [], Generation.NO_VALUE)
+                continue  # deleted in between: try again
+            if len(gens) != 1:
+                continue  # changed in between: try again
+            values: list[Buffer] = [b""] * len(ranges)
+            for (g_range, members), res in zip(groups, results):
+                buf = res.value if isinstance(res.value, memoryview) else memoryview(res.value)
+                for idx in members:
+                    r = ranges[idx]
+                    if r.start < 0 or r.stop is None:
+                        values[idx] = buf  # an unbounded range is its own request
+                    else:
+                        values[idx] = buf[r.start - g_range.start: r.stop - g_range.start]
+            return RangesResult("value", values, results[0].generation)
+        raise ConditionFailedError(
+            f"{self.driver} store: key {key!r} kept changing during a multi-range read "
+            f"({_MAX_RANGES_ATTEMPTS} attempts)"
+        )
+
+    def _check_writable(self, op: str, key: str) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"{op} of {key!r}: {self!r} is read-only")
+
+
+def _coalesce(
+    ranges: list[ByteRange], gap: int
+) -> list[tuple[ByteRange, list[int]]]:
+    """Group ranges into requests: bounded ranges closer than ``gap`` merge."""
+    groups: list[tuple[ByteRange, list[int]]] = []
+    bounded = sorted(
+        (i for i, r in enumerate(ranges) if r.start >= 0 and r.stop is not None),
+        key=lambda i: ranges[i].start,
+    )
+    cur_start = cur_stop = -1
+    members: list[int] = []
+    for i in bounded:
+        r = ranges[i]
+        assert r.stop is not None
+        if members and r.start <= cur_stop + gap:
+            cur_stop = max(cur_stop, r.stop)
+            members.append(i)
+        else:
+            if members:
+                groups.append((ByteRange(cur_start, cur_stop), members))
+            cur_start, cur_stop, members = r.start, r.stop, [i]
+    if members:
+        groups.append((ByteRange(cur_start, cur_stop), members))
+    for i, r in enumerate(ranges):
+        if not (r.start >= 0 and r.stop is not None):
+            groups.append((r, [i]))
+    return groups
+
+
+def condition_failed(store: KvStore, key: str, expected: Generation | None, found: Generation) -> ConditionFailedError:
+    """The standard message for a lost condition."""
+    if expected is not None and expected.is_no_value:
+        what = "create-only write: the key already exists"
+    elif found.is_no_value:
+        what = f"compare-and-swap expected generation {expected!r} but the key is absent"
+    else:
+        what = f"compare-and-swap expected generation {expected!r}, found {found!r}"
+    return ConditionFailedError(f"{store.driver} store {store.spec().get('path', '')!r}: key {key!r}: {what}")

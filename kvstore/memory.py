@@ -1,0 +1,120 @@
+"""In-memory store: per instance, optionally shared by name within a process.
+
+Durability: none (the data lives as long as some store object refers to it).
+Atomicity: every operation runs on the library's loop thread, so each one is
+atomic and conditions are exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+from tensorstore_py.errors import InvalidSpecError
+from tensorstore_py.kvstore.base import (
+    Buffer,
+    ByteRange,
+    Generation,
+    KvStore,
+    ReadResult,
+    condition_failed,
+)
+
+__all__ = ["MemoryKvStore"]
+
+_counter = itertools.count(1)
+_names = itertools.count(1)
+
+
+class _Data:
+    """The shared state of one memory store (all views and reopened specs)."""
+
+    __slots__ = ("values", "__weakref__")
+
+    def __init__(self) -> None:
+        self.values: dict[str, tuple[bytes, Generation]] = {}
+
+
+# Named stores stay reachable by spec while any store object refers to them.
+_by_name: "weakref.WeakValueDictionary[str, _Data]" = weakref.WeakValueDictionary()
+
+
+class MemoryKvStore(KvStore):
+    """A dict of bytes. ``MemoryKvStore()`` is a fresh, empty store.
+
+    Its spec carries a process-unique ``name``; reopening that spec while the
+    store is alive gives the same data (so ``open(store.spec())`` round-trips).
+    """
+
+    driver = "memory"
+
+    def __init__(self, *, path: str = "", name: str | None = None) -> None:
+        super().__init__(path=path)
+        if name is None:
+            name = f"memory-{next(_names)}"
+            while name in _by_name:
+                name = f"memory-{next(_names)}"
+        data = _by_name.get(name)
+        if data is None:
+            data = _Data()
+            _by_name[name] = data
+        self._data = data
+        self.name = name
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> MemoryKvStore:
+        unknown = set(spec) - {"driver", "path", "name"}
+        if unknown:
+            raise InvalidSpecError(f"memory kvstore spec: unknown fields {sorted(unknown)}")
+        return cls(path=spec.get("path", ""), name=spec.get("name"))
+
+    @classmethod
+    def spec_from_url(cls, url: str) -> dict[str, Any]:
+        rest = url[len("memory://"):]
+        return {"driver": "memory", "path": rest}
+
+    def _spec_fields(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def url(self) -> str:
+        return f"memory://{self.path}"
+
+    def _identity(self) -> Any:
+        return (self.name, self.path)
+
+    async def _read(
+        self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None
+    ) -> ReadResult:
+        entry = self._data.values.get(key)
+        if entry is None:
+            return ReadResult.missing()
+        value, gen = entry
+        if if_not_equal is not None and if_not_equal == gen:
+            return ReadResult("unchanged", b"", gen)
+        if byte_range is not None:
+            value = bytes(byte_range.apply(value))
+        return ReadResult("value", value, gen)
+
+    def _current(self, key: str) -> Generation:
+        entry = self._data.values.get(key)
+        return Generation.NO_VALUE if entry is None else entry[1]
+
+    async def _write(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
+        if if_equal is not None and self._current(key) != if_equal:
+            raise condition_failed(self, key, if_equal, self._current(key))
+        gen = Generation(next(_counter).to_bytes(8, "big"))
+        self._data.values[key] = (bytes(value), gen)
+        return gen
+
+    async def _delete(self, key: str, if_equal: Generation | None) -> None:
+        if if_equal is not None and self._current(key) != if_equal:
+            raise condition_failed(self, key, if_equal, self._current(key))
+        self._data.values.pop(key, None)
+
+    async def _list(self, prefix: str) -> list[str]:
+        return [k for k in self._data.values if k.startswith(prefix)]
+
+    async def _delete_range(self, prefix: str) -> None:
+        for k in [k for k in self._data.values if k.startswith(prefix)]:
+            del self._data.values[k]

@@ -1,0 +1,79 @@
+"""tensorstore_py: huge N-d arrays and model checkpoints with real ACID guarantees.
+
+Quick tour::
+
+    import tensorstore_py as tsp
+    kv = tsp.KvStore.open("file:///data/x/").result()
+    kv.write("a", b"hello", if_equal=tsp.Generation.NO_VALUE).result()   # create-only
+    kv.read("a").result().value
+
+Every I/O call returns a :class:`Future`: ``.result()`` blocks, ``await`` awaits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensorstore_py import errors
+from tensorstore_py.errors import (
+    ChecksumError,
+    ConditionFailedError,
+    ConflictError,
+    InvalidKeyError,
+    InvalidSpecError,
+    NotFoundError,
+    ReadOnlyError,
+    TensorStoreError,
+    UnsupportedError,
+)
+from tensorstore_py.future import Future
+from tensorstore_py.kvstore.base import ByteRange, Generation, KvStore, ReadResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ByteRange",
+    "ChecksumError",
+    "ConditionFailedError",
+    "ConflictError",
+    "Future",
+    "Generation",
+    "InvalidKeyError",
+    "InvalidSpecError",
+    "KvStore",
+    "NotFoundError",
+    "ReadOnlyError",
+    "ReadResult",
+    "TensorStoreError",
+    "UnsupportedError",
+    "errors",
+]
+
+# Heavier parts load on first use: name -> (module, attribute).
+_LAZY: dict[str, tuple[str, str]] = {
+    "Transaction": ("tensorstore_py.kvstore.transaction", "Transaction"),
+    "CommitInfo": ("tensorstore_py.kvstore.transaction", "CommitInfo"),
+    "VersionInfo": ("tensorstore_py.kvstore.versioned", "VersionInfo"),
+    "open": ("tensorstore_py.tensorstore", "open"),
+    "TensorStore": ("tensorstore_py.tensorstore", "TensorStore"),
+    "Context": ("tensorstore_py.context", "Context"),
+    "CheckpointManager": ("tensorstore_py.checkpoint", "CheckpointManager"),
+    "checkpoint": ("tensorstore_py.checkpoint", None),  # type: ignore[dict-item]
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'tensorstore_py' has no attribute {name!r}") from None
+    import importlib
+
+    mod = importlib.import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,244 @@
+"""One background event loop, one Future type.
+
+Every I/O call in tensorstore_py is a coroutine run on a single background event
+loop thread; callers get a :class:`Future` that is both awaitable (from any
+asyncio loop, including the library's own) and blockable with ``.result()``.
+
+Fork safety: the loop thread does not survive ``os.fork()``. The child process
+drops the parent's loop (without touching it: its state belongs to a thread that
+no longer exists) and lazily starts a fresh one on first use. TensorStore aborts
+in that situation; we do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, Generic, TypeVar
+
+from tensorstore_py.errors import DeadlineExceededError, LoopError
+
+__all__ = ["Future", "get_loop", "in_loop_thread", "spawn", "ready"]
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
+_pid: int | None = None
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(started.set)
+    loop.run_forever()
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    """The library's event loop, started on first use (again after a fork)."""
+    global _loop, _thread, _pid
+    loop = _loop
+    if loop is not None and _pid == os.getpid():
+        return loop
+    with _lock:
+        if _loop is None or _pid != os.getpid():
+            loop = asyncio.new_event_loop()
+            started = threading.Event()
+            thread = threading.Thread(
+                target=_run_loop, args=(loop, started), name="tensorstore_py-loop", daemon=True
+            )
+            thread.start()
+            started.wait()
+            _loop, _thread, _pid = loop, thread, os.getpid()
+        return _loop
+
+
+def _after_fork_in_child() -> None:
+    # The parent's loop thread does not exist here; forget it and start afresh.
+    global _loop, _thread, _pid, _lock
+    _loop, _thread, _pid = None, None, None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def in_loop_thread() -> bool:
+    """True when called from the library's event loop thread."""
+    return _thread is not None and threading.current_thread() is _thread and _pid == os.getpid()
+
+
+class Future(Generic[T]):
+    """The result of an asynchronous operation.
+
+    Awaitable from any asyncio event loop, or blocked on with :meth:`result`.
+    The operation runs on the library's loop thread whether or not anyone waits.
+    """
+
+    __slots__ = ("_cf", "_task", "__weakref__")
+
+    def __init__(self, cf: concurrent.futures.Future[T], task: asyncio.Future[T] | None = None):
+        self._cf = cf
+        self._task = task
+
+    # -- blocking API -------------------------------------------------------
+    def result(self, timeout: float | None = None) -> T:
+        """Block until done and return the value (or raise the operation's error).
+
+        Raises :class:`~tensorstore_py.errors.LoopError` when called from the loop
+        thread (it would deadlock) and
+        :class:`~tensorstore_py.errors.DeadlineExceededError` on timeout.
+        """
+        if not self._cf.done() and in_loop_thread():
+            raise LoopError(
+                "Future.result() called from the tensorstore_py event loop thread would "
+                "deadlock; use `await future` inside coroutines"
+            )
+        try:
+            return self._cf.result(timeout)
+        except concurrent.futures.TimeoutError:
+            if self._cf.done():
+                raise
+            raise DeadlineExceededError(f"operation not done after {timeout} s") from None
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Block until done and return the operation's exception, or None."""
+        if not self._cf.done() and in_loop_thread():
+            raise LoopError("Future.exception() called from the event loop thread")
+        return self._cf.exception(timeout)
+
+    def done(self) -> bool:
+        return self._cf.done()
+
+    def cancelled(self) -> bool:
+        return self._cf.cancelled()
+
+    def cancel(self) -> bool:
+        """Request cancellation; True if the operation was not already finished."""
+        if self._cf.done():
+            return False
+        task = self._task
+        if task is not None:
+            loop = task.get_loop()
+            if in_loop_thread():
+                task.cancel()
+            else:
+                loop.call_soon_threadsafe(task.cancel)
+            return True
+        return self._cf.cancel()
+
+    def add_done_callback(self, fn: Callable[[Future[T]], Any]) -> None:
+        """Call ``fn(self)`` once done (on whichever thread completes it)."""
+        self._cf.add_done_callback(lambda _cf: fn(self))
+
+    # -- async API ----------------------------------------------------------
+    def __await__(self) -> Generator[Any, None, T]:
+        task = self._task
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if task is not None and running is task.get_loop():
+            return (yield from task.__await__())
+        return (yield from asyncio.wrap_future(self._cf).__await__())
+
+    def __repr__(self) -> str:
+        if not self._cf.done():
+            state = "pending"
+        elif self._cf.cancelled():
+            state = "cancelled"
+        elif self._cf.exception() is not None:
+            state = f"error={self._cf.exception()!r}"
+        else:
+            state = "done"
+        return f"<tensorstore_py.Future {state}>"
+
+
+def spawn(coro: Coroutine[Any, Any, T]) -> Future[T]:
+    """Run ``coro`` on the library loop and return its Future.
+
+    From the loop thread the coroutine becomes a task directly (no thread hop);
+    from any other thread it is scheduled thread-safely.
+    """
+    loop = get_loop()
+    if in_loop_thread():
+        task = loop.create_task(coro)
+        cf: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def _copy(t: asyncio.Future[T]) -> None:
+            if t.cancelled():
+                cf.cancel()
+            elif t.exception() is not None:
+                cf.set_exception(t.exception())  # type: ignore[arg-type]
+            else:
+                cf.set_result(t.result())
+
+        task.add_done_callback(_copy)
+        return Future(cf, task)
+    cf2 = asyncio.run_coroutine_threadsafe(coro, loop)
+    return Future(cf2)
+
+
+def ready(value: T) -> Future[T]:
+    """A Future that is already done with ``value``."""
+    cf: concurrent.futures.Future[T] = concurrent.futures.Future()
+    cf.set_result(value)
+    return Future(cf)
+
+
+def run_sync(aw: Awaitable[T], timeout: float | None = None) -> T:
+    """Run an awaitable on the library loop and block for its value (not on the loop)."""
+
+    async def _wrap() -> T:
+        return await aw
+
+    return spawn(_wrap()).result(timeout)
+
+
+# -- thread pools -------------------------------------------------------------
+# Blocking file I/O and GIL-releasing codec work run on pools, never on the loop.
+_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(name: str, workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    pool = _pools.get(name)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(name)
+            if pool is None:
+                pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"tsp-{name}")
+                _pools[name] = pool
+    return pool
+
+
+def io_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for blocking I/O (file reads/writes, fsync)."""
+    return _pool("io", 32)
+
+
+def cpu_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads for codec work (compressors release the GIL): one per core."""
+    return _pool("cpu", max(2, os.cpu_count() or 2))
+
+
+async def run_io(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking ``fn(*args)`` on the I/O pool from the loop."""
+    return await asyncio.get_running_loop().run_in_executor(io_pool(), fn, *args)
+
+
+async def run_cpu(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` (GIL-releasing work) on the CPU pool from the loop."""
+    return await asyncio.get_running_loop().run_in_executor(cpu_pool(), fn, *args)
+
+
+def _reset_pools_after_fork() -> None:
+    global _pools_lock
+    _pools.clear()  # the parent's worker threads do not exist in the child
+    _pools_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_pools_after_fork)

@@ -1,0 +1,1 @@
+"""Conformance suites and helpers that third-party stores and drivers can reuse."""
