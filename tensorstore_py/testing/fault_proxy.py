@@ -1,0 +1,285 @@
+"""A loopback HTTP proxy that injects real network faults, for retry tests.
+
+It sits in front of an HTTP server (e.g. the GCS emulator) and, for a seeded
+fraction of requests, misbehaves in one of these ways::
+
+    "503"            answer 503 Service Unavailable (request not forwarded)
+    "429"            answer 429 Too Many Requests (request not forwarded)
+    "reset"          drop the connection without answering (request not forwarded)
+    "lost_response"  forward the request, then drop the connection: the server
+                     acted on it but the client never hears back
+    "truncate"       forward, then send the head and half of the body, then drop
+
+Everything else is relayed byte for byte. Each connection carries one request
+(the proxy asks upstream for ``Connection: close`` and relays that), so a
+dropped connection never poisons a pooled one. Decisions come from
+``random.Random(seed)`` in arrival order; :attr:`counters` tells how many
+requests arrived, were forwarded, and which faults were injected::
+
+    with FaultProxy(emulator.endpoint, fault_rate=0.3, seed=1) as proxy:
+        spec = {..., "endpoint": proxy.endpoint}
+        ...
+        assert proxy.counters()["faults"] > 0
+
+The proxy runs its own event loop on a background thread, separate from the
+library's loop, so it keeps serving while test code blocks on Futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+__all__ = ["FAULT_KINDS", "FaultProxy"]
+
+FAULT_KINDS: tuple[str, ...] = ("503", "429", "reset", "lost_response", "truncate")
+_HOP_HEADERS = {b"connection", b"keep-alive", b"proxy-connection"}
+
+
+class FaultProxy:
+    """A fault-injecting HTTP/1.1 proxy on 127.0.0.1 (port chosen by the OS)."""
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        fault_rate: float = 0.3,
+        seed: int = 0,
+        kinds: Sequence[str] = FAULT_KINDS,
+    ) -> None:
+        parts = urlsplit(upstream if "://" in upstream else "http://" + upstream)
+        if parts.scheme != "http" or not parts.hostname or not parts.port:
+            raise ValueError(f"FaultProxy: upstream must be http://host:port, got {upstream!r}")
+        bad = set(kinds) - set(FAULT_KINDS)
+        if bad or not kinds:
+            raise ValueError(f"FaultProxy: unknown fault kinds {sorted(bad)}; known: {FAULT_KINDS}")
+        if not 0.0 <= fault_rate <= 1.0:
+            raise ValueError(f"FaultProxy: fault_rate must be in [0, 1], got {fault_rate}")
+        self.upstream_host = parts.hostname
+        self.upstream_port = parts.port
+        self.fault_rate = fault_rate
+        self.kinds = tuple(kinds)
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._in_flight = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Self:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                self._server = loop.run_until_complete(
+                    asyncio.start_server(self._handle, "127.0.0.1", 0)
+                )
+                self.port = self._server.sockets[0].getsockname()[1]
+            except BaseException as e:  # noqa: BLE001 - re-raised by start()
+                failure.append(e)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=run, name="fault-proxy", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        loop, server = self._loop, self._server
+        if loop is None or self._thread is None:
+            return
+
+        async def shutdown() -> None:
+            if server is not None:
+                server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(5)
+        self._loop = self._thread = self._server = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- counters ------------------------------------------------------------------------
+    def counters(self) -> dict[str, Any]:
+        """``{"requests", "forwarded", "faults", "by_kind": {kind: n}, "max_in_flight"}``.
+
+        ``max_in_flight`` is the most requests the proxy held open at once.
+        """
+        with self._lock:
+            by_kind = {k: self._counts[k] for k in self.kinds}
+            return {
+                "requests": self._counts["requests"],
+                "forwarded": self._counts["forwarded"],
+                "faults": sum(by_kind.values()),
+                "by_kind": by_kind,
+                "max_in_flight": self._counts["max_in_flight"],
+            }
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+    def _decide(self) -> str | None:
+        with self._lock:
+            self._counts["requests"] += 1
+            if self._rng.random() < self.fault_rate:
+                kind = self._rng.choice(self.kinds)
+                self._counts[kind] += 1
+                return kind
+            return None
+
+    # -- one connection = one request -------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await _read_request(reader)
+            if request is None:
+                return
+            kind = self._decide()
+            with self._lock:
+                self._in_flight += 1
+                self._counts["max_in_flight"] = max(self._counts["max_in_flight"], self._in_flight)
+            released = False
+
+            def release() -> None:
+                # Called before the client can learn the outcome, so a client that
+                # bounds its requests never shows more than its bound here.
+                nonlocal released
+                if not released:
+                    released = True
+                    with self._lock:
+                        self._in_flight -= 1
+
+            try:
+                await self._serve(writer, request, kind, release)
+            finally:
+                release()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # the client went away; nothing to relay
+        finally:
+            if not writer.transport.is_closing():
+                writer.close()
+
+    async def _serve(
+        self,
+        writer: asyncio.StreamWriter,
+        request: bytes,
+        kind: str | None,
+        release: Callable[[], None],
+    ) -> None:
+        if kind in ("503", "429"):
+            release()
+            await _answer(writer, int(kind))
+            return
+        if kind == "reset":
+            release()
+            writer.transport.abort()
+            return
+        with self._lock:
+            self._counts["forwarded"] += 1
+        response = await self._forward(request)
+        release()
+        if kind == "lost_response":
+            writer.transport.abort()
+            return
+        if kind == "truncate":
+            head, sep, body = response.partition(b"\r\n\r\n")
+            writer.write(head + sep + body[: len(body) // 2])
+            await writer.drain()
+            writer.transport.abort()
+            return
+        writer.write(response)
+        await writer.drain()
+
+    async def _forward(self, request: bytes) -> bytes:
+        up_reader, up_writer = await asyncio.open_connection(self.upstream_host, self.upstream_port)
+        try:
+            up_writer.write(request)
+            await up_writer.drain()
+            return await up_reader.read()  # until EOF: we asked for Connection: close
+        finally:
+            up_writer.close()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
+    """One request (head rewritten to ``Connection: close``, body as sent), or None at EOF."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    lines = head[:-4].split(b"\r\n")
+    kept = [lines[0]]
+    length = 0
+    chunked = False
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        lname = name.strip().lower()
+        if lname in _HOP_HEADERS:
+            continue
+        if lname == b"content-length":
+            length = int(value.strip())
+        elif lname == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+        kept.append(line)
+    kept.append(b"Connection: close")
+    out = b"\r\n".join(kept) + b"\r\n\r\n"
+    if chunked:
+        body = bytearray()
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            body += size_line
+            size = int(size_line.split(b";")[0].strip(), 16)
+            if size == 0:
+                # trailers, then an empty line
+                while True:
+                    line = await reader.readuntil(b"\r\n")
+                    body += line
+                    if line == b"\r\n":
+                        break
+                break
+            body += await reader.readexactly(size + 2)
+        return out + bytes(body)
+    return out + (await reader.readexactly(length) if length else b"")
+
+
+async def _answer(writer: asyncio.StreamWriter, status: int) -> None:
+    reason = {503: "Service Unavailable", 429: "Too Many Requests"}[status]
+    body = (
+        f'{{"error": {{"code": {status}, "message": "injected fault: {reason}"}}}}'
+    ).encode()
+    writer.write(
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nRetry-After: 0\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()

@@ -1,0 +1,98 @@
+"""Shared pytest fixtures (keep this file small; per-area fixtures live with their tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from aiohttp import web
+
+
+class BackgroundServer:
+    """An aiohttp application served on 127.0.0.1 (a free port) by its own thread."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        started = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(started,), name="test-http-server", daemon=True
+        )
+        self._thread.start()
+        started.wait(30)
+        if not self.port:
+            raise RuntimeError("test HTTP server did not start")
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def start() -> None:
+            self._runner = web.AppRunner(self.app, access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = self._runner.addresses[0][1]
+
+        self.loop.run_until_complete(start())
+        started.set()
+        self.loop.run_forever()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        async def stop() -> None:
+            if self._runner is not None:
+                await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(30)
+        self.loop.close()
+
+
+@pytest.fixture
+def serve_app() -> Iterator[Callable[[web.Application], BackgroundServer]]:
+    """``serve_app(app)`` starts ``app`` on a loopback port; stopped at teardown."""
+    servers: list[BackgroundServer] = []
+
+    def start(app: web.Application) -> BackgroundServer:
+        server = BackgroundServer(app)
+        servers.append(server)
+        return server
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+# --- GCS emulator ------------------------------------------------------------------
+# One fake-gcs-server process for the whole pytest run; each test makes its own
+# bucket with ``gcs_emulator.create_bucket()``.
+
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from tensorstore_py.testing.gcs_server import GcsEmulator
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[GcsEmulator]:
+    """A running fake-gcs-server on 127.0.0.1 (skips if the binary is unavailable)."""
+    from tensorstore_py.testing.gcs_server import GcsEmulator, find_binary
+
+    try:
+        find_binary()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    emulator = GcsEmulator()
+    emulator.start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
