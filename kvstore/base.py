@@ -46,6 +46,7 @@ __all__ = [
     "Buffer",
     "ByteRange",
     "Generation",
+    "KeyInfo",
     "KvStore",
     "RangesResult",
     "ReadResult",
@@ -150,6 +151,18 @@ class ReadResult:
     @staticmethod
     def missing() -> ReadResult:
         return ReadResult("missing", b"", Generation.NO_VALUE)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """A listed key with its size in bytes and last-modified time (Unix seconds).
+
+    ``size`` / ``mtime`` are None where the store does not know them cheaply.
+    """
+
+    key: str
+    size: int | None = None
+    mtime: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,11 +354,29 @@ class KvStore(ABC):
         validate_prefix(prefix)
         return spawn(self._list_relative(prefix))
 
+    def list_info(self, prefix: str = "") -> Future[list[KeyInfo]]:
+        """Like :meth:`list`, with each key's size and modification time where the
+        store knows them from the listing itself (None otherwise). Sorted by key."""
+        validate_prefix(prefix)
+
+        async def run() -> list[KeyInfo]:
+            n = len(self.path)
+            infos = await self._list_info(self.path + prefix)
+            return sorted((KeyInfo(i.key[n:], i.size, i.mtime) for i in infos), key=lambda i: i.key)
+
+        return spawn(run())
+
     def with_transaction(self, txn: Transaction) -> KvStore:
         """A view of this store whose reads and writes go through ``txn``."""
         from tensorstore_py.kvstore.transaction import TransactionalKvStore
 
         return TransactionalKvStore(self, txn)
+
+    def _transaction_participant(self, txn: Transaction) -> Any:
+        """This store's part in ``txn``: stores with their own atomic multi-key
+        commits (the versioned store) return a ``transaction.Participant``;
+        None (the default) means the generic one-key participant."""
+        return None
 
     # -- backend hooks ------------------------------------------------------
     @abstractmethod
@@ -362,6 +393,11 @@ class KvStore(ABC):
     @abstractmethod
     async def _list(self, prefix: str) -> list[str]:
         """Full keys starting with the full ``prefix``, in any order."""
+
+    async def _list_info(self, prefix: str) -> list[KeyInfo]:
+        """Full keys starting with the full ``prefix`` with size and mtime; stores
+        that know them override this (the default knows neither)."""
+        return [KeyInfo(k) for k in await self._list(prefix)]
 
     async def _delete_range(self, prefix: str) -> None:
         keys = await self._list(prefix)

@@ -19,21 +19,31 @@ beside each key; ``list`` never shows them and keys may not name them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import os
+import stat
 import struct
+import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
-from tensorstore_py.errors import InvalidKeyError, InvalidSpecError, StorageError
-from tensorstore_py.future import run_io
+from tensorstore_py.errors import (
+    InvalidArgumentError,
+    InvalidKeyError,
+    InvalidSpecError,
+    StorageError,
+)
+from tensorstore_py.future import Future, in_loop_thread, io_pool, run_io
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
     Generation,
+    KeyInfo,
     KvStore,
     ReadResult,
     condition_failed,
@@ -42,6 +52,7 @@ from tensorstore_py.kvstore.base import (
 __all__ = ["FileKvStore", "aligned_empty"]
 
 META_DIR = ".__tsp__"
+T = TypeVar("T")
 _STAMP = struct.Struct("<QQqq")
 _ALIGN = 4096
 
@@ -62,12 +73,12 @@ def _stamp(st: os.stat_result) -> Generation:
 
 
 def _stamp_path(path: str) -> Generation:
+    """The key's generation; NO_VALUE when absent or a directory (not a key)."""
     try:
-        return _stamp(os.stat(path))
-    except FileNotFoundError:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
         return Generation.NO_VALUE
-    except NotADirectoryError:
-        return Generation.NO_VALUE
+    return Generation.NO_VALUE if stat.S_ISDIR(st.st_mode) else _stamp(st)
 
 
 def _fsync_dir(path: str) -> None:
@@ -122,6 +133,58 @@ class _KeyLock:
         os.close(self.fd)
 
 
+class _Job:
+    """A blocking call queued on the I/O pool that its first waiter may run itself."""
+
+    __slots__ = ("fn", "args", "cf", "_lock", "_claimed")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+        self.cf: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._lock = threading.Lock()
+        self._claimed = False
+
+    def run(self) -> None:
+        """Run the call unless someone else already has (or it was cancelled)."""
+        with self._lock:
+            if self._claimed:
+                return
+            self._claimed = True
+        if not self.cf.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn(*self.args)
+        except BaseException as e:  # delivered to the waiter
+            self.cf.set_exception(e)
+        else:
+            self.cf.set_result(result)
+        finally:
+            self.args = ()
+
+
+class _JobFuture(Future[T]):
+    """A Future whose ``result()`` (without timeout, off the loop) runs a job that
+    no pool thread has started yet in the calling thread."""
+
+    __slots__ = ("_job",)
+
+    def __init__(self, job: _Job) -> None:
+        super().__init__(job.cf)
+        self._job = job
+
+    def result(self, timeout: float | None = None) -> T:
+        if timeout is None and not in_loop_thread():
+            self._job.run()  # a no-op when a pool thread took it first
+        return super().result(timeout)
+
+
+def _submit(fn: Callable[..., T], *args: Any) -> Future[T]:
+    job = _Job(fn, args)
+    io_pool().submit(job.run)
+    return _JobFuture(job)
+
+
 class FileKvStore(KvStore):
     """Keys are files under the absolute directory ``path``."""
 
@@ -168,6 +231,36 @@ class FileKvStore(KvStore):
             raise InvalidKeyError(f"file kvstore: key {key!r} names the reserved folder {META_DIR!r}")
         return full
 
+    # -- fast path ----------------------------------------------------------------
+    # The public read and write queue their blocking body straight on the I/O pool
+    # (one thread hop instead of caller -> loop -> pool -> loop -> caller: 20 us
+    # instead of 145 us per call here, ~30 % of a 4 MiB page-cache read), and a
+    # caller that blocks in .result() before a pool thread has started the job runs
+    # it itself: on a busy machine every hand-off waits for a CPU, which made
+    # sequential reads 2-4x slower than plain os reads. Coroutines that await the
+    # Future are woken through asyncio.wrap_future as usual.
+    def read(
+        self,
+        key: str,
+        *,
+        byte_range: slice | ByteRange | None = None,
+        if_not_equal: Generation | None = None,
+    ) -> Future[ReadResult]:
+        full = self._full(key)
+        rng = ByteRange.of(byte_range)
+        return _submit(self._read_sync, full, rng, if_not_equal)
+
+    def write(
+        self, key: str, value: Buffer, *, if_equal: Generation | None = None
+    ) -> Future[Generation]:
+        full = self._full(key)
+        self._check_writable("write", key)
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(
+                f"value for key {key!r} must be bytes-like, got {type(value).__name__}"
+            )
+        return _submit(self._write_sync, full, value, if_equal)
+
     # -- reads -----------------------------------------------------------------
     async def _read(
         self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None
@@ -187,6 +280,8 @@ class FileKvStore(KvStore):
             raise StorageError(f"file kvstore: reading {path!r}: {e}") from e
         try:
             st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):  # open(O_RDONLY) succeeds on directories
+                return ReadResult.missing()
             gen = _stamp(st)
             if if_not_equal is not None and if_not_equal == gen:
                 return ReadResult("unchanged", b"", gen)
@@ -240,11 +335,11 @@ class FileKvStore(KvStore):
                 cur_st: os.stat_result | None = os.stat(path)
             except (FileNotFoundError, NotADirectoryError):
                 cur_st = None
+            if cur_st is not None and stat.S_ISDIR(cur_st.st_mode):
+                raise StorageError(f"file kvstore: {path!r} is a directory, not a key")
             cur = Generation.NO_VALUE if cur_st is None else _stamp(cur_st)
             if if_equal is not None and cur != if_equal:
                 raise condition_failed(self, path[len(self.path):], if_equal, cur)
-            if cur_st is not None and os.path.isdir(path):
-                raise StorageError(f"file kvstore: {path!r} is a directory, not a key")
             tmp = os.path.join(meta, f"{name}.{uuid.uuid4().hex}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -279,10 +374,14 @@ class FileKvStore(KvStore):
             cur = _stamp_path(path)
             if if_equal is not None and cur != if_equal:
                 raise condition_failed(self, path[len(self.path):], if_equal, cur)
+            if cur.is_no_value:
+                return  # absent, or a directory (which is not a key)
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 return
+            except OSError as e:
+                raise StorageError(f"file kvstore: deleting {path!r}: {e}") from e
             if self.sync:
                 _fsync_dir(d)
 
@@ -310,6 +409,19 @@ class FileKvStore(KvStore):
                 full = dp + f
                 if full.startswith(prefix):
                     out.append(full)
+        return out
+
+    async def _list_info(self, prefix: str) -> list[KeyInfo]:
+        return await run_io(self._list_info_sync, prefix)
+
+    def _list_info_sync(self, prefix: str) -> list[KeyInfo]:
+        out = []
+        for path in self._list_sync(prefix):
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # deleted since it was listed
+            out.append(KeyInfo(path, st.st_size, st.st_mtime_ns / 1e9))
         return out
 
     async def _delete_range(self, prefix: str) -> None:

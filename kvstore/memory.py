@@ -8,6 +8,7 @@ atomic and conditions are exact.
 from __future__ import annotations
 
 import itertools
+import time
 import weakref
 from typing import Any
 
@@ -16,6 +17,7 @@ from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
     Generation,
+    KeyInfo,
     KvStore,
     ReadResult,
     condition_failed,
@@ -30,10 +32,11 @@ _names = itertools.count(1)
 class _Data:
     """The shared state of one memory store (all views and reopened specs)."""
 
-    __slots__ = ("values", "__weakref__")
+    __slots__ = ("values", "mtimes", "__weakref__")
 
     def __init__(self) -> None:
         self.values: dict[str, tuple[bytes, Generation]] = {}
+        self.mtimes: dict[str, float] = {}  # key -> time of its last write (list_info)
 
 
 # Named stores stay reachable by spec while any store object refers to them.
@@ -105,16 +108,23 @@ class MemoryKvStore(KvStore):
             raise condition_failed(self, key, if_equal, self._current(key))
         gen = Generation(next(_counter).to_bytes(8, "big"))
         self._data.values[key] = (bytes(value), gen)
+        self._data.mtimes[key] = time.time()
         return gen
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
         if if_equal is not None and self._current(key) != if_equal:
             raise condition_failed(self, key, if_equal, self._current(key))
         self._data.values.pop(key, None)
+        self._data.mtimes.pop(key, None)
 
     async def _list(self, prefix: str) -> list[str]:
         return [k for k in self._data.values if k.startswith(prefix)]
 
+    async def _list_info(self, prefix: str) -> list[KeyInfo]:
+        d = self._data
+        return [KeyInfo(k, len(v[0]), d.mtimes.get(k)) for k, v in d.values.items() if k.startswith(prefix)]
+
     async def _delete_range(self, prefix: str) -> None:
         for k in [k for k in self._data.values if k.startswith(prefix)]:
             del self._data.values[k]
+            self._data.mtimes.pop(k, None)
