@@ -1,20 +1,28 @@
 """Local file store: one file per key under a root directory.
 
-Atomicity: a write goes to a temporary file that is renamed over the key, so a
-reader sees the old or the new bytes, never a mix. Every mutation of a key holds
-an exclusive ``flock`` on a per-key lock file, so create-only and
-compare-and-swap are atomic across threads *and* processes.
+Atomicity: a write goes to a temporary file that is renamed (or, for
+create-only, hard-linked) onto the key, so a reader sees the old or the new
+bytes, never a mix.
+
+Conditions: a create-only write is ``link(tmp, key)``, which the kernel refuses
+atomically when the key exists: no lock is needed. Compare-and-swap, overwrites
+and deletes check-and-rename while holding an exclusive ``flock`` on the
+directory's lock file; the data is written and fsync'ed *before* the lock is
+taken, so the critical section is a stat and a rename. Both are atomic across
+threads *and* processes.
 
 Durability (``sync=True``, the default): when ``write`` returns, the data, the
 rename and any directories it created have been fsync'ed. ``sync=False`` skips
 the fsyncs (scratch data; a crash may then lose recent writes, never tear one).
 
 Generation: (device, inode, mtime_ns, size) of the file. Each write creates a new
-file whose mtime is set to ``max(now_ns, previous_mtime + 1)`` under the key lock,
-so the stamp changes on every write even when the clock is coarse.
+file whose mtime is set to ``max(now_ns, previous_mtime + 1)`` (under the lock
+for replacing writes), so the stamp changes on every write even when the clock
+is coarse.
 
-Housekeeping files (locks, temporaries) live in a hidden ``.__tsp__`` folder
-beside each key; ``list`` never shows them and keys may not name them.
+Housekeeping files (at most one lock file per directory, and temporaries while
+a write is in flight) live in a hidden ``.__tsp__`` folder beside the keys;
+``list`` never shows them and keys may not name them.
 """
 
 from __future__ import annotations
@@ -113,16 +121,21 @@ def _write_all(fd: int, value: Buffer) -> None:
         mv = mv[n:]
 
 
-class _KeyLock:
-    """An exclusive flock on the key's lock file (threads and processes)."""
+class _DirLock:
+    """An exclusive flock on the directory's lock file (threads and processes).
 
-    def __init__(self, meta: str, name: str, sync: bool) -> None:
-        self.path = os.path.join(meta, name + ".lock")
+    One lock file per directory (not per key): the critical sections are a stat
+    plus a rename or unlink, so sharing the lock costs little and leaves no
+    per-key litter behind.
+    """
+
+    def __init__(self, meta: str, sync: bool) -> None:
+        self.path = os.path.join(meta, "lock")
         self.meta = meta
         self.sync = sync
         self.fd = -1
 
-    def __enter__(self) -> _KeyLock:
+    def __enter__(self) -> _DirLock:
         _makedirs(self.meta, self.sync)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
@@ -329,8 +342,50 @@ class FileKvStore(KvStore):
     def _write_once(self, path: str, value: Buffer, if_equal: Generation | None) -> Generation:
         d, name = os.path.split(path)
         meta = os.path.join(d, META_DIR)
-        _makedirs(d, self.sync)
-        with _KeyLock(meta, name, self.sync):
+        _makedirs(meta, self.sync)
+        # Data first, outside any lock: the critical section stays tiny.
+        tmp = os.path.join(meta, f"{name}.{uuid.uuid4().hex}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            try:
+                _write_all(fd, value)
+                if self.sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            if if_equal is not None and if_equal.is_no_value:
+                new = self._link_create(tmp, path)
+            else:
+                new = self._replace(tmp, path, meta, if_equal)
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass  # renamed onto the key
+        if self.sync:
+            _fsync_dir(d)
+        return new
+
+    def _link_create(self, tmp: str, path: str) -> Generation:
+        """Create-only: ``link`` fails atomically if the key exists."""
+        now = time.time_ns()
+        os.utime(tmp, ns=(now, now))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            cur = _stamp_path(path)
+            if os.path.isdir(path):
+                raise StorageError(f"file kvstore: {path!r} is a directory, not a key") from None
+            raise condition_failed(
+                self, path[len(self.path):], Generation.NO_VALUE, cur
+            ) from None
+        return _stamp(os.stat(tmp))
+
+    def _replace(
+        self, tmp: str, path: str, meta: str, if_equal: Generation | None
+    ) -> Generation:
+        """Overwrite or compare-and-swap: check and rename under the directory lock."""
+        with _DirLock(meta, self.sync):
             try:
                 cur_st: os.stat_result | None = os.stat(path)
             except (FileNotFoundError, NotADirectoryError):
@@ -340,26 +395,13 @@ class FileKvStore(KvStore):
             cur = Generation.NO_VALUE if cur_st is None else _stamp(cur_st)
             if if_equal is not None and cur != if_equal:
                 raise condition_failed(self, path[len(self.path):], if_equal, cur)
-            tmp = os.path.join(meta, f"{name}.{uuid.uuid4().hex}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                _write_all(fd, value)
-                now = time.time_ns()
-                if cur_st is not None and now <= cur_st.st_mtime_ns:
-                    now = cur_st.st_mtime_ns + 1
-                os.utime(fd, ns=(now, now))
-                if self.sync:
-                    os.fsync(fd)
-                new = _stamp(os.fstat(fd))
-            except BaseException:
-                os.close(fd)
-                os.unlink(tmp)
-                raise
-            os.close(fd)
+            now = time.time_ns()
+            if cur_st is not None and now <= cur_st.st_mtime_ns:
+                now = cur_st.st_mtime_ns + 1
+            os.utime(tmp, ns=(now, now))
+            new = _stamp(os.stat(tmp))
             os.rename(tmp, path)
-            if self.sync:
-                _fsync_dir(d)
-            return new
+        return new
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
         await run_io(self._delete_sync, key, if_equal)
@@ -370,7 +412,7 @@ class FileKvStore(KvStore):
             if if_equal is not None and not if_equal.is_no_value:
                 raise condition_failed(self, path[len(self.path):], if_equal, Generation.NO_VALUE)
             return
-        with _KeyLock(os.path.join(d, META_DIR), name, self.sync):
+        with _DirLock(os.path.join(d, META_DIR), self.sync):
             cur = _stamp_path(path)
             if if_equal is not None and cur != if_equal:
                 raise condition_failed(self, path[len(self.path):], if_equal, cur)
@@ -382,8 +424,8 @@ class FileKvStore(KvStore):
                 return
             except OSError as e:
                 raise StorageError(f"file kvstore: deleting {path!r}: {e}") from e
-            if self.sync:
-                _fsync_dir(d)
+        if self.sync:
+            _fsync_dir(d)
 
     # -- listing -----------------------------------------------------------------
     async def _list(self, prefix: str) -> list[str]:
