@@ -1,0 +1,547 @@
+"""Transactions: atomic, isolated groups of reads and writes across keys.
+
+::
+
+    with tsp.Transaction(message="step 100") as txn:     # commits on clean exit
+        kv.with_transaction(txn).write("a", b"1").result()
+        kv.with_transaction(txn).write("b", b"2").result()
+    # an exception inside the block aborts: nothing is written
+
+    txn = tsp.Transaction()
+    ...
+    info = txn.commit().result()      # CommitInfo; info.version on a versioned store
+
+Guarantees on the versioned store (``{"driver": "versioned", ...}``):
+
+* **Atomic**: all writes of a transaction become visible at once, in one new
+  version, or none do (the commit point is one create-only write).
+* **Isolated**: reads see the version the transaction started from (pinned at
+  its first read or write) plus its own writes and deletes (snapshot isolation).
+* **Conflicts**: at commit, if newer versions changed a key this transaction
+  also writes, the commit raises :class:`~tensorstore_py.errors.ConflictError`
+  naming the key and leaves nothing visible; otherwise it is rebased onto the
+  newest version automatically. Retrying the whole transaction is safe.
+* **Durable**: when ``commit()`` resolves, every byte is on the base store (and
+  fsync'ed on the file store).
+
+On any other store a transaction is honoured only when it can be: it may write
+ONE key (committed as a conditional write: a compare-and-swap against the
+generation it read, or the ``if_equal`` it was given). The first write of a
+second key raises :class:`~tensorstore_py.errors.UnsupportedError`. One
+transaction writes into one store root; the first write into a second root
+raises ``UnsupportedError`` too.
+
+Multi-writer (multi-controller) commits: ``Transaction(txn_id="step-100",
+process_index=i, process_count=N, timeout=600, coordinator=None)`` in each of N
+processes. Each process writes its own keys; ``commit()`` writes its part (a
+fragment); process 0 waits for all N fragments, merges them into ONE version
+and publishes the result, which every process's ``commit()`` returns. If a
+process never delivers its fragment, nothing is committed and the others raise
+:class:`~tensorstore_py.errors.DeadlineExceededError` after ``timeout`` seconds.
+``coordinator`` is an optional barrier object with ``publish(key, value)`` and
+``wait_for(key, timeout) -> value`` (str keys and values; see
+:class:`Coordinator`); without it the processes poll the store. An adapter over
+jax.distributed's key-value store is three lines::
+
+    class JaxCoordinator:
+        def __init__(self, client): self.client = client   # jax's distributed client
+        def publish(self, key, value): self.client.key_value_set(key, value)
+        def wait_for(self, key, timeout):
+            return self.client.blocking_key_value_get(key, int(timeout * 1000))
+
+See docs/FORMAT.md §7 for the objects written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Hashable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self
+
+from tensorstore_py.kvstore.base import (
+    Buffer,
+    ByteRange,
+    Generation,
+    KvStore,
+    ReadResult,
+    condition_failed,
+)
+
+from tensorstore_py.errors import (
+    ConditionFailedError,
+    ConflictError,
+    InvalidArgumentError,
+    UnsupportedError,
+)
+from tensorstore_py.future import Future, get_loop, spawn
+
+__all__ = ["CommitInfo", "Coordinator", "Participant", "Transaction", "TransactionalKvStore"]
+
+TxnState = Literal["open", "committing", "committed", "aborted", "failed"]
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """The outcome of a commit.
+
+    ``version`` is the new version on a versioned store (the version read from
+    for a transaction that wrote nothing; None on other stores, or for a
+    multi-writer participant that did not wait for the result).
+    """
+
+    version: int | None
+    write_id: str = ""
+    time: float = 0.0
+    txn_id: str | None = None
+    keys_changed: int = 0
+
+
+class Coordinator(Protocol):
+    """A barrier / broadcast service for multi-writer commits.
+
+    Both methods block and are called from worker threads. Keys used:
+    ``tsp/<txn_id>/fragment/<i>`` (published by participant ``i > 0`` once its
+    fragment is durable) and ``tsp/<txn_id>/result`` (published by process 0;
+    the value is the result as JSON text). ``wait_for`` returns the value
+    published for ``key``, waiting up to ``timeout`` seconds, and raises
+    (any exception, e.g. TimeoutError) when it does not arrive in time.
+    """
+
+    def publish(self, key: str, value: str) -> None: ...
+
+    def wait_for(self, key: str, timeout: float) -> str: ...
+
+
+class Participant(ABC):
+    """One store root's part of a transaction (stores with atomic commits
+    provide their own via ``KvStore._transaction_participant``)."""
+
+    #: identity of the atomic root (one participant per root per transaction)
+    key: Hashable
+    #: human name of the root for error messages
+    name: str
+
+    @property
+    @abstractmethod
+    def has_writes(self) -> bool: ...
+
+    @abstractmethod
+    async def read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult: ...
+
+    @abstractmethod
+    async def write(self, key: str, value: Buffer | None, if_equal: Generation | None) -> Generation | None:
+        """Stage a write (``value=None`` deletes)."""
+
+    @abstractmethod
+    async def list(self, prefix: str) -> list[str]: ...
+
+    async def delete_range(self, prefix: str) -> None:
+        for k in await self.list(prefix):
+            await self.write(k, None, None)
+
+    @abstractmethod
+    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo: ...
+
+    def abort(self) -> None:
+        """Drop staged state (written data objects become garbage)."""
+
+
+class Transaction:
+    """A group of reads and writes committed atomically (see the module doc).
+
+    Options (keyword-only): ``message`` and ``metadata`` (JSON-able) are stored
+    in the commit record; ``txn_id``, ``process_index``, ``process_count``,
+    ``timeout`` (seconds) and ``coordinator`` configure multi-writer commits.
+    """
+
+    def __init__(
+        self,
+        *,
+        txn_id: str | None = None,
+        process_index: int = 0,
+        process_count: int = 1,
+        timeout: float = 600.0,
+        coordinator: Coordinator | None = None,
+        message: str = "",
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(process_count, int) or process_count < 1:
+            raise InvalidArgumentError(f"Transaction: process_count must be an int >= 1, got {process_count!r}")
+        if not isinstance(process_index, int) or not 0 <= process_index < process_count:
+            raise InvalidArgumentError(
+                f"Transaction: process_index must be in [0, {process_count}), got {process_index!r}"
+            )
+        if process_count > 1 and txn_id is None:
+            raise InvalidArgumentError(
+                "Transaction: a multi-writer transaction (process_count > 1) needs a txn_id "
+                "shared by all processes, e.g. txn_id='step-100'"
+            )
+        if txn_id is not None:
+            from tensorstore_py.kvstore.versioned.format import check_id
+
+            check_id("Transaction: txn_id", txn_id)
+        if not timeout > 0:
+            raise InvalidArgumentError(f"Transaction: timeout must be > 0 seconds, got {timeout!r}")
+        self.txn_id = txn_id
+        self.process_index = process_index
+        self.process_count = process_count
+        self.timeout = float(timeout)
+        self.coordinator = coordinator
+        self.message = str(message)
+        self.metadata = dict(metadata or {})
+        self.write_id = uuid.uuid4().hex
+        self.state: TxnState = "open"
+        self._participants: dict[Hashable, Participant] = {}
+        self._writer: Participant | None = None
+        self._commit_future: Future[CommitInfo] | None = None
+        self._issued = 0
+        self._issued_lock = threading.Lock()
+        self._issued_waiter: asyncio.Event | None = None
+
+    def __repr__(self) -> str:
+        extra = f", txn_id={self.txn_id!r}, process {self.process_index}/{self.process_count}" if self.txn_id else ""
+        return f"Transaction(state={self.state!r}{extra})"
+
+    @property
+    def multi_writer(self) -> bool:
+        return self.process_count > 1
+
+    # -- participants ----------------------------------------------------------------
+    def _participant_for(self, store: KvStore) -> Participant:
+        p = store._transaction_participant(self)
+        if p is None:
+            p = SingleKeyParticipant(store)
+        existing = self._participants.get(p.key)
+        if existing is not None:
+            return existing
+        self._participants[p.key] = p
+        return p
+
+    def _check_open(self, what: str) -> None:
+        if self.state != "open":
+            raise InvalidArgumentError(f"{what}: {self!r} is no longer open")
+
+    def _claim_writer(self, p: Participant, key: str) -> None:
+        """Called (on the loop) before staging a write issued while open."""
+        if self.state not in ("open", "committing"):
+            raise InvalidArgumentError(f"write of {key!r}: {self!r} is no longer open")
+        if self._writer is None:
+            if self.multi_writer and isinstance(p, SingleKeyParticipant):
+                raise UnsupportedError(
+                    f"write of {key!r}: multi-writer transactions need a versioned store; "
+                    f"{p.name} can not merge fragments"
+                )
+            self._writer = p
+        elif self._writer is not p:
+            raise UnsupportedError(
+                f"write of {key!r} into {p.name}: this transaction already writes into "
+                f"{self._writer.name}; one transaction commits atomically into one store root"
+            )
+
+    # -- commit / abort ---------------------------------------------------------------
+    def commit(self, *, wait: bool = True) -> Future[CommitInfo]:
+        """Commit atomically; the Future resolves to a :class:`CommitInfo`.
+
+        Raises (through the Future) ConflictError when newer versions changed a
+        written key, DeadlineExceededError when a multi-writer barrier times
+        out. On error nothing is visible and the transaction is "failed".
+        ``wait=False`` (multi-writer, process_index > 0): resolve as soon as
+        this process's fragment is durable, without waiting for the merge.
+
+        Writes issued before ``commit()`` (even if not yet awaited) are part of
+        the transaction. A commit-record write that fails or times out is
+        resolved by reading the record back (its write-id tells whether it
+        landed) and retried; only when the store stays unreachable through
+        every retry does ``commit`` raise StorageError with the outcome
+        unknown — then ``versions()`` shows whether ``txn.write_id`` landed.
+        """
+        with self._issued_lock:  # no write can be issued after this point
+            if self._commit_future is not None:
+                return self._commit_future
+            self._check_open("commit")
+            self.state = "committing"
+            self._commit_future = spawn(self._commit(wait))
+        return self._commit_future
+
+    # -- writes issued but not yet staged ------------------------------------------------
+    # commit() may be called right after write() returned its Future, before the
+    # write's coroutine ran: such writes were issued while the transaction was
+    # open, so the commit waits for them instead of losing them.
+    def _issue(self, what: str) -> None:
+        with self._issued_lock:
+            self._check_open(what)
+            self._issued += 1
+
+    def _unissue(self) -> None:
+        with self._issued_lock:
+            self._issued -= 1
+            waiter = self._issued_waiter if self._issued == 0 else None
+        if waiter is not None:
+            get_loop().call_soon_threadsafe(waiter.set)
+
+    async def _wait_issued(self) -> None:
+        with self._issued_lock:
+            if self._issued == 0:
+                return
+            self._issued_waiter = asyncio.Event()
+        await self._issued_waiter.wait()
+
+    async def _commit(self, wait: bool) -> CommitInfo:
+        try:
+            await self._wait_issued()
+            if self._writer is None:
+                info = await self._commit_without_writes(wait)
+            else:
+                info = await self._writer.commit(self, wait=wait)
+        except BaseException:
+            self.state = "failed"
+            raise
+        self.state = "committed"
+        return info
+
+    async def _commit_without_writes(self, wait: bool) -> CommitInfo:
+        if self.multi_writer:
+            # a process with nothing to write still takes part in the barrier
+            versioned = [p for p in self._participants.values() if not isinstance(p, SingleKeyParticipant)]
+            if len(versioned) != 1:
+                raise InvalidArgumentError(
+                    f"{self!r}: a multi-writer transaction must be bound to exactly one versioned "
+                    f"store (call kv.with_transaction(txn) in every process); found {len(versioned)}"
+                )
+            return await versioned[0].commit(self, wait=wait)
+        version = None
+        for p in self._participants.values():
+            v = getattr(p, "base_version", None)
+            if v is not None:
+                version = v
+        return CommitInfo(version=version, write_id="", time=time.time(), txn_id=self.txn_id)
+
+    def abort(self) -> None:
+        """Drop every staged write; nothing of this transaction becomes visible."""
+        if self.state in ("committing", "committed"):
+            raise InvalidArgumentError(f"abort: {self!r} is already {self.state}")
+        self.state = "aborted"
+        for p in self._participants.values():
+            p.abort()
+
+    @property
+    def committed(self) -> bool:
+        return self.state == "committed"
+
+    @property
+    def aborted(self) -> bool:
+        return self.state == "aborted"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is not None:
+            if self.state == "open":
+                self.abort()
+            return
+        if self.state == "open":
+            self.commit().result()
+        elif self._commit_future is not None:
+            self._commit_future.result()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is not None:
+            if self.state == "open":
+                self.abort()
+            return
+        if self.state == "open":
+            await self.commit()
+        elif self._commit_future is not None:
+            await self._commit_future
+
+
+class SingleKeyParticipant(Participant):
+    """A transaction on a store without multi-key atomic commits: ONE key.
+
+    The write is staged and applied at commit as a conditional write against
+    the generation the transaction read (or the ``if_equal`` it was given), so
+    a concurrent change raises ConflictError instead of being overwritten.
+    """
+
+    def __init__(self, store: KvStore) -> None:
+        self.store = store
+        self.key = ("single", store.driver, store._identity())
+        self.name = f"{store.driver} store {store.spec().get('path', '')!r}"
+        self._read_gens: dict[str, Generation] = {}
+        self._key: str | None = None
+        self._value: bytes | None = None
+        self._condition: Generation | None = None
+        self._txn: Transaction | None = None
+
+    @property
+    def has_writes(self) -> bool:
+        return self._key is not None
+
+    async def read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
+        if key == self._key:
+            if self._value is None:
+                return ReadResult.missing()
+            gen = Generation(b"txn-staged")
+            if if_not_equal == gen:
+                return ReadResult("unchanged", b"", gen)
+            v = self._value if byte_range is None else bytes(byte_range.apply(self._value))
+            return ReadResult("value", v, gen)
+        res = await self.store._read(key, byte_range, if_not_equal)
+        self._read_gens.setdefault(key, res.generation)
+        return res
+
+    async def write(self, key: str, value: Buffer | None, if_equal: Generation | None) -> Generation | None:
+        if self._key is not None and key != self._key:
+            raise UnsupportedError(
+                f"write of {self._rel(key)!r}: a transaction on {self.name} (driver "
+                f"{self.store.driver!r}) can write only one key atomically and already writes "
+                f"{self._rel(self._key)!r}; use a versioned store for multi-key transactions"
+            )
+        if self._key is None:
+            if if_equal is not None and key in self._read_gens and self._read_gens[key] != if_equal:
+                raise condition_failed(self.store, self._rel(key), if_equal, self._read_gens[key])
+            self._key = key
+            self._condition = self._read_gens.get(key, if_equal)
+        elif if_equal is not None and if_equal != Generation(b"txn-staged"):
+            raise ConditionFailedError(
+                f"write of {self._rel(key)!r} in a transaction: generation {if_equal!r} is stale"
+            )
+        self._value = None if value is None else bytes(value)
+        return None if value is None else Generation(b"txn-staged")
+
+    def _rel(self, key: str) -> str:
+        return key.removeprefix(self.store.path)
+
+    async def list(self, prefix: str) -> list[str]:
+        keys = set(await self.store._list(prefix))
+        if self._key is not None and self._key.startswith(prefix):
+            if self._value is None:
+                keys.discard(self._key)
+            else:
+                keys.add(self._key)
+        return sorted(keys)
+
+    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
+        assert self._key is not None
+        key, cond = self._key, self._condition
+        try:
+            if self._value is None:
+                await self.store._delete(key, cond)
+            else:
+                await self.store._write(key, self._value, cond)
+        except ConditionFailedError as e:
+            raise ConflictError(
+                f"transaction on {self.name}: key {self._rel(key)!r} changed since the transaction "
+                f"read it ({e})",
+                key=self._rel(key),
+            ) from e
+        return CommitInfo(version=None, write_id=txn.write_id, time=time.time(), txn_id=txn.txn_id, keys_changed=1)
+
+    def abort(self) -> None:
+        self._key = self._value = None
+
+
+class TransactionalKvStore(KvStore):
+    """A view of ``store`` whose reads and writes go through a transaction.
+
+    Reads see the transaction's own writes and deletes (``list`` too); writes
+    are staged and become visible only when the transaction commits.
+    """
+
+    def __init__(self, store: KvStore, txn: Transaction) -> None:
+        if not isinstance(txn, Transaction):
+            raise InvalidArgumentError(f"with_transaction needs a tsp.Transaction, got {type(txn).__name__}")
+        super().__init__(path=store.path)
+        self.base = store
+        self.txn = txn
+        self.driver = store.driver  # type: ignore[misc]
+        self.read_only = store.read_only
+        self._participant = txn._participant_for(store)
+
+    def spec(self) -> dict[str, Any]:
+        d = self.base.spec()
+        d["path"] = self.path
+        return d
+
+    def _spec_fields(self) -> dict[str, Any]:
+        return {}
+
+    def _full(self, key: str) -> str:
+        return self.path + _validated(self.base, key)
+
+    def __repr__(self) -> str:
+        return f"TransactionalKvStore({self.spec()!r}, {self.txn!r})"
+
+    def _identity(self) -> Any:
+        return (self.base._identity(), self.path, id(self.txn))
+
+    def with_transaction(self, txn: Transaction) -> KvStore:
+        if txn is self.txn:
+            return self
+        raise InvalidArgumentError(f"{self!r} is already bound to a transaction")
+
+    async def _read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
+        return await self._participant.read(key, byte_range, if_not_equal)
+
+    async def _write(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
+        self.txn._claim_writer(self._participant, self._rel(key))
+        gen = await self._participant.write(key, value, if_equal)
+        assert gen is not None
+        return gen
+
+    async def _delete(self, key: str, if_equal: Generation | None) -> None:
+        self.txn._claim_writer(self._participant, self._rel(key))
+        await self._participant.write(key, None, if_equal)
+
+    async def _list(self, prefix: str) -> list[str]:
+        return await self._participant.list(prefix)
+
+    async def _delete_range(self, prefix: str) -> None:
+        self.txn._claim_writer(self._participant, self._rel(prefix))
+        await self._participant.delete_range(prefix)
+
+    def _rel(self, key: str) -> str:
+        return key.removeprefix(self.path)
+
+    def _check_writable(self, op: str, key: str) -> None:
+        super()._check_writable(op, key)
+        self.txn._check_open(f"{op} of {key!r}")
+
+    def _issued(self, what: str, start: Any) -> Any:
+        self.txn._issue(what)
+        try:
+            fut = start()
+        except BaseException:
+            self.txn._unissue()
+            raise
+        fut.add_done_callback(lambda _f: self.txn._unissue())
+        return fut
+
+    def write(self, key: str, value: Buffer, *, if_equal: Generation | None = None) -> Future[Generation]:
+        return self._issued(f"write of {key!r}", lambda: super(TransactionalKvStore, self).write(key, value, if_equal=if_equal))
+
+    def delete(self, key: str, *, if_equal: Generation | None = None) -> Future[None]:
+        return self._issued(f"delete of {key!r}", lambda: super(TransactionalKvStore, self).delete(key, if_equal=if_equal))
+
+    def delete_range(self, prefix: str = "") -> Future[None]:
+        return self._issued(f"delete_range of {prefix!r}", lambda: super(TransactionalKvStore, self).delete_range(prefix))
+
+
+def _validated(store: KvStore, key: str) -> str:
+    """Validate ``key`` the way ``store`` does (e.g. reserved names) and return it."""
+    store._full(key)
+    return key

@@ -1,0 +1,422 @@
+"""One version history on one base store: discovery, reads, and the commit engine.
+
+A :class:`VersionedRoot` is shared by every :class:`VersionedKvStore` view of the
+same base store in a process (views differ only by key prefix or snapshot), so
+they share one node cache, one known-newest version and one group-commit queue.
+
+The commit engine (:meth:`VersionedRoot.commit`) is the only code that creates
+commit records. Its loop: find the newest version ``n``; let the caller plan the
+changes against it (conflict checks, conditions); write the new tree nodes; then
+create ``commits/<n+1>`` create-only (the linearisation point). Losing that race
+re-plans against the newer version (rebase). A failed or timed-out create is
+resolved by reading the record back and comparing write-ids (FORMAT.md §6.3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.versioned.format import (
+    HINT_NAME,
+    MAGIC_CHANGES,
+    MAGIC_HINT,
+    MAX_INLINE_CHANGES,
+    CommitRecord,
+    Entry,
+    commit_name,
+    frame,
+    new_name,
+    new_write_id,
+    unframe,
+)
+from tensorstore_py.kvstore.versioned.tree import (
+    Change,
+    Node,
+    NodeCache,
+    TreeWriter,
+    decode_node,
+    lookup,
+    scan,
+)
+
+from tensorstore_py.errors import (
+    ConditionFailedError,
+    DataCorruptionError,
+    DeadlineExceededError,
+    StorageError,
+)
+
+__all__ = ["Plan", "VersionedRoot", "get_root"]
+
+#: concurrent object writes of one commit
+WRITE_CONCURRENCY = 64
+#: attempts of one commit-record write that fails with an I/O error
+PUBLISH_ATTEMPTS = 6
+#: attempts of the preparation of a commit (probe, plan, tree nodes) on I/O errors
+PREPARE_ATTEMPTS = 4
+#: commit records kept decoded per root (immutable, so never stale)
+RECORD_CACHE = 1024
+#: least seconds between two rewrites of the ``latest`` hint by one process
+HINT_INTERVAL = 1.0
+
+
+@dataclass
+class Plan:
+    """What one commit attempt writes, planned against its parent version."""
+
+    changes: list[Change]
+    kind: str = "data"
+    message: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    txn_id: str | None = None
+    tags: dict[str, int] | None = None  # None = the parent's
+    deleted: list[list[int]] | None = None  # None = the parent's
+    write_id: str = field(default_factory=new_write_id)
+
+
+Planner = Callable[[CommitRecord | None], Awaitable[Plan | None]]
+
+
+class _Lru(OrderedDict):  # type: ignore[type-arg]
+    def __init__(self, cap: int) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def put(self, k: Any, v: Any) -> None:
+        self[k] = v
+        self.move_to_end(k)
+        while len(self) > self.cap:
+            self.popitem(last=False)
+
+
+class VersionedRoot:
+    """The shared state of one versioned store (one base store) in this process."""
+
+    def __init__(self, base: KvStore) -> None:
+        self.base = base
+        self.cache = NodeCache()
+        self.records: _Lru = _Lru(RECORD_CACHE)
+        self.known = 0  # newest version this process knows exists
+        self._hint_read = False
+        self._probe: asyncio.Task[int] | None = None
+        self._probe_seq = 0
+        self._probe_done = 0
+        self._node_loads: dict[str, asyncio.Future[Node]] = {}
+        # group commit of writes outside transactions (see store.py)
+        self.queue: list[Any] = []
+        self.committer: asyncio.Task[None] | None = None
+        self._hint_task: asyncio.Future[None] | None = None
+        self._hint_time = -HINT_INTERVAL
+
+    def __repr__(self) -> str:
+        return f"VersionedRoot({self.base!r})"
+
+    # -- objects -----------------------------------------------------------------
+    async def load_node(self, name: str) -> Node:
+        node = self.cache.get(name)
+        if node is not None:
+            return node
+        # single-flight: concurrent readers of one node share one read
+        fut = self._node_loads.get(name)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        fut = asyncio.get_running_loop().create_future()
+        self._node_loads[name] = fut
+        try:
+            res = await self.base.read(name)
+            if res.state != "value":
+                raise DataCorruptionError(
+                    f"versioned store {self.base!r}: index node {name!r} is missing"
+                )
+            node = decode_node(res.value, name)
+            self.cache.put(name, node)
+            fut.set_result(node)
+            return node
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # retrieved: waiters re-raise it
+            raise
+        finally:
+            del self._node_loads[name]
+
+    async def read_record(self, version: int, *, cached: bool = True) -> CommitRecord | None:
+        """The commit record of ``version`` (None if it does not exist)."""
+        if cached:
+            rec = self.records.get(version)
+            if rec is not None:
+                return rec  # type: ignore[no-any-return]
+        name = commit_name(version)
+        res = await self.base.read(name)
+        if res.state != "value":
+            return None
+        rec = CommitRecord.decode(res.value, name)
+        self.records.put(version, rec)
+        self.known = max(self.known, version)
+        return rec
+
+    async def changed_keys(self, rec: CommitRecord) -> list[str]:
+        if rec.changes_ref is None:
+            return list(rec.changes or [])
+        res = await self.base.read(rec.changes_ref)
+        if res.state != "value":
+            raise DataCorruptionError(
+                f"versioned store {self.base!r}: changes object {rec.changes_ref!r} of version "
+                f"{rec.version} is missing (collected?)"
+            )
+        body = unframe(MAGIC_CHANGES, res.value, rec.changes_ref)
+        keys = body.get("keys") if isinstance(body, dict) else None
+        if not isinstance(keys, list):
+            raise DataCorruptionError(f"versioned store: changes object {rec.changes_ref!r} is malformed")
+        return keys
+
+    async def write_new(self, name: str, data: Any) -> None:
+        """Create ``name`` (a fresh unique name), retrying I/O errors.
+
+        Retrying is safe because the name is never reused: an "exists" answer
+        means an earlier attempt of ours landed, which is success.
+        """
+        for attempt in range(PREPARE_ATTEMPTS):
+            try:
+                await self.base.write(name, data, if_equal=Generation.NO_VALUE)
+                return
+            except ConditionFailedError:
+                return
+            except (TimeoutError, OSError):
+                if attempt == PREPARE_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(min(2.0, 0.02 * 2**attempt) * (0.5 + random.random()))
+
+    async def write_all(self, objects: Sequence[tuple[str, Any]]) -> None:
+        sem = asyncio.Semaphore(WRITE_CONCURRENCY)
+
+        async def one(name: str, data: Any) -> None:
+            async with sem:
+                await self.write_new(name, data)
+
+        await asyncio.gather(*(one(n, d) for n, d in objects))
+
+    # -- versions -------------------------------------------------------------------
+    async def newest(self) -> int:
+        """The newest version, as of some moment after this call started.
+
+        Concurrent callers share probes: a caller waits for a probe that began
+        after it arrived, so 256 concurrent reads cost one or two probes.
+        """
+        target = self._probe_seq + 1
+        while self._probe_done < target:
+            if self._probe is None:
+                self._probe_seq += 1
+                self._probe = asyncio.ensure_future(self._run_probe(self._probe_seq))
+            probe = self._probe
+            await asyncio.shield(probe)
+        return self.known
+
+    async def _run_probe(self, seq: int) -> int:
+        try:
+            v = await self._find_newest()
+            self._probe_done = max(self._probe_done, seq)
+            return v
+        finally:
+            self._probe = None
+
+    async def _exists(self, v: int) -> bool:
+        return v == 0 or (await self.read_record(v)) is not None
+
+    async def _find_newest(self) -> int:
+        lo = self.known
+        if not self._hint_read:
+            self._hint_read = True
+            h = await self._read_hint()
+            if h > lo and await self._exists(h):
+                lo = h
+        step = 1
+        while await self._exists(lo + step):
+            lo += step
+            step *= 2
+        hi = lo + step  # missing
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if await self._exists(mid):
+                lo = mid
+            else:
+                hi = mid
+        self.known = max(self.known, lo)
+        return self.known
+
+    async def _read_hint(self) -> int:
+        try:
+            res = await self.base.read(HINT_NAME)
+            if res.state != "value":
+                return 0
+            body = unframe(MAGIC_HINT, res.value, HINT_NAME)
+            v = body.get("version") if isinstance(body, dict) else None
+            return v if isinstance(v, int) and v > 0 else 0
+        except (DataCorruptionError, StorageError):
+            return 0  # the hint is only a hint
+
+    async def record_at(self, version: int) -> CommitRecord | None:
+        """The record of ``version`` (None for version 0); raises if absent."""
+        if version == 0:
+            return None
+        rec = await self.read_record(version)
+        if rec is None:
+            from tensorstore_py.errors import NotFoundError
+
+            raise NotFoundError(f"versioned store {self.base!r}: version {version} does not exist")
+        return rec
+
+    # -- reads at a version ------------------------------------------------------
+    async def lookup(self, root: str | None, key: str) -> Entry | None:
+        return await lookup(self.load_node, root, key)
+
+    async def scan(self, root: str | None, prefix: str) -> list[tuple[str, Entry]]:
+        return await scan(self.load_node, root, prefix)
+
+    # -- the commit engine -----------------------------------------------------------
+    async def commit(self, plan_fn: Planner) -> CommitRecord | None:
+        """Commit what ``plan_fn`` plans against the newest version.
+
+        ``plan_fn(parent)`` is called once per attempt with the parent record
+        (None for the empty store); it may raise (e.g. ConflictError) to abort
+        or return None for "nothing to commit". Returns the new record.
+        """
+        failures = 0
+        while True:
+            try:
+                n = await self.newest()
+                parent = await self.record_at(n)
+                plan = await plan_fn(parent)
+                if plan is None:
+                    return None
+                rec = await self._build(parent, plan)
+            except (TimeoutError, OSError):
+                # Nothing is visible before the commit record, and every object
+                # of an attempt has a fresh name: a failed attempt is safe to redo.
+                failures += 1
+                if failures >= PREPARE_ATTEMPTS:
+                    raise
+                await asyncio.sleep(min(2.0, 0.02 * 2**failures) * (0.5 + random.random()))
+                continue
+            if await self._publish(rec):
+                self.records.put(rec.version, rec)
+                self.known = max(self.known, rec.version)
+                self._maybe_write_hint()
+                return rec
+            # lost the race: the loop re-plans against the newer version (rebase)
+
+    async def _build(self, parent: CommitRecord | None, plan: Plan) -> CommitRecord:
+        writer = TreeWriter(self.load_node, self.cache)
+        root, count = await writer.apply(parent.root if parent else None, plan.changes)
+        objects: list[tuple[str, Any]] = list(writer.written.items())
+        keys = [k for k, _ in plan.changes]
+        changes: list[str] | None = keys
+        changes_ref = None
+        if len(keys) > MAX_INLINE_CHANGES:
+            changes_ref = new_name("changes")
+            objects.append((changes_ref, frame(MAGIC_CHANGES, {"keys": keys})))
+            changes = None
+        await self.write_all(objects)  # durable before the commit record
+        v = (parent.version if parent else 0) + 1
+        return CommitRecord(
+            version=v,
+            parent=v - 1,
+            time=time.time(),
+            write_id=plan.write_id,
+            message=plan.message,
+            metadata=plan.metadata,
+            root=root,
+            count=count,
+            changes=changes,
+            changes_ref=changes_ref,
+            kind=plan.kind,
+            tags=dict(parent.tags if parent else {}) if plan.tags is None else plan.tags,
+            deleted=list(parent.deleted if parent else []) if plan.deleted is None else plan.deleted,
+            txn_id=plan.txn_id,
+        )
+
+    async def _publish(self, rec: CommitRecord) -> bool:
+        """Create the commit record: True if ours landed, False if we lost the race."""
+        name = commit_name(rec.version)
+        data = rec.encode()
+        last: BaseException | None = None
+        for attempt in range(PUBLISH_ATTEMPTS):
+            try:
+                await self.base.write(name, data, if_equal=Generation.NO_VALUE)
+                return True
+            except ConditionFailedError:
+                pass  # exists: ours (an earlier attempt landed) or another writer's
+            except (TimeoutError, StorageError, DeadlineExceededError, OSError) as e:
+                last = e  # the write may or may not have landed: read it back
+            try:
+                other = await self.read_record(rec.version, cached=False)
+            except (TimeoutError, StorageError, DeadlineExceededError, OSError) as e:
+                last = e
+                other = None
+            if other is not None:
+                return other.write_id == rec.write_id
+            await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+        assert last is not None
+        raise last
+
+    def _maybe_write_hint(self) -> None:
+        """Refresh the ``latest`` hint in the background, at most once per
+        HINT_INTERVAL seconds (object stores rate-limit rewrites of one object;
+        the hint is only a starting point for probing, so staleness is fine)."""
+        now = time.monotonic()
+        if self._hint_task is not None or now - self._hint_time < HINT_INTERVAL:
+            return
+        self._hint_time = now
+        self._hint_task = asyncio.ensure_future(self._write_hint())
+
+    async def _write_hint(self) -> None:
+        try:
+            await self.base.write(HINT_NAME, frame(MAGIC_HINT, {"version": self.known}))
+        except Exception:  # noqa: BLE001, S110 - the hint is best effort by design
+            pass
+        finally:
+            self._hint_task = None
+
+    def _reset_after_fork(self) -> None:
+        # asyncio objects belong to the parent's loop, which does not exist here
+        self._probe = None
+        self._probe_seq = self._probe_done = 0
+        self._node_loads = {}
+        self.queue = []
+        self.committer = None
+        self._hint_task = None
+
+
+# Weak: a root (and its caches) lives as long as some store, task or
+# transaction refers to it.
+_roots: weakref.WeakValueDictionary[str, VersionedRoot] = weakref.WeakValueDictionary()
+
+
+def _after_fork_in_child() -> None:
+    for r in list(_roots.values()):
+        r._reset_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def get_root(base: KvStore) -> VersionedRoot:
+    """The process-wide root for ``base`` (views of one base share it)."""
+    key = json.dumps(base.spec(), sort_keys=True)
+    root = _roots.get(key)
+    if root is None:
+        root = VersionedRoot(base)
+        _roots[key] = root
+    return root

@@ -1,0 +1,430 @@
+"""The ``versioned`` kvstore: multi-version, transactional, over any base store.
+
+::
+
+    kv = tsp.KvStore.open({"driver": "versioned", "base": "file:///run/", "path": "params/"}).result()
+    kv.write("a", b"1").result()                 # one commit (batched with concurrent writes)
+    kv.versions().result()                       # [VersionInfo(version=1, ...)]
+    snap = tsp.KvStore.open("versioned+file:///run/@1").result()   # read-only snapshot
+
+Guarantees:
+
+* Every write, delete or ``delete_range`` outside a transaction is committed
+  atomically as (part of) a new version before its Future resolves; writes
+  issued concurrently are grouped into few commits (group commit). A write
+  with ``if_equal`` is checked against the newest version at commit; a failed
+  condition fails only that write.
+* Reads outside a transaction see the newest version committed before the read
+  started (found by probing commit records, never by listing data).
+* Snapshots (``version`` / ``tag`` in the spec, ``@N`` / ``@tag`` in the URL)
+  are immutable and read-only (:class:`~tensorstore_py.errors.ReadOnlyError`).
+* Everything a commit references is durable on the base store before its
+  commit record is created (docs/FORMAT.md).
+* Every value carries a crc32c, checked when a whole value is read
+  (:class:`~tensorstore_py.errors.ChecksumError` names the key and the object).
+
+Keys live under the store's ``path`` inside one shared version history, so
+views with different paths over one base commit into the same versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tensorstore_py.kvstore.base import Buffer, ByteRange, Generation, KvStore, ReadResult
+from tensorstore_py.kvstore.transaction import CommitInfo
+from tensorstore_py.kvstore.versioned.data import Pending, make_entry, pack, read_entry
+from tensorstore_py.kvstore.versioned.format import (
+    CommitRecord,
+    Entry,
+    ranges_add,
+    ranges_contain,
+)
+from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot, get_root
+
+from tensorstore_py.errors import (
+    ConditionFailedError,
+    InvalidArgumentError,
+    InvalidSpecError,
+    NotFoundError,
+)
+from tensorstore_py.future import Future, spawn
+
+if TYPE_CHECKING:
+    from tensorstore_py.kvstore.transaction import Transaction
+
+__all__ = ["VersionInfo", "VersionedKvStore"]
+
+#: most operations in one group commit
+MAX_BATCH = 65536
+_TAG_RE = re.compile(r"[A-Za-z_.\-][A-Za-z0-9_.\-]{0,127}\Z")
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One committed version: number, commit time (Unix seconds), write-id, message, metadata."""
+
+    version: int
+    time: float
+    write_id: str
+    message: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class _Op:
+    kind: str  # "put" | "delete" | "delete_prefix"
+    key: str
+    value: Entry | Pending | None
+    if_equal: Generation | None
+    future: asyncio.Future[Any]
+
+
+def _check_tag(name: str) -> str:
+    if not isinstance(name, str) or not _TAG_RE.match(name) or name in (".", ".."):
+        raise InvalidArgumentError(
+            f"tag name {name!r} must be 1 to 128 characters from [A-Za-z0-9_.-], not starting with a digit"
+        )
+    return name
+
+
+class VersionedKvStore(KvStore):
+    """A versioned, transactional view of ``base`` (see the module docstring)."""
+
+    driver = "versioned"
+
+    def __init__(
+        self, base: KvStore, *, path: str = "", version: int | None = None, tag: str | None = None
+    ) -> None:
+        if not isinstance(base, KvStore):
+            raise InvalidSpecError(f"versioned kvstore: base must be a KvStore, got {type(base).__name__}")
+        if isinstance(base, VersionedKvStore):
+            raise InvalidSpecError("versioned kvstore: the base store must not itself be versioned")
+        if version is not None and (not isinstance(version, int) or version < 1):
+            raise InvalidSpecError(f"versioned kvstore: version must be an int >= 1, got {version!r}")
+        if tag is not None:
+            _check_tag(tag)
+        super().__init__(path=path)
+        self.base = base
+        self.version = version
+        self.tag_name = tag
+        self.read_only = version is not None or tag is not None
+        self._root: VersionedRoot = get_root(base)
+
+    # -- spec / URL ------------------------------------------------------------------
+    @classmethod
+    async def from_spec(cls, spec: dict[str, Any]) -> VersionedKvStore:
+        from tensorstore_py.kvstore.registry import open_kvstore
+
+        unknown = set(spec) - {"driver", "base", "path", "version", "tag"}
+        if unknown:
+            raise InvalidSpecError(f"versioned kvstore spec: unknown fields {sorted(unknown)}")
+        if "base" not in spec:
+            raise InvalidSpecError("versioned kvstore spec: 'base' (a spec or URL of the base store) is required")
+        if spec.get("version") is not None and spec.get("tag") is not None:
+            raise InvalidSpecError("versioned kvstore spec: give 'version' or 'tag', not both")
+        path = spec.get("path", "")
+        if not isinstance(path, str):
+            raise InvalidSpecError(f"versioned kvstore spec: path must be a string, got {path!r}")
+        base = await open_kvstore(spec["base"])
+        store = cls(base, version=spec.get("version"), tag=spec.get("tag"))
+        if path:
+            store = store.with_path(path)  # type: ignore[assignment]
+        await store._resolve_snapshot()
+        return store
+
+    async def _resolve_snapshot(self) -> None:
+        """Check a snapshot version exists; resolve a tag to its version."""
+        if self.tag_name is not None:
+            n = await self._root.newest()
+            rec = await self._root.record_at(n)
+            tags = rec.tags if rec else {}
+            if self.tag_name not in tags:
+                raise NotFoundError(
+                    f"versioned store over {self.base!r}: no tag {self.tag_name!r} "
+                    f"(tags: {sorted(tags) or 'none'})"
+                )
+            self.version = tags[self.tag_name]
+        if self.version is not None:
+            await self._check_version(self.version)
+
+    async def _check_version(self, version: int) -> None:
+        rec = await self._root.read_record(version)
+        if rec is None:
+            raise NotFoundError(f"versioned store over {self.base!r}: version {version} does not exist")
+        newest = await self._root.record_at(await self._root.newest())
+        if newest is not None and ranges_contain(newest.deleted, version):
+            raise NotFoundError(f"versioned store over {self.base!r}: version {version} was deleted")
+
+    @classmethod
+    def spec_from_url(cls, url: str) -> dict[str, Any]:
+        """``versioned+<base URL>[@<version>|@<tag>]`` (the suffix right after the last '/')."""
+        if not url.startswith("versioned+"):
+            raise InvalidSpecError(f"versioned URL {url!r} must start with 'versioned+'")
+        rest = url[len("versioned+"):]
+        spec: dict[str, Any] = {"driver": "versioned"}
+        head, sep, sel = rest.rpartition("/@")
+        if sep and "/" not in sel and sel:
+            rest = head + "/"
+            if sel.isdigit():
+                spec["version"] = int(sel)
+            else:
+                spec["tag"] = _check_tag(sel)
+        spec["base"] = rest
+        return spec
+
+    def _spec_fields(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"base": self.base.spec()}
+        if self.tag_name is not None:
+            d["tag"] = self.tag_name
+        elif self.version is not None:
+            d["version"] = self.version
+        return d
+
+    def url(self) -> str:
+        if self.path:
+            raise InvalidArgumentError(f"{self!r}: a versioned store with a path has no URL form; use spec()")
+        u = "versioned+" + self.base.url()
+        if not u.endswith("/"):
+            u += "/"
+        if self.tag_name is not None:
+            u += "@" + self.tag_name
+        elif self.version is not None:
+            u += f"@{self.version}"
+        return u
+
+    def _identity(self) -> Any:
+        return (self.base._identity(), self.path, self.version)
+
+    def snapshot(self, version: int | str) -> VersionedKvStore:
+        """A read-only view of ``version`` (an int, or a tag name resolved on first use)."""
+        if isinstance(version, str):
+            out = VersionedKvStore(self.base, path=self.path, tag=version)
+        else:
+            out = VersionedKvStore(self.base, path=self.path, version=version)
+        return out
+
+    # -- reads -------------------------------------------------------------------------
+    async def _record(self) -> CommitRecord | None:
+        if self.tag_name is not None and self.version is None:
+            await self._resolve_snapshot()
+        v = self.version if self.version is not None else await self._root.newest()
+        return await self._root.record_at(v)
+
+    async def _read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
+        rec = await self._record()
+        entry = await self._root.lookup(rec.root if rec else None, key)
+        return await read_entry(self._root, key, entry, byte_range, if_not_equal)
+
+    async def _list(self, prefix: str) -> list[str]:
+        rec = await self._record()
+        return [k for k, _ in await self._root.scan(rec.root if rec else None, prefix)]
+
+    # -- writes (group commit) -------------------------------------------------------------
+    async def _write(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
+        entry = await make_entry(self._root, value)
+        await self._submit("put", key, entry, if_equal)
+        return Generation(entry.stamp)
+
+    async def _delete(self, key: str, if_equal: Generation | None) -> None:
+        await self._submit("delete", key, None, if_equal)
+
+    async def _delete_range(self, prefix: str) -> None:
+        await self._submit("delete_prefix", prefix, None, None)
+
+    async def _submit(self, kind: str, key: str, value: Any, if_equal: Generation | None) -> Any:
+        root = self._root
+        op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future())
+        root.queue.append(op)
+        if root.committer is None:
+            root.committer = asyncio.ensure_future(_run_queue(root))
+        return await op.future
+
+    def _transaction_participant(self, txn: Transaction) -> Any:
+        from tensorstore_py.kvstore.versioned.txn import VersionedParticipant
+
+        if self.tag_name is not None and self.version is None:
+            raise InvalidArgumentError(
+                f"{self!r}: open a tag snapshot with KvStore.open (which resolves the tag) "
+                f"before using it in a transaction"
+            )
+        return VersionedParticipant(self._root, self.version, txn)
+
+    # -- versions, tags, deletion -----------------------------------------------------------
+    def newest_version(self) -> Future[int]:
+        """The newest committed version (0 for an empty store)."""
+        return spawn(self._root.newest())
+
+    def versions(self) -> Future[list[VersionInfo]]:
+        """Every retained (not deleted) version, oldest first."""
+        return spawn(self._versions())
+
+    async def _versions(self) -> list[VersionInfo]:
+        n = await self._root.newest()
+        newest = await self._root.record_at(n)
+        deleted = newest.deleted if newest else []
+        sem = asyncio.Semaphore(64)
+
+        async def one(v: int) -> CommitRecord | None:
+            async with sem:
+                return await self._root.record_at(v)
+
+        recs = await asyncio.gather(*(one(v) for v in range(1, n + 1) if not ranges_contain(deleted, v)))
+        return [
+            VersionInfo(r.version, r.time, r.write_id, r.message, dict(r.metadata))
+            for r in recs if r is not None
+        ]
+
+    def tags(self) -> Future[dict[str, int]]:
+        """All tags (name -> version) as of the newest version."""
+
+        async def run() -> dict[str, int]:
+            rec = await self._root.record_at(await self._root.newest())
+            return dict(rec.tags) if rec else {}
+
+        return spawn(run())
+
+    def tag(self, name: str, version: int | None = None, *, message: str = "") -> Future[CommitInfo]:
+        """Name ``version`` (default: the newest) ``name``, as a commit."""
+        _check_tag(name)
+        self._check_writable("tag", name)
+
+        async def edit(parent: CommitRecord) -> tuple[dict[str, int], list[list[int]]]:
+            v = parent.version if version is None else version
+            if not 1 <= v <= parent.version or ranges_contain(parent.deleted, v):
+                raise NotFoundError(f"tag {name!r}: version {v} does not exist or was deleted")
+            return {**parent.tags, name: v}, parent.deleted
+
+        return spawn(self._meta_commit("tag", edit, message))
+
+    def delete_tag(self, name: str, *, message: str = "") -> Future[CommitInfo]:
+        """Remove tag ``name``, as a commit (NotFoundError if there is none)."""
+        self._check_writable("delete_tag", name)
+
+        async def edit(parent: CommitRecord) -> tuple[dict[str, int], list[list[int]]]:
+            if name not in parent.tags:
+                raise NotFoundError(f"delete_tag: no tag {name!r}")
+            return {k: v for k, v in parent.tags.items() if k != name}, parent.deleted
+
+        return spawn(self._meta_commit("tag", edit, message))
+
+    def delete_versions(self, versions: list[int], *, message: str = "") -> Future[CommitInfo]:
+        """Mark ``versions`` deleted, as a commit; GC may then reclaim their data.
+
+        The newest version and tagged versions can not be deleted.
+        """
+        self._check_writable("delete_versions", str(versions))
+        vs = [int(v) for v in versions]
+
+        async def edit(parent: CommitRecord) -> tuple[dict[str, int], list[list[int]]]:
+            tagged = {v: t for t, v in parent.tags.items()}
+            for v in vs:
+                if not 1 <= v < parent.version:
+                    raise InvalidArgumentError(
+                        f"delete_versions: version {v} is not an existing version older than the "
+                        f"newest ({parent.version})"
+                    )
+                if v in tagged:
+                    raise InvalidArgumentError(
+                        f"delete_versions: version {v} is tagged {tagged[v]!r}; delete the tag first"
+                    )
+            return parent.tags, ranges_add(parent.deleted, vs)
+
+        return spawn(self._meta_commit("delete_versions", edit, message))
+
+    def gc(
+        self, *, grace: float | None = None, dry_run: bool = True, reclaim_deleted: bool = False
+    ) -> Future[Any]:
+        """Garbage-collect objects no retained version references (FORMAT.md §9).
+
+        Same as :func:`tensorstore_py.kvstore.versioned.gc.gc` on this store:
+        only unreferenced objects older than ``grace`` seconds (default: the gc
+        module's, hours) go, so a writer in flight is never robbed;
+        ``dry_run`` (the default) deletes nothing and reports what would go.
+        """
+        from tensorstore_py.kvstore.versioned import gc as gc_mod
+
+        if grace is None:
+            grace = gc_mod.DEFAULT_GRACE
+        return gc_mod.gc(self, grace=grace, dry_run=dry_run, reclaim_deleted=reclaim_deleted)
+
+    async def _meta_commit(self, kind: str, edit: Any, message: str) -> CommitInfo:
+        async def plan(parent: CommitRecord | None) -> Plan:
+            if parent is None:
+                raise NotFoundError(f"{kind}: the versioned store over {self.base!r} has no versions")
+            tags, deleted = await edit(parent)
+            return Plan([], kind=kind, message=message, tags=tags, deleted=deleted)
+
+        rec = await self._root.commit(plan)
+        assert rec is not None
+        return CommitInfo(version=rec.version, write_id=rec.write_id, time=rec.time)
+
+
+async def _run_queue(root: VersionedRoot) -> None:
+    """Commit queued operations in batches until the queue is empty."""
+    try:
+        while root.queue:
+            await asyncio.sleep(0)  # let writers issued together join this batch
+            batch, root.queue = root.queue[:MAX_BATCH], root.queue[MAX_BATCH:]
+            try:
+                await _commit_batch(root, batch)
+            except BaseException as e:
+                for op in batch:
+                    if not op.future.done():
+                        op.future.set_exception(e)
+                if not isinstance(e, Exception):
+                    raise
+    finally:
+        root.committer = None
+        if root.queue:  # arrived while we were exiting
+            root.committer = asyncio.ensure_future(_run_queue(root))
+
+
+async def _commit_batch(root: VersionedRoot, batch: list[_Op]) -> None:
+    pending = [op for op in batch if isinstance(op.value, Pending)]
+    if pending:
+        for op, e in zip(pending, await pack(root, [op.value for op in pending])):
+            op.value = e
+    outcome: dict[int, BaseException | None] = {}
+
+    async def plan(parent: CommitRecord | None) -> Plan | None:
+        tree = parent.root if parent else None
+        effective: dict[str, Entry | None] = {}
+        outcome.clear()
+        cond_keys = {op.key for op in batch if op.if_equal is not None}
+        found = dict(zip(cond_keys, await asyncio.gather(*(root.lookup(tree, k) for k in cond_keys))))
+        for i, op in enumerate(batch):
+            if op.if_equal is not None:
+                cur = effective[op.key] if op.key in effective else found[op.key]
+                gen = Generation.NO_VALUE if cur is None else Generation(cur.stamp)
+                if gen != op.if_equal:
+                    outcome[i] = ConditionFailedError(
+                        f"versioned store over {root.base!r}: key {op.key!r}: expected generation "
+                        f"{op.if_equal!r}, found {gen!r} at version {parent.version if parent else 0}"
+                    )
+                    continue
+            if op.kind == "delete_prefix":
+                for k, _ in await root.scan(tree, op.key):
+                    effective.setdefault(k, None)
+                for k in effective:
+                    if k.startswith(op.key):
+                        effective[k] = None
+            else:
+                effective[op.key] = op.value  # type: ignore[assignment]
+            outcome[i] = None
+        if not effective:
+            return None
+        return Plan(sorted(effective.items()), kind="data")
+
+    await root.commit(plan)
+    for i, op in enumerate(batch):
+        if op.future.done():
+            continue
+        err = outcome.get(i)
+        if err is not None:
+            op.future.set_exception(err)
+        else:
+            op.future.set_result(None)

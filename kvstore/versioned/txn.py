@@ -1,0 +1,210 @@
+"""A transaction's part on one versioned store: staging, snapshot reads, commit.
+
+Reads come from the version pinned at the transaction's first use of the store
+plus its own staged writes. Large values are written to data objects at once;
+small ones are staged and packed at commit (or when the staging buffer fills).
+At commit the staged changes are checked against every version committed
+since the pinned one (write-write conflicts) and committed as one new version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from tensorstore_py.kvstore.base import Buffer, ByteRange, Generation, ReadResult
+from tensorstore_py.kvstore.transaction import CommitInfo, Participant
+from tensorstore_py.kvstore.versioned.data import (
+    STAGING_MAX,
+    Pending,
+    Staged,
+    make_entry,
+    pack,
+    read_entry,
+    staged_generation,
+)
+from tensorstore_py.kvstore.versioned.format import CommitRecord
+from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
+from tensorstore_py.kvstore.versioned.tree import Change
+
+from tensorstore_py.errors import ConditionFailedError, ConflictError, DataCorruptionError
+
+if TYPE_CHECKING:
+    from tensorstore_py.kvstore.transaction import Transaction
+
+__all__ = ["VersionedParticipant", "check_conflicts"]
+
+
+async def check_conflicts(root: VersionedRoot, ours: set[str], lo: int, hi: int) -> None:
+    """Raise ConflictError if a version in ``lo+1..hi`` changed a key in ``ours``."""
+    if hi <= lo or not ours:
+        return
+    sem = asyncio.Semaphore(64)
+
+    async def one(v: int) -> tuple[int, list[str]]:
+        async with sem:
+            rec = await root.record_at(v)
+            assert rec is not None
+            try:
+                return v, await root.changed_keys(rec)
+            except DataCorruptionError as e:
+                raise ConflictError(
+                    f"versioned store {root.base!r}: can not check version {v} for conflicts: {e}"
+                ) from e
+
+    for v, keys in await asyncio.gather(*(one(v) for v in range(lo + 1, hi + 1))):
+        for k in keys:
+            if k in ours:
+                raise ConflictError(
+                    f"versioned store {root.base!r}: key {k!r} was changed by version {v} after "
+                    f"this transaction read version {lo}; retry the transaction",
+                    key=k,
+                )
+
+
+class VersionedParticipant(Participant):
+    """The staged state of one transaction on one versioned root."""
+
+    def __init__(self, root: VersionedRoot, snapshot: int | None, txn: Transaction) -> None:
+        self.root = root
+        self.snapshot = snapshot
+        self.txn = txn
+        self.key = ("versioned", id(root), snapshot)
+        self.name = f"versioned store over {root.base!r}"
+        self.base_version: int | None = None
+        self._base_root: str | None = None
+        self._pin_lock = asyncio.Lock()
+        self.writes: dict[str, Staged] = {}
+        self._pending_bytes = 0
+        self._packing: set[int] = set()  # ids of Pending values being packed
+
+    @property
+    def has_writes(self) -> bool:
+        return bool(self.writes)
+
+    async def pin(self) -> int:
+        """The version this transaction reads (fixed at first use)."""
+        if self.base_version is None:
+            async with self._pin_lock:
+                if self.base_version is None:
+                    v = self.snapshot if self.snapshot is not None else await self.root.newest()
+                    rec = await self.root.record_at(v)
+                    self._base_root = rec.root if rec else None
+                    self.base_version = v
+        return self.base_version
+
+    async def _current(self, key: str) -> Staged:
+        if key in self.writes:
+            return self.writes[key]
+        await self.pin()
+        return await self.root.lookup(self._base_root, key)
+
+    async def read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
+        return await read_entry(self.root, key, await self._current(key), byte_range, if_not_equal)
+
+    async def write(self, key: str, value: Buffer | None, if_equal: Generation | None) -> Generation | None:
+        if if_equal is not None:
+            found = staged_generation(await self._current(key))
+            if found != if_equal:
+                raise ConditionFailedError(
+                    f"{self.name}: key {key!r} in a transaction: expected generation "
+                    f"{if_equal!r}, found {found!r}"
+                )
+        else:
+            await self.pin()
+        if value is None:
+            self._stage(key, None)
+            return None
+        entry = await make_entry(self.root, value)
+        self._stage(key, entry)
+        if isinstance(entry, Pending) and self._pending_bytes >= STAGING_MAX:
+            await self._flush()
+        return Generation(entry.stamp)
+
+    def _stage(self, key: str, staged: Staged) -> None:
+        old = self.writes.get(key)
+        if isinstance(old, Pending) and id(old) not in self._packing:
+            self._pending_bytes -= len(old.value)
+        if isinstance(staged, Pending):
+            self._pending_bytes += len(staged.value)
+        self.writes[key] = staged
+
+    async def _flush(self) -> None:
+        """Pack every pending value into data objects (bounded memory)."""
+        items = [
+            (k, s) for k, s in self.writes.items() if isinstance(s, Pending) and id(s) not in self._packing
+        ]
+        if not items:
+            return
+        for _, s in items:  # concurrent flushes take disjoint items
+            self._packing.add(id(s))
+            self._pending_bytes -= len(s.value)
+        try:
+            entries = await pack(self.root, [s for _, s in items])
+        finally:
+            for _, s in items:
+                self._packing.discard(id(s))
+        for (k, s), e in zip(items, entries, strict=True):
+            if self.writes.get(k) is s:  # else a newer write replaced it: garbage
+                self.writes[k] = e
+
+    async def list(self, prefix: str) -> list[str]:
+        await self.pin()
+        keys = {k for k, _ in await self.root.scan(self._base_root, prefix)}
+        for k, s in self.writes.items():
+            if k.startswith(prefix):
+                if s is None:
+                    keys.discard(k)
+                else:
+                    keys.add(k)
+        return sorted(keys)
+
+    async def finalize(self) -> list[Change]:
+        """Pack pending values; the sorted changes of this transaction."""
+        await self._flush()
+        out: list[Change] = []
+        for k in sorted(self.writes):
+            s = self.writes[k]
+            assert not isinstance(s, Pending)
+            out.append((k, s))
+        return out
+
+    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
+        if txn.multi_writer:
+            from tensorstore_py.kvstore.versioned.multiwriter import commit_multi
+
+            return await commit_multi(self, txn, wait=wait)
+        changes = await self.finalize()
+        base = await self.pin()
+        rec = await commit_changes(self.root, changes, base, txn)
+        return CommitInfo(
+            version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn.txn_id,
+            keys_changed=len(changes),
+        )
+
+    def abort(self) -> None:
+        self.writes.clear()
+        self._pending_bytes = 0
+
+
+async def commit_changes(
+    root: VersionedRoot, changes: list[Change], base: int, txn: Transaction
+) -> CommitRecord:
+    """Commit ``changes`` read from version ``base``: rebase or ConflictError."""
+    ours = {k for k, _ in changes}
+    checked = base
+
+    async def plan(parent: CommitRecord | None) -> Plan:
+        nonlocal checked
+        n = parent.version if parent else 0
+        if n > checked:
+            await check_conflicts(root, ours, checked, n)
+            checked = n
+        return Plan(
+            changes, kind="data", message=txn.message, metadata=txn.metadata,
+            txn_id=txn.txn_id, write_id=txn.write_id,
+        )
+
+    rec = await root.commit(plan)
+    assert rec is not None
+    return rec
