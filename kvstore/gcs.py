@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import json
 import os
 import re
@@ -92,6 +93,7 @@ from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
     Generation,
+    KeyInfo,
     KvStore,
     ReadResult,
     validate_key,
@@ -559,14 +561,33 @@ class GcsKvStore(KvStore):
 
     async def _list_names(self, prefix: str) -> list[str]:
         """Every object name starting with ``prefix``, page by page."""
-        keys: list[str] = []
+        return [item["name"] for item in await self._list_items(prefix, "name")]
+
+    async def _list_info(self, prefix: str) -> list[KeyInfo]:
+        # the listing carries size and last update time (RFC 3339) of every object
+        out = []
+        for item in await self._list_items(prefix, "name,size,updated"):
+            if item["name"].endswith("/"):
+                continue
+            size = item.get("size")
+            updated = item.get("updated")
+            mtime = (
+                datetime.datetime.fromisoformat(updated).timestamp()
+                if isinstance(updated, str) else None
+            )
+            out.append(KeyInfo(item["name"], None if size is None else int(size), mtime))
+        return out
+
+    async def _list_items(self, prefix: str, fields: str) -> list[dict[str, Any]]:
+        """The listing items (with ``fields``) of every object starting with ``prefix``."""
+        items: list[dict[str, Any]] = []
         token: str | None = None
         what = f"list of {self._where(prefix + '*')}"
         while True:
             query: dict[str, Any] = {
                 "prefix": prefix,
                 "maxResults": self.list_page_size,
-                "fields": "items(name),nextPageToken",
+                "fields": f"items({fields}),nextPageToken",
             }
             if token:
                 query["pageToken"] = token
@@ -577,10 +598,10 @@ class GcsKvStore(KvStore):
             if resp.status != 200:
                 raise self._fail(what, resp)
             page = resp.json()
-            keys.extend(item["name"] for item in page.get("items", ()))
+            items.extend(page.get("items", ()))
             token = page.get("nextPageToken")
             if not token:
-                return keys
+                return items
 
     async def _delete_range(self, prefix: str) -> None:
         """List, then delete concurrently (bounded by ``concurrency``); not atomic."""

@@ -1,0 +1,385 @@
+"""A full consistency walk of a versioned store (docs/FORMAT.md).
+
+::
+
+    problems = verify(kv).result()     # kv: a versioned store, or its base store
+    for p in problems:
+        print(p)                        # names the object, the version and what is wrong
+
+What is checked, reading everything from the base store (never from a cache):
+
+* every commit record ``1..newest`` exists (versions are dense), passes its
+  crc32c, decodes, names its own version and parent, and its ``changes_ref``
+  (if any) decodes;
+* the retention state of the newest record: deleted ranges are sorted,
+  disjoint, within ``1..newest-1``; every tag names an existing, retained version;
+* for every retained version, its whole index tree: every node passes its
+  crc32c and decodes, its references are well formed, keys are strictly
+  increasing, every child's keys lie in the range the lookup rule sends to it,
+  the per-child key counts and the record's ``count`` are right;
+* every value in those trees: the data object exists, the range lies inside it
+  and the value's crc32c matches (inline values are covered by the node checksum).
+
+Deleted versions are not walked (garbage collection may have reclaimed their
+objects); their commit records are still checked. Shared subtrees are walked
+once. The walk only reads; it never writes or repairs. I/O errors of the base
+store propagate (they say nothing about the stored bytes); every problem found
+in the stored bytes is returned, not raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c as _crc32c_lib
+from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.versioned.format import (
+    MAGIC_CHANGES,
+    CommitRecord,
+    InlineEntry,
+    RefEntry,
+    commit_name,
+    crc32c,
+    ranges_contain,
+    unframe,
+)
+from tensorstore_py.kvstore.versioned.root import VersionedRoot
+from tensorstore_py.kvstore.versioned.tree import Inner, Leaf, Node, decode_node
+
+from tensorstore_py.errors import DataCorruptionError
+from tensorstore_py.future import Future, run_cpu, spawn
+
+__all__ = ["Problem", "base_of", "verify"]
+
+#: concurrent object reads of the walk
+READ_CONCURRENCY = 32
+#: data objects checked at once
+DATA_CONCURRENCY = 4
+#: most bytes of a data object held in memory at once
+PIECE = 64 * 1024 * 1024
+
+Progress = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the stored bytes.
+
+    ``object`` is the base-store object at fault (``commits/...``, ``nodes/...``,
+    ``data/...``, ``changes/...``); ``kind`` is one of ``"missing"``,
+    ``"checksum"``, ``"corrupt"``, ``"structure"``; ``version`` is a version
+    whose content depends on the object (None when not tied to one).
+    """
+
+    object: str
+    kind: str
+    message: str
+    version: int | None = None
+
+    def __str__(self) -> str:
+        at = f" (version {self.version})" if self.version is not None else ""
+        return f"{self.kind}: {self.object}{at}: {self.message}"
+
+
+def base_of(store: KvStore) -> KvStore:
+    """The base store of a versioned store; any other store is taken as a base."""
+    from tensorstore_py.kvstore.versioned.store import VersionedKvStore
+
+    return store.base if isinstance(store, VersionedKvStore) else store
+
+
+def verify(store: KvStore, *, progress: Progress | None = None) -> Future[list[Problem]]:
+    """Check every checksum and reference of ``store``'s history (see the module doc).
+
+    ``store`` is a versioned store (its whole history is checked, whatever its
+    path or snapshot) or the base store holding one. ``progress(what, n)`` is
+    called as work is done (``what`` in "records", "nodes", "values") for
+    progress displays. Resolves to the problems found, in a stable order;
+    an empty list means the store is sound.
+    """
+    return spawn(_Walker(base_of(store), progress).run())
+
+
+def _exc_kind(e: DataCorruptionError) -> str:
+    from tensorstore_py.errors import ChecksumError
+
+    return "checksum" if isinstance(e, ChecksumError) else "corrupt"
+
+
+@dataclass
+class _Sub:
+    """Summary of a verified subtree: key count and key range (None if broken)."""
+
+    count: int
+    first: str | None
+    last: str | None
+
+
+class _Walker:
+    def __init__(self, base: KvStore, progress: Progress | None) -> None:
+        self.base = base
+        # a private root: nothing cached from earlier reads in this process
+        self.root = VersionedRoot(base)
+        self.progress = progress
+        self.problems: list[Problem] = []
+        self.sem = asyncio.Semaphore(READ_CONCURRENCY)
+        self.subtrees: dict[str, asyncio.Task[_Sub | None]] = {}
+        # data object -> {(offset, length, crc): (key, version)}
+        self.values: dict[str, dict[tuple[int, int, int], tuple[str, int]]] = defaultdict(dict)
+
+    def _problem(self, obj: str, kind: str, message: str, version: int | None = None) -> None:
+        self.problems.append(Problem(obj, kind, message, version))
+
+    def _tick(self, what: str, n: int = 1) -> None:
+        if self.progress is not None:
+            self.progress(what, n)
+
+    async def run(self) -> list[Problem]:
+        newest = await self._newest()
+        records = await self._records(newest)
+        head = records.get(newest)
+        deleted = head.deleted if head is not None else []
+        if head is not None:
+            self._check_retention(head)
+        retained = [
+            rec for v, rec in sorted(records.items()) if not ranges_contain(deleted, v)
+        ]
+        await asyncio.gather(*(self._check_version(rec) for rec in retained))
+        await self._check_values()
+        order = {"commits": 0, "changes": 1, "nodes": 2, "data": 3}
+        self.problems.sort(
+            key=lambda p: (order.get(p.object.split("/", 1)[0], 9), p.object, p.version or 0, p.message)
+        )
+        return self.problems
+
+    # -- commit records --------------------------------------------------------------
+    async def _exists(self, v: int) -> bool:
+        # existence only: a corrupt record must be reported, not stop the probe
+        return v == 0 or (await self.base.read(commit_name(v), byte_range=slice(0, 1))).state == "value"
+
+    async def _newest(self) -> int:
+        """The newest version, probing as FORMAT.md §6.1 without decoding records."""
+        lo = await self.root._read_hint()
+        if not await self._exists(lo):
+            lo = 0
+        step = 1
+        while await self._exists(lo + step):
+            lo += step
+            step *= 2
+        hi = lo + step
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if await self._exists(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    async def _records(self, newest: int) -> dict[int, CommitRecord]:
+        out: dict[int, CommitRecord] = {}
+
+        async def one(v: int) -> None:
+            name = commit_name(v)
+            async with self.sem:
+                res = await self.base.read(name)
+            self._tick("records")
+            if res.state != "value":
+                self._problem(name, "missing", f"commit record of version {v} is missing "
+                              f"(versions 1..{newest} must all exist)", v)
+                return
+            try:
+                rec = CommitRecord.decode(res.value, name)
+            except DataCorruptionError as e:
+                self._problem(name, _exc_kind(e), str(e), v)
+                return
+            if rec.parent != v - 1:
+                self._problem(name, "corrupt", f"parent is {rec.parent}, expected {v - 1}", v)
+            if rec.root is None and rec.count != 0:
+                self._problem(name, "corrupt", f"empty tree (root nil) but count {rec.count}", v)
+            if rec.changes_ref is not None:
+                await self._check_changes(rec)
+            out[v] = rec
+
+        await asyncio.gather(*(one(v) for v in range(1, newest + 1)))
+        return out
+
+    async def _check_changes(self, rec: CommitRecord) -> None:
+        ref = rec.changes_ref
+        assert ref is not None
+        async with self.sem:
+            res = await self.base.read(ref)
+        if res.state != "value":
+            self._problem(ref, "missing", f"changes object of version {rec.version} is missing", rec.version)
+            return
+        try:
+            body = unframe(MAGIC_CHANGES, res.value, ref)
+        except DataCorruptionError as e:
+            self._problem(ref, _exc_kind(e), str(e), rec.version)
+            return
+        keys = body.get("keys") if isinstance(body, dict) else None
+        if (
+            not isinstance(keys, list)
+            or not all(isinstance(k, str) for k in keys)
+            or any(a >= b for a, b in itertools.pairwise(keys))
+        ):
+            self._problem(ref, "corrupt", "'keys' is not a sorted list of unique keys", rec.version)
+
+    def _check_retention(self, head: CommitRecord) -> None:
+        name = commit_name(head.version)
+        prev = None
+        for a, b in head.deleted:
+            if a > b or a < 1 or b >= head.version or (prev is not None and a <= prev + 1):
+                self._problem(
+                    name, "corrupt",
+                    f"deleted ranges {head.deleted!r} are not sorted, disjoint, non-adjacent "
+                    f"ranges within 1..{head.version - 1}", head.version,
+                )
+                break
+            prev = b
+        for tag, v in sorted(head.tags.items()):
+            if not 1 <= v <= head.version or ranges_contain(head.deleted, v):
+                self._problem(name, "corrupt", f"tag {tag!r} names version {v}, which does not "
+                              f"exist or was deleted", head.version)
+
+    # -- trees -------------------------------------------------------------------------
+    async def _check_version(self, rec: CommitRecord) -> None:
+        if rec.root is None:
+            return
+        sub = await self._subtree(rec.root, rec.version)
+        if sub is not None and sub.count != rec.count:
+            self._problem(commit_name(rec.version), "structure",
+                          f"record says {rec.count} keys, the tree holds {sub.count}", rec.version)
+
+    def _subtree(self, name: str, version: int) -> asyncio.Task[_Sub | None]:
+        task = self.subtrees.get(name)
+        if task is None:  # shared subtrees are verified once
+            task = self.subtrees[name] = asyncio.ensure_future(self._node(name, version))
+        return task
+
+    async def _load(self, name: str, version: int) -> Node | None:
+        async with self.sem:
+            res = await self.base.read(name)
+        self._tick("nodes")
+        if res.state != "value":
+            self._problem(name, "missing", "index node is missing", version)
+            return None
+        try:
+            return decode_node(res.value, name)
+        except DataCorruptionError as e:
+            self._problem(name, _exc_kind(e), str(e), version)
+            return None
+
+    async def _node(self, name: str, version: int) -> _Sub | None:
+        node = await self._load(name, version)
+        if node is None:
+            return None
+        if isinstance(node, Leaf):
+            for key, entry in zip(node.keys, node.entries):
+                if isinstance(entry, RefEntry):
+                    self.values[entry.object].setdefault(
+                        (entry.offset, entry.length, entry.crc), (key, version)
+                    )
+                elif not isinstance(entry, InlineEntry):  # pragma: no cover - decode guarantees
+                    self._problem(name, "corrupt", f"key {key!r}: unknown entry", version)
+            if not node.keys:
+                return _Sub(0, None, None)
+            return _Sub(len(node.keys), node.keys[0], node.keys[-1])
+        return await self._inner(name, node, version)
+
+    async def _inner(self, name: str, node: Inner, version: int) -> _Sub | None:
+        subs = await asyncio.gather(*(self._subtree(c, version) for c in node.children))
+        ok = True
+        total = 0
+        first = last = None
+        for i, (child, sub) in enumerate(zip(node.children, subs)):
+            if sub is None:
+                ok = False
+                continue
+            if sub.count != node.counts[i]:
+                self._problem(name, "structure", f"child {i} ({child}) holds {sub.count} keys, "
+                              f"the node says {node.counts[i]}", version)
+            total += sub.count
+            if sub.first is None or sub.last is None:
+                continue
+            # the lookup rule sends keys in [k[i], k[i+1]) to child i (child 0: below k[1])
+            lo = node.keys[i] if i > 0 else None
+            hi = node.keys[i + 1] if i + 1 < len(node.keys) else None
+            if (lo is not None and sub.first < lo) or (hi is not None and sub.last >= hi):
+                self._problem(name, "structure", f"child {i} ({child}) holds keys "
+                              f"{sub.first!r}..{sub.last!r} outside its range [{lo!r}, {hi!r})", version)
+            first = sub.first if first is None else first
+            last = sub.last
+        if not ok:
+            return None
+        return _Sub(total, first, last)
+
+    # -- values ------------------------------------------------------------------------
+    async def _check_values(self) -> None:
+        sem = asyncio.Semaphore(DATA_CONCURRENCY)
+
+        async def one(obj: str, entries: dict[tuple[int, int, int], tuple[str, int]]) -> None:
+            span = max(off + length for off, length, _ in entries)
+            async with sem:
+                if span <= PIECE:  # packed objects: one read covers every value
+                    res = await self.base.read(obj, byte_range=slice(0, span))
+                    bad = None if res.state != "value" else await run_cpu(_check_object, res.value, sorted(entries))
+                else:  # big values: streamed in pieces, so memory stays bounded
+                    bad = await self._check_streamed(obj, sorted(entries))
+            if bad is None:
+                key, v = next(iter(entries.values()))
+                self._problem(obj, "missing", f"data object is missing ({len(entries)} values, "
+                              f"e.g. key {key!r})", v)
+                return
+            self._tick("values", len(entries))
+            for (off, length, crc), what in bad:
+                key, v = entries[(off, length, crc)]
+                self._problem(obj, "checksum" if what == "crc" else "corrupt",
+                              f"key {key!r}: value at offset {off}, length {length}: "
+                              + ("crc32c mismatch" if what == "crc" else
+                                 "extends past the end of the object"), v)
+
+        await asyncio.gather(*(one(o, e) for o, e in sorted(self.values.items())))
+
+    async def _check_streamed(
+        self, obj: str, entries: list[tuple[int, int, int]]
+    ) -> list[tuple[tuple[int, int, int], str]] | None:
+        """Check each value by reading it in :data:`PIECE`-sized ranges; None if missing."""
+        bad = []
+        for off, length, crc in entries:
+            got, pos = 0, off
+            while True:
+                stop = min(off + length, pos + PIECE)
+                res = await self.base.read(obj, byte_range=slice(pos, stop))
+                if res.state != "value":
+                    return None
+                got = await run_cpu(_crc_more, res.value, got)
+                if len(res.value) < stop - pos:
+                    bad.append(((off, length, crc), "range"))
+                    break
+                pos = stop
+                if pos >= off + length:
+                    if got != crc:
+                        bad.append(((off, length, crc), "crc"))
+                    break
+        return bad
+
+
+def _crc_more(data: Any, crc: int) -> int:
+    return int(_crc32c_lib.crc32c(data, crc))
+
+
+def _check_object(data: Any, entries: list[tuple[int, int, int]]) -> list[tuple[tuple[int, int, int], str]]:
+    """The entries of one data object whose range or crc32c is wrong."""
+    mv = memoryview(data).cast("B")
+    bad = []
+    for off, length, crc in entries:
+        if off + length > len(mv):
+            bad.append(((off, length, crc), "range"))
+        elif crc32c(mv[off:off + length]) != crc:
+            bad.append(((off, length, crc), "crc"))
+    return bad
