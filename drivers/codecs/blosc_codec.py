@@ -1,0 +1,81 @@
+"""``blosc`` through numcodecs (C, releases the GIL)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numcodecs.blosc as _blosc
+from numcodecs import Blosc
+from tensorstore_py.drivers.codecs._limits import check_size
+from tensorstore_py.drivers.codecs.base import BytesBytesCodec
+from tensorstore_py.kvstore.base import Buffer
+
+from tensorstore_py.errors import DataCorruptionError, InvalidSpecError
+
+_SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
+_CNAMES = ("blosclz", "lz4", "lz4hc", "zlib", "zstd", "snappy")
+
+
+def blosc_decode(b: Blosc, buf: Buffer, *, key: str, size: int | None, limit: int,
+                 out: Buffer | None = None) -> Buffer:
+    """Decode a blosc buffer after checking the sizes in its header."""
+    mv = memoryview(buf).cast("B")
+    if len(mv) < 16:
+        raise DataCorruptionError(f"chunk {key!r}: {len(mv)} bytes, too short for blosc data")
+    nbytes, cbytes, _blocksize = _blosc._cbuffer_sizes(mv)
+    if cbytes != len(mv):
+        raise DataCorruptionError(
+            f"chunk {key!r}: blosc header declares {cbytes} compressed bytes, found {len(mv)}"
+        )
+    check_size("blosc", key, nbytes, size, limit)
+    try:
+        if out is not None and len(out) == nbytes:
+            return b.decode(mv, out=out)
+        return b.decode(mv)
+    except Exception as e:
+        raise DataCorruptionError(f"chunk {key!r}: invalid blosc data: {e}") from None
+
+
+class BloscCodec(BytesBytesCodec):
+    name = "blosc"
+
+    def __init__(self, *, cname: str = "lz4", clevel: int = 5, shuffle: str = "noshuffle",
+                 typesize: int | None = None, blocksize: int = 0) -> None:
+        if cname not in _CNAMES:
+            raise InvalidSpecError(f"blosc codec: 'cname' must be one of {_CNAMES}, got {cname!r}")
+        if not isinstance(clevel, int) or not 0 <= clevel <= 9:
+            raise InvalidSpecError(f"blosc codec: 'clevel' must be 0..9, got {clevel!r}")
+        if shuffle not in _SHUFFLE:
+            raise InvalidSpecError(f"blosc codec: 'shuffle' must be one of {list(_SHUFFLE)}, got {shuffle!r}")
+        if shuffle != "noshuffle" and (not isinstance(typesize, int) or typesize < 1):
+            raise InvalidSpecError(f"blosc codec: 'typesize' >= 1 is required with shuffle, got {typesize!r}")
+        if not isinstance(blocksize, int) or blocksize < 0:
+            raise InvalidSpecError(f"blosc codec: 'blocksize' must be >= 0, got {blocksize!r}")
+        self.cname, self.clevel, self.shuffle = cname, clevel, shuffle
+        self.typesize, self.blocksize = typesize, blocksize
+        self._b = Blosc(cname=cname, clevel=clevel, shuffle=_SHUFFLE[shuffle],
+                        blocksize=blocksize, typesize=typesize or 1)
+
+    @classmethod
+    def from_json(cls, config: dict[str, Any], itemsize: int) -> BloscCodec:
+        unknown = set(config) - {"cname", "clevel", "shuffle", "typesize", "blocksize"}
+        if unknown:
+            raise InvalidSpecError(f"blosc codec: unknown configuration fields {sorted(unknown)}")
+        shuffle = config.get("shuffle", "noshuffle" if itemsize == 1 else "shuffle")
+        typesize = config.get("typesize", itemsize if shuffle != "noshuffle" else None)
+        return cls(cname=config.get("cname", "lz4"), clevel=config.get("clevel", 5),
+                   shuffle=shuffle, typesize=typesize, blocksize=config.get("blocksize", 0))
+
+    def to_json(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {"cname": self.cname, "clevel": self.clevel, "shuffle": self.shuffle,
+                               "blocksize": self.blocksize}
+        if self.typesize is not None:
+            cfg["typesize"] = self.typesize
+        return {"name": "blosc", "configuration": cfg}
+
+    def encode(self, buf: Buffer) -> Buffer:
+        return self._b.encode(buf)
+
+    def decode(self, buf: Buffer, *, key: str, size: int | None, limit: int,
+               out: Buffer | None = None) -> Buffer:
+        return blosc_decode(self._b, buf, key=key, size=size, limit=limit, out=out)

@@ -1,0 +1,84 @@
+"""``bytes``: the array's elements in C order with a given endianness."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+from tensorstore_py.drivers.codecs.base import ArrayBytesCodec
+from tensorstore_py.kvstore.base import Buffer
+
+from tensorstore_py.errors import DataCorruptionError, InvalidSpecError
+
+
+class BytesCodec(ArrayBytesCodec):
+    """Raw little/big-endian bytes; ``endian`` is None for 1-byte types."""
+
+    name = "bytes"
+
+    def __init__(self, endian: str | None = "little") -> None:
+        if endian not in ("little", "big", None):
+            raise InvalidSpecError(f"bytes codec: 'endian' must be 'little' or 'big', got {endian!r}")
+        self.endian = endian
+
+    @classmethod
+    def from_json(cls, config: dict[str, Any], dtype: np.dtype) -> BytesCodec:
+        unknown = set(config) - {"endian"}
+        if unknown:
+            raise InvalidSpecError(f"bytes codec: unknown configuration fields {sorted(unknown)}")
+        endian = config.get("endian")
+        if endian is None and dtype.itemsize > 1 and dtype.kind != "b":
+            raise InvalidSpecError(
+                f"bytes codec: 'endian' is required for the {dtype.itemsize}-byte type {dtype}"
+            )
+        return cls(endian)
+
+    def to_json(self) -> dict[str, Any]:
+        if self.endian is None:
+            return {"name": "bytes"}
+        return {"name": "bytes", "configuration": {"endian": self.endian}}
+
+    def _stored(self, dtype: np.dtype) -> np.dtype:
+        if dtype.itemsize == 1 or self.endian is None:
+            return dtype
+        if dtype.kind == "V" or dtype.byteorder == "|":  # ml_dtypes are native-only
+            return dtype
+        return dtype.newbyteorder("<" if self.endian == "little" else ">")
+
+    def needs_swap(self, dtype: np.dtype) -> bool:
+        return (
+            dtype.itemsize > 1 and self.endian is not None
+            and self.endian != sys.byteorder
+        )
+
+    def encode(self, a: np.ndarray) -> Buffer:
+        a = np.ascontiguousarray(a)
+        if self.needs_swap(a.dtype):
+            if a.dtype.kind == "V":  # ml_dtypes: no byte-swapped variant, reverse bytes
+                a = a.view(np.uint8).reshape(a.shape + (a.dtype.itemsize,))[..., ::-1]
+                return memoryview(np.ascontiguousarray(a).reshape(-1))
+            a = a.astype(self._stored(a.dtype))
+        # through uint8: memoryview cannot export ml_dtypes' bfloat16/float8
+        return memoryview(a.reshape(-1).view(np.uint8))
+
+    def encoded_size(self, shape: tuple[int, ...], dtype: np.dtype) -> int | None:
+        return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+    def decode(
+        self, buf: Buffer, shape: tuple[int, ...], dtype: np.dtype, *, key: str,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        n = int(np.prod(shape, dtype=np.int64))
+        if len(memoryview(buf).cast("B")) != n * dtype.itemsize:
+            raise DataCorruptionError(
+                f"chunk {key!r}: expected {n * dtype.itemsize} bytes for {list(shape)} {dtype}, "
+                f"found {len(memoryview(buf).cast('B'))}"
+            )
+        if self.needs_swap(dtype):
+            if dtype.kind == "V":
+                raw = np.frombuffer(buf, np.uint8).reshape(tuple(shape) + (dtype.itemsize,))
+                return np.ascontiguousarray(raw[..., ::-1]).view(dtype).reshape(shape)
+            a = np.frombuffer(buf, dtype=self._stored(dtype)).reshape(shape)
+            return a.astype(dtype)
+        return np.frombuffer(buf, dtype=dtype).reshape(shape)

@@ -1,0 +1,175 @@
+"""A parsed zarr v3 codec list bound to a chunk shape and dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from tensorstore_py.drivers.codecs.base import (
+    ArrayArrayCodec,
+    ArrayBytesCodec,
+    BytesBytesCodec,
+    Codec,
+)
+from tensorstore_py.drivers.codecs.blosc_codec import BloscCodec
+from tensorstore_py.drivers.codecs.bytes_codec import BytesCodec
+from tensorstore_py.drivers.codecs.crc32c_codec import Crc32cCodec
+from tensorstore_py.drivers.codecs.gzip_codec import GzipCodec
+from tensorstore_py.drivers.codecs.transpose import TransposeCodec
+from tensorstore_py.drivers.codecs.zstd_codec import ZstdCodec
+from tensorstore_py.kvstore.base import Buffer
+
+from tensorstore_py.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
+
+__all__ = ["CodecChain"]
+
+KNOWN = ("blosc", "bytes", "crc32c", "gzip", "sharding_indexed", "transpose", "zstd")
+
+
+def _parse_one(
+    entry: Any, shape: tuple[int, ...], dtype: np.dtype, fill_value: Any, where: str
+) -> Codec:
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise InvalidSpecError(f"{where}: each codec must be {{'name': ..., 'configuration': ...}}, got {entry!r}")
+    unknown = set(entry) - {"name", "configuration", "must_understand"}
+    if unknown:
+        raise InvalidSpecError(f"{where}: codec {entry['name']!r} has unknown fields {sorted(unknown)}")
+    name = entry["name"]
+    config = entry.get("configuration", {}) or {}
+    if not isinstance(config, dict):
+        raise InvalidSpecError(f"{where}: codec {name!r} configuration must be an object")
+    if name == "bytes":
+        return BytesCodec.from_json(config, dtype)
+    if name == "transpose":
+        return TransposeCodec.from_json(config, len(shape))
+    if name == "gzip":
+        return GzipCodec.from_json(config)
+    if name == "zstd":
+        return ZstdCodec.from_json(config)
+    if name == "blosc":
+        return BloscCodec.from_json(config, dtype.itemsize)
+    if name == "crc32c":
+        return Crc32cCodec.from_json(config)
+    if name == "sharding_indexed":
+        from tensorstore_py.drivers.codecs.sharding import ShardingCodec
+
+        return ShardingCodec.from_json(config, shape, dtype, fill_value)
+    raise UnsupportedError(f"{where}: unsupported zarr3 codec {name!r}; supported: {', '.join(KNOWN)}")
+
+
+class CodecChain:
+    """``array->array* , array->bytes , bytes->bytes*`` for chunks of ``shape``."""
+
+    def __init__(
+        self,
+        aa: Sequence[ArrayArrayCodec],
+        ab: ArrayBytesCodec,
+        bb: Sequence[BytesBytesCodec],
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+    ) -> None:
+        self.aa, self.ab, self.bb = list(aa), ab, list(bb)
+        self.shape, self.dtype = tuple(shape), dtype
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        s, d = self.shape, dtype
+        for c in self.aa:
+            s, d = c.resolve(s, d)
+        self.ab_shape, self.ab_dtype = s, d
+        # decode limit for variable-size stages: generous, but bounded
+        self.limit = 4 * self.nbytes + (1 << 20)
+        size = ab.encoded_size(s, d)
+        self.bb_sizes: list[int | None] = []  # decoded size of each bytes->bytes stage
+        for c in self.bb:
+            self.bb_sizes.append(size)
+            size = c.encoded_size(size)
+        self.encoded_size = size
+        #: raw: the stored bytes are the array's native bytes in C order
+        self.raw = not self.aa and isinstance(ab, BytesCodec) and not ab.needs_swap(dtype) \
+            and not self.bb
+        #: direct: the last decode step can write native C-order bytes into ``out``
+        self.direct = not self.aa and isinstance(ab, BytesCodec) and not ab.needs_swap(dtype) \
+            and len(self.bb) == 1 and isinstance(self.bb[0], (ZstdCodec, BloscCodec))
+
+        #: strided_out: decode(out=any view of the right shape) fills it in place
+        self.strided_out = not self.aa and not self.bb and getattr(ab, "name", "") == "sharding_indexed"
+
+    @classmethod
+    def from_json(
+        cls,
+        codecs: Any,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        fill_value: Any,
+        *,
+        where: str = "zarr3 metadata field 'codecs'",
+    ) -> CodecChain:
+        if not isinstance(codecs, list) or not codecs:
+            raise InvalidSpecError(f"{where}: expected a non-empty list of codecs, got {codecs!r}")
+        aa: list[ArrayArrayCodec] = []
+        ab: ArrayBytesCodec | None = None
+        bb: list[BytesBytesCodec] = []
+        s, d = tuple(shape), dtype
+        for entry in codecs:
+            c = _parse_one(entry, s, d, fill_value, where)
+            if isinstance(c, ArrayArrayCodec):
+                if ab is not None:
+                    raise InvalidSpecError(f"{where}: array->array codec {c.name!r} after array->bytes codec")
+                aa.append(c)
+                s, d = c.resolve(s, d)
+            elif isinstance(c, ArrayBytesCodec):
+                if ab is not None:
+                    raise InvalidSpecError(f"{where}: more than one array->bytes codec ({ab.name!r}, {c.name!r})")
+                ab = c
+            else:
+                if ab is None:
+                    raise InvalidSpecError(f"{where}: bytes->bytes codec {c.name!r} before the array->bytes codec")
+                bb.append(c)  # type: ignore[arg-type]
+        if ab is None:
+            raise InvalidSpecError(f"{where}: no array->bytes codec (e.g. 'bytes' or 'sharding_indexed')")
+        return cls(aa, ab, bb, shape, dtype)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [c.to_json() for c in (*self.aa, self.ab, *self.bb)]
+
+    def encode(self, a: np.ndarray) -> Buffer:
+        """Encode one chunk (``a`` has exactly ``self.shape``)."""
+        for c in self.aa:
+            a = c.encode(a)
+        buf = self.ab.encode(a)
+        for c in self.bb:
+            buf = c.encode(buf)
+        return buf
+
+    def decode(self, buf: Buffer, *, key: str, out: np.ndarray | None = None) -> np.ndarray:
+        """Decode one chunk to an array of ``self.shape``.
+
+        With ``out`` (C-contiguous, exact shape and dtype) the result may be
+        written straight into it; the returned array is then ``out``. Without
+        it the result may be a read-only view of ``buf``.
+        """
+        if self.strided_out and out is not None:  # a shard: inner chunks land in place
+            return self.ab.decode(buf, self.shape, self.dtype, key=key, out=out)
+        if self.raw:  # the stored bytes are the array: no copy at all
+            n = memoryview(buf).nbytes
+            if n != self.nbytes:
+                raise DataCorruptionError(
+                    f"chunk {key!r}: expected {self.nbytes} bytes for {list(self.shape)} "
+                    f"{self.dtype}, found {n}"
+                )
+            return np.frombuffer(buf, dtype=self.dtype).reshape(self.shape)
+        if self.direct:  # one compressor over native bytes: decompress into place
+            target = out if out is not None else np.empty(self.shape, dtype=self.dtype)
+            view = memoryview(target.reshape(-1).view(np.uint8))
+            res = self.bb[0].decode(buf, key=key, size=self.nbytes, limit=self.limit, out=view)
+            if res is view or res is target or np.shares_memory(np.frombuffer(res, np.uint8), target):
+                return target
+            return np.frombuffer(res, dtype=self.dtype).reshape(self.shape)
+        for i in range(len(self.bb) - 1, -1, -1):
+            buf = self.bb[i].decode(buf, key=key, size=self.bb_sizes[i], limit=self.limit)
+        a = self.ab.decode(buf, self.ab_shape, self.ab_dtype, key=key)
+        for c in reversed(self.aa):
+            a = c.decode(a)
+        return a

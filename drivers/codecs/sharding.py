@@ -1,0 +1,264 @@
+"""``sharding_indexed``: many inner chunks in one stored value plus an index.
+
+The index is an array of shape ``chunks_per_shard + [2]`` of uint64
+``(offset, nbytes)`` pairs encoded with ``index_codecs`` (by default little-endian
+bytes + crc32c), stored at the start or the end of the shard. An entry of
+``(2^64-1, 2^64-1)`` marks a missing inner chunk (read as the fill value). Inner
+chunks are written in C order of their grid positions, as TensorStore does.
+Every entry is validated against the shard before use: a truncated shard or
+index is a DataCorruptionError naming the key, never garbage.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+from tensorstore_py.drivers.codecs.base import ArrayBytesCodec
+from tensorstore_py.kvstore.base import Buffer, ByteRange
+
+from tensorstore_py.errors import DataCorruptionError, InvalidSpecError
+
+MISSING = np.uint64(2**64 - 1)
+# An index larger than this (16 bytes per entry) is refused before any read.
+MAX_INNER_CHUNKS = 1 << 22
+
+
+def is_fill(a: np.ndarray, fill: np.ndarray) -> bool:
+    """True when every element of ``a`` has the bit pattern of ``fill`` (0-d array)."""
+    if a.size == 0:
+        return True
+    size = a.dtype.itemsize
+    if size in (1, 2, 4, 8):
+        u = np.dtype(f"u{size}")
+        fv = fill.view(u)
+        # most chunks with data differ at their first element: O(1) answer
+        if a[(slice(0, 1),) * a.ndim].view(u).reshape(-1)[0] != fv:
+            return False
+        return bool((np.ascontiguousarray(a).view(u) == fv).all())
+    u8 = np.ascontiguousarray(a).reshape(-1).view(np.uint64).reshape(-1, size // 8)
+    return bool((u8 == fill.reshape(1).view(np.uint64)).all())
+
+
+class ShardingCodec(ArrayBytesCodec):
+    """Shards of ``shape`` made of inner chunks of ``chunk_shape``."""
+
+    name = "sharding_indexed"
+
+    def __init__(self, chunk_shape: tuple[int, ...], inner: Any, index: Any,
+                 index_location: str, shard_shape: tuple[int, ...], fill: np.ndarray) -> None:
+        self.chunk_shape = chunk_shape
+        self.inner = inner  # CodecChain for inner chunks
+        self.index = index  # CodecChain for the index array
+        self.index_location = index_location
+        self.shard_shape = shard_shape
+        self.cps = tuple(s // c for s, c in zip(shard_shape, chunk_shape))
+        self.fill = fill
+        size = index.encoded_size
+        if size is None:
+            raise InvalidSpecError(
+                "sharding_indexed codec: 'index_codecs' must have a fixed encoded size "
+                "(bytes and crc32c only)"
+            )
+        self.index_nbytes = int(size)
+        # (cell, slices) of every inner chunk in C order, computed once
+        self.cells = [
+            (cell, tuple(slice(i * c, (i + 1) * c) for i, c in zip(cell, chunk_shape)))
+            for cell in itertools.product(*(range(n) for n in self.cps))
+        ]
+
+    @classmethod
+    def from_json(cls, config: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype,
+                  fill_value: Any) -> ShardingCodec:
+        from tensorstore_py.drivers.codecs.chain import CodecChain
+
+        where = "sharding_indexed codec"
+        unknown = set(config) - {"chunk_shape", "codecs", "index_codecs", "index_location"}
+        if unknown:
+            raise InvalidSpecError(f"{where}: unknown configuration fields {sorted(unknown)}")
+        cs = config.get("chunk_shape")
+        if (not isinstance(cs, list) or len(cs) != len(shape)
+                or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in cs)):
+            raise InvalidSpecError(
+                f"{where}: 'chunk_shape' must be {len(shape)} positive integers, got {cs!r}"
+            )
+        if any(s % c for s, c in zip(shape, cs)):
+            raise InvalidSpecError(
+                f"{where}: 'chunk_shape' {cs} must divide the shard shape {list(shape)}"
+            )
+        n_inner = 1
+        for sdim, c in zip(shape, cs):
+            n_inner *= sdim // c
+        if n_inner > MAX_INNER_CHUNKS:
+            raise InvalidSpecError(
+                f"{where}: {n_inner} inner chunks per shard (index of {16 * n_inner} bytes) exceeds "
+                f"the limit of {MAX_INNER_CHUNKS}"
+            )
+        loc = config.get("index_location", "end")
+        if loc not in ("start", "end"):
+            raise InvalidSpecError(f"{where}: 'index_location' must be 'start' or 'end', got {loc!r}")
+        fill = np.array(fill_value, dtype=dtype)
+        inner = CodecChain.from_json(
+            config.get("codecs", [{"name": "bytes", "configuration": {"endian": "little"}}]),
+            tuple(cs), dtype, fill_value, where=f"{where} field 'codecs'",
+        )
+        cps = tuple(s // c for s, c in zip(shape, cs))
+        index = CodecChain.from_json(
+            config.get("index_codecs", [{"name": "bytes", "configuration": {"endian": "little"}},
+                                        {"name": "crc32c"}]),
+            cps + (2,), np.dtype("uint64"), 0, where=f"{where} field 'index_codecs'",
+        )
+        return cls(tuple(cs), inner, index, loc, tuple(shape), fill)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": "sharding_indexed",
+            "configuration": {
+                "chunk_shape": list(self.chunk_shape),
+                "codecs": self.inner.to_json(),
+                "index_codecs": self.index.to_json(),
+                "index_location": self.index_location,
+            },
+        }
+
+    # -- index ------------------------------------------------------------------
+    def index_range(self) -> ByteRange:
+        """Where the index lives in a stored shard."""
+        if self.index_location == "end":
+            return ByteRange(-self.index_nbytes)
+        return ByteRange(0, self.index_nbytes)
+
+    def decode_index(self, buf: Buffer, *, key: str, shard_size: int | None = None) -> np.ndarray:
+        """The validated ``(offset, nbytes)`` table (``cps + (2,)``, uint64)."""
+        mv = memoryview(buf).cast("B")
+        if len(mv) != self.index_nbytes:
+            raise DataCorruptionError(
+                f"shard {key!r}: index is {len(mv)} bytes, expected {self.index_nbytes} (truncated?)"
+            )
+        idx = np.asarray(self.index.decode(mv, key=f"{key} (shard index)"), dtype=np.uint64)
+        off, n = idx[..., 0], idx[..., 1]
+        missing = (off == MISSING) & (n == MISSING)
+        bad = ~missing & ((off == MISSING) | (n == MISSING) | (off > (MISSING - n)))
+        if shard_size is not None:
+            lo = self.index_nbytes if self.index_location == "start" else 0
+            hi = shard_size if self.index_location == "start" else shard_size - self.index_nbytes
+            with np.errstate(over="ignore"):
+                bad |= ~missing & ((off < lo) | (off + n > hi))
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise DataCorruptionError(
+                f"shard {key!r}: index entry {list(where)} (offset {int(off[where])}, "
+                f"length {int(n[where])}) lies outside the shard"
+                + (f" of {shard_size} bytes" if shard_size is not None else "")
+            )
+        return idx
+
+    # -- whole shards -------------------------------------------------------------
+    def encode(self, a: np.ndarray) -> Buffer:
+        """Encode a whole shard; inner chunks equal to the fill value are omitted.
+
+        Returns an empty buffer when every inner chunk is missing.
+        """
+        parts: list[Buffer] = []
+        idx = np.full(self.cps + (2,), MISSING, dtype=np.uint64)
+        offset = self.index_nbytes if self.index_location == "start" else 0
+        flat = idx.reshape(-1, 2)
+        for i, (_cell, sl) in enumerate(self.cells):
+            chunk = np.ascontiguousarray(a[sl])
+            if is_fill(chunk, self.fill):
+                continue
+            enc = memoryview(self.inner.encode(chunk)).cast("B")
+            flat[i] = (offset, len(enc))
+            offset += len(enc)
+            parts.append(enc)
+        if not parts:
+            return b""
+        index = memoryview(self.index.encode(idx)).cast("B")
+        if self.index_location == "start":
+            parts.insert(0, index)
+        else:
+            parts.append(index)
+        return b"".join(parts)
+
+    def update(self, old: Buffer | None, region: tuple[slice, ...], src: np.ndarray, *,
+               key: str) -> Buffer:
+        """The shard ``old`` (None = missing) with ``region`` set to ``src``.
+
+        Only the inner chunks the region touches are decoded and re-encoded;
+        the others keep their stored bytes. Returns b"" when nothing is left
+        but fill values (the shard should then be deleted).
+        """
+        from tensorstore_py.drivers.grid import chunk_parts
+
+        idx: list[list[int]] | None = None
+        mv = memoryview(old).cast("B") if old is not None else None
+        if mv is not None:
+            if len(mv) < self.index_nbytes:
+                raise DataCorruptionError(
+                    f"shard {key!r}: {len(mv)} bytes, shorter than its {self.index_nbytes}-byte index"
+                )
+            idx = self.decode_index(self.index_range().apply(mv), key=key,
+                                    shard_size=len(mv)).reshape(-1, 2).tolist()
+        touched = {ip.cell: ip for ip in chunk_parts(region, self.chunk_shape, self.shard_shape)}
+        missing = int(MISSING)
+        parts: list[Buffer] = []
+        new_idx = np.full(self.cps + (2,), MISSING, dtype=np.uint64)
+        flat = new_idx.reshape(-1, 2)
+        offset = self.index_nbytes if self.index_location == "start" else 0
+        for i, (cell, _sl) in enumerate(self.cells):
+            ip = touched.get(cell)
+            present = idx is not None and idx[i][0] != missing
+            if ip is None:
+                if not present:
+                    continue
+                off, n = idx[i]  # type: ignore[index]
+                enc = mv[off: off + n]  # type: ignore[index]
+            else:
+                if present:
+                    off, n = idx[i]  # type: ignore[index]
+                    arr = np.array(self.inner.decode(
+                        mv[off: off + n], key=f"{key} (inner chunk {list(cell)})"), copy=True)  # type: ignore[index]
+                else:
+                    arr = np.full(self.chunk_shape, self.fill, dtype=self.fill.dtype)
+                arr[ip.chunk] = src[ip.out]
+                if is_fill(arr, self.fill):
+                    continue
+                enc = memoryview(self.inner.encode(arr)).cast("B")
+            flat[i] = (offset, len(enc))
+            offset += len(enc)
+            parts.append(enc)
+        if not parts:
+            return b""
+        index = memoryview(self.index.encode(new_idx)).cast("B")
+        if self.index_location == "start":
+            parts.insert(0, index)
+        else:
+            parts.append(index)
+        return b"".join(parts)
+
+    def decode(self, buf: Buffer, shape: tuple[int, ...], dtype: np.dtype, *, key: str,
+               out: np.ndarray | None = None) -> np.ndarray:
+        mv = memoryview(buf).cast("B")
+        if len(mv) < self.index_nbytes:
+            raise DataCorruptionError(
+                f"shard {key!r}: {len(mv)} bytes, shorter than its {self.index_nbytes}-byte index"
+            )
+        ir = self.index_range()
+        idx = self.decode_index(ir.apply(mv), key=key, shard_size=len(mv))
+        res = out if out is not None else np.empty(shape, dtype=dtype)
+        missing = int(MISSING)
+        for (cell, sl), (off, n) in zip(self.cells, idx.reshape(-1, 2).tolist()):
+            if off == missing:
+                res[sl] = self.fill
+                continue
+            res[sl] = self.inner.decode(mv[off: off + n], key=f"{key} (inner chunk {list(cell)})")
+        return res
+
+    def inner_cells(self, region: tuple[slice, ...]) -> list[tuple[int, ...]]:
+        """Inner chunk positions that intersect ``region`` (step-1 bounds)."""
+        ranges = [
+            range(s.start // c, -(-s.stop // c)) if s.stop > s.start else range(0)
+            for s, c in zip(region, self.chunk_shape)
+        ]
+        return list(itertools.product(*ranges))

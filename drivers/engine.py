@@ -1,0 +1,466 @@
+"""The chunk engine shared by the zarr3 and zarr2 drivers.
+
+Reads and writes map a normalised strided region onto the chunk grid and run
+one operation per touched chunk, concurrently, under a bytes-in-flight budget.
+Chunk I/O goes through the kvstore (whatever it is); decoding and encoding run
+on the CPU pool (the codecs release the GIL) so every core works.
+
+Guarantees:
+
+* A write that covers a whole chunk replaces it with one unconditional write
+  (atomic per chunk; the request as a whole is not atomic unless the kvstore is
+  a transaction view).
+* A partial-chunk write is a read-modify-write conditioned on the chunk's
+  generation (``if_equal``) and retried on ConditionFailedError, so concurrent
+  writers of disjoint parts of one chunk never lose each other's data.
+* A chunk whose every element equals the fill value (bitwise) is deleted
+  instead of stored, as zarr-python and TensorStore do.
+* Missing chunks read as the fill value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from abc import abstractmethod
+from typing import Any
+
+import numpy as np
+from tensorstore_py.drivers import fastpath
+from tensorstore_py.drivers.base import ArrayDriver, Index
+from tensorstore_py.drivers.budget import DEFAULT_BYTES_IN_FLIGHT, ByteBudget, run_bounded
+from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.codecs.sharding import MISSING, ShardingCodec, is_fill
+from tensorstore_py.drivers.fastpath import has_sync_io
+from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
+from tensorstore_py.kvstore.base import ByteRange, Generation, KvStore, ReadResult
+
+from tensorstore_py.errors import (
+    ConditionFailedError,
+    DataCorruptionError,
+    InvalidArgumentError,
+    ReadOnlyError,
+)
+from tensorstore_py.future import run_cpu, run_io
+
+__all__ = ["ChunkCodec", "ChunkedArray"]
+
+# Chunks smaller than this are decoded on the loop thread: a thread hop costs
+# more than a memcpy or decompression of a few KiB.
+_INLINE_BYTES = 64 << 10
+_MAX_RMW_ATTEMPTS = 200
+# Inner chunks of one shard closer than this are fetched in one request; larger
+# gaps would download data nobody asked for (remote stores run requests concurrently).
+_SHARD_COALESCE_GAP = 16 << 10
+# Concurrent batches on stores with blocking I/O (see fastpath): enough to
+# overlap I/O waits with decoding on every core, few enough not to thrash.
+_SYNC_TASKS = 4
+# Writes wait on fsync: more of them in flight lets the file system batch
+# journal commits, so write batches are smaller and more numerous.
+_SYNC_WRITE_TASKS = 16
+_WRITE_BATCH_BYTES = 256 << 10
+_WRITE_BATCH_PARTS = 8
+
+
+class ChunkCodec:
+    """What the engine needs from a format's chunk encoding (see CodecChain)."""
+
+    raw: bool = False
+    direct: bool = False
+    strided_out: bool = False
+
+    def encode(self, a: np.ndarray) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def decode(self, buf: Any, *, key: str, out: np.ndarray | None = None) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+
+class ChunkedArray(ArrayDriver):
+    """A regular chunk grid of encoded chunks over a kvstore."""
+
+    def __init__(
+        self,
+        *,
+        kvstore: KvStore,
+        metadata: dict[str, Any],
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        fill_value: np.generic,
+        chunk_shape: tuple[int, ...],
+        codec: Any,
+        dimension_names: tuple[str | None, ...],
+        metadata_generation: Generation,
+        cache_pool: CachePool | None = None,
+        budget: ByteBudget | None = None,
+    ) -> None:
+        self.kvstore = kvstore
+        self._metadata = metadata
+        self._shape = tuple(int(s) for s in shape)
+        self._dtype = dtype
+        self._fill = fill_value
+        self._fill_arr = np.array(fill_value, dtype=dtype)
+        self._chunk_shape = tuple(int(c) for c in chunk_shape)
+        self._codec = codec
+        self._dimension_names = dimension_names
+        self._metadata_generation = metadata_generation
+        self._cache = cache_pool
+        self._budget = budget or ByteBudget(DEFAULT_BYTES_IN_FLIGHT)
+        self._chunk_nbytes = int(np.prod(self._chunk_shape, dtype=np.int64)) * dtype.itemsize
+        ab = getattr(codec, "ab", None)
+        self._shard: ShardingCodec | None = (
+            ab if isinstance(ab, ShardingCodec) and not codec.aa and not codec.bb else None
+        )
+
+    # -- format hooks -----------------------------------------------------------
+    metadata_key: str
+
+    @abstractmethod
+    def chunk_key(self, cell: tuple[int, ...]) -> str:
+        """The kvstore key of the chunk at grid position ``cell``."""
+
+    @abstractmethod
+    def _reopen(self, metadata: dict[str, Any], kvstore: KvStore, generation: Generation) -> ChunkedArray:
+        """A driver of the same format for ``metadata`` over ``kvstore``."""
+
+    @abstractmethod
+    def _metadata_with_shape(self, metadata: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def _encode_metadata(self, metadata: dict[str, Any]) -> bytes: ...
+
+    @abstractmethod
+    def _decode_metadata(self, raw: Any) -> dict[str, Any]: ...
+
+    # -- properties --------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def fill_value(self) -> Any:
+        return self._fill
+
+    @property
+    def dimension_names(self) -> tuple[str | None, ...]:
+        return self._dimension_names
+
+    @property
+    def read_chunk_shape(self) -> tuple[int, ...]:
+        return self._shard.chunk_shape if self._shard is not None else self._chunk_shape
+
+    @property
+    def write_chunk_shape(self) -> tuple[int, ...]:
+        return self._chunk_shape
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._metadata
+
+    def spec(self) -> dict[str, Any]:
+        return {"driver": self.driver, "kvstore": self.kvstore.spec(), "metadata": self._metadata}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec()!r})"
+
+    def with_kvstore(self, kvstore: KvStore) -> ChunkedArray:
+        return self._reopen(self._metadata, kvstore, self._metadata_generation)
+
+    # -- checks --------------------------------------------------------------------
+    def _check_index(self, index: Index) -> Index:
+        if len(index) != len(self._shape):
+            raise InvalidArgumentError(
+                f"index has {len(index)} dimensions, array has {len(self._shape)}"
+            )
+        for d, (s, n) in enumerate(zip(index, self._shape)):
+            if not (isinstance(s, slice) and isinstance(s.start, int) and isinstance(s.stop, int)
+                    and isinstance(s.step, int) and 0 <= s.start <= s.stop <= n and s.step >= 1):
+                raise InvalidArgumentError(
+                    f"index dimension {d}: expected a normalised slice within [0, {n}] with "
+                    f"step >= 1, got {s!r}"
+                )
+        return index
+
+    # -- reading -------------------------------------------------------------------
+    async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
+        index = self._check_index(index)
+        shape = out_shape(index)
+        if out is None:
+            out = np.empty(shape, dtype=self._dtype)
+        elif out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
+            raise InvalidArgumentError(
+                f"out must be a writeable {self._dtype} array of shape {shape}, "
+                f"got {out.dtype} {out.shape}"
+            )
+        if out.size == 0:
+            return out
+        target = out
+        kv = self.kvstore
+        if self._cache is None and has_sync_io(kv):
+            async def batch(b: list[ChunkPart]) -> None:
+                await run_io(fastpath.read_batch, self, kv, b, target)
+
+            await run_bounded(
+                fastpath.batches(chunk_parts(index, self._chunk_shape, self._shape), self._chunk_nbytes),
+                batch, budget=self._budget, cost=lambda b: len(b) * self._chunk_nbytes,
+                max_tasks=_SYNC_TASKS,
+            )
+            return out
+
+        async def one(p: ChunkPart) -> None:
+            await self._read_part(p, target[p.out + (Ellipsis,)])
+
+        await run_bounded(
+            chunk_parts(index, self._chunk_shape, self._shape), one,
+            budget=self._budget, cost=self._chunk_nbytes,
+        )
+        return out
+
+    async def _fetch(self, key: str) -> tuple[ReadResult, np.ndarray | None]:
+        """Read a chunk's bytes, or its decoded array from the cache pool."""
+        cache = self._cache
+        if cache is None:
+            return await self.kvstore.read(key), None
+        ck = (self.kvstore._identity(), self.kvstore.path, key)
+        hit = cache.get(ck)
+        res = await self.kvstore.read(key, if_not_equal=hit[0] if hit else None)
+        if res.state == "unchanged" and hit is not None:
+            return res, hit[1]
+        return res, None
+
+    def _remember(self, key: str, gen: Generation, arr: np.ndarray) -> None:
+        if self._cache is not None:
+            ck = (self.kvstore._identity(), self.kvstore.path, key)
+            self._cache.put(ck, gen, arr)
+
+    async def _read_part(self, p: ChunkPart, dest: np.ndarray) -> None:
+        key = self.chunk_key(p.cell)
+        if self._shard is not None and not p.full:
+            await self._read_sharded(key, p, dest)
+            return
+        res, cached = await self._fetch(key)
+        if res.state == "missing":
+            dest[...] = self._fill_arr
+            return
+        if cached is not None:
+            dest[...] = cached[p.chunk]
+            return
+        if self._chunk_nbytes <= _INLINE_BYTES:
+            arr = self._decode_into(res.value, key, p, dest)
+        else:
+            arr = await run_cpu(self._decode_into, res.value, key, p, dest)
+        if self._cache is not None and arr is not None:
+            self._remember(key, res.generation, arr)
+
+    def _decode_into(self, buf: Any, key: str, p: ChunkPart, dest: np.ndarray) -> np.ndarray | None:
+        """Decode one chunk and copy its part into ``dest``; returns the chunk
+        array when it is a standalone copy (so it may be cached)."""
+        whole = dest.shape == self._chunk_shape
+        if whole and self._cache is None and (dest.flags.c_contiguous or self._codec.strided_out):
+            arr = self._codec.decode(buf, key=key, out=dest)
+            if arr is not dest:
+                np.copyto(dest, arr)
+            return None
+        arr = self._codec.decode(buf, key=key)
+        dest[...] = arr if whole else arr[p.chunk]
+        return arr
+
+    async def _read_sharded(self, key: str, p: ChunkPart, dest: np.ndarray) -> None:
+        """Read part of a shard: its index, then only the inner chunks needed."""
+        sh = self._shard
+        assert sh is not None
+        inner_parts = list(chunk_parts(p.chunk, sh.chunk_shape, sh.shard_shape))
+        for _attempt in range(5):
+            ires = await self.kvstore.read(key, byte_range=sh.index_range())
+            if ires.state == "missing":
+                dest[...] = self._fill_arr
+                return
+            idx = sh.decode_index(ires.value, key=key)
+            present: list[tuple[ChunkPart, int, int]] = []
+            for ip in inner_parts:
+                off, n = idx[ip.cell]
+                if off == MISSING:
+                    dest[ip.out] = self._fill_arr
+                else:
+                    present.append((ip, int(off), int(n)))
+            if not present:
+                return
+            rr = await self.kvstore.read_ranges(
+                key, [ByteRange(o, o + n) for _, o, n in present], coalesce_gap=_SHARD_COALESCE_GAP
+            )
+            if rr.state == "missing" or rr.generation != ires.generation:
+                continue  # the shard changed between the index and the data: again
+            for (ip, o, n), v in zip(present, rr.values):
+                if len(v) != n:
+                    raise DataCorruptionError(
+                        f"shard {key!r}: inner chunk {list(ip.cell)} at bytes [{o}, {o + n}) is "
+                        f"truncated ({len(v)} bytes present)"
+                    )
+            if sum(n for _, _, n in present) <= _INLINE_BYTES:
+                self._decode_inner(key, present, rr.values, dest)
+            else:
+                await run_cpu(self._decode_inner, key, present, rr.values, dest)
+            return
+        raise ConditionFailedError(f"shard {key!r} kept changing while being read")
+
+    def _decode_inner(self, key: str, present: list[tuple[ChunkPart, int, int]],
+                      values: list[Any], dest: np.ndarray) -> None:
+        sh = self._shard
+        assert sh is not None
+        for (ip, _o, _n), v in zip(present, values):
+            arr = sh.inner.decode(v, key=f"{key} (inner chunk {list(ip.cell)})")
+            dest[ip.out] = arr[ip.chunk]
+
+    # -- writing -------------------------------------------------------------------
+    async def write(self, index: Index, value: np.ndarray) -> None:
+        index = self._check_index(index)
+        shape = out_shape(index)
+        value = np.asarray(value)
+        if value.shape != shape:
+            raise InvalidArgumentError(f"write of shape {value.shape} into a region of shape {shape}")
+        if value.dtype != self._dtype:
+            raise InvalidArgumentError(f"write of dtype {value.dtype} into an array of dtype {self._dtype}")
+        if value.size == 0:
+            return
+        kv = self.kvstore
+        if kv.read_only:
+            raise ReadOnlyError(f"{self.driver} array over {kv!r}: the store is read-only")
+        if has_sync_io(kv):
+            async def batch(b: list[ChunkPart]) -> None:
+                if all(p.full for p in b):
+                    # encode on the CPU pool (one thread per core keeps the
+                    # caches warm), write on the I/O pool (many fsyncs overlap)
+                    encoded = await run_cpu(fastpath.encode_batch, self, b, value)
+                    await run_io(fastpath.store_batch, self, kv, b, encoded)
+                else:
+                    await run_io(fastpath.write_batch, self, kv, b, value)
+
+            await run_bounded(
+                fastpath.batches(chunk_parts(index, self._chunk_shape, self._shape), self._chunk_nbytes,
+                                 target=_WRITE_BATCH_BYTES, max_parts=_WRITE_BATCH_PARTS),
+                batch, budget=self._budget, cost=lambda b: 2 * len(b) * self._chunk_nbytes,
+                max_tasks=_SYNC_WRITE_TASKS,
+            )
+            return
+
+        async def one(p: ChunkPart) -> None:
+            await self._write_part(p, value[p.out + (Ellipsis,)])
+
+        await run_bounded(
+            chunk_parts(index, self._chunk_shape, self._shape), one,
+            budget=self._budget, cost=2 * self._chunk_nbytes,
+        )
+
+    def _in_bounds(self, cell: tuple[int, ...]) -> tuple[slice, ...]:
+        return tuple(
+            slice(0, min(c, n - i * c)) for i, c, n in zip(cell, self._chunk_shape, self._shape)
+        )
+
+    def _encode_full(self, p: ChunkPart, src: np.ndarray) -> Any:
+        """Encode a chunk wholly given by ``src`` (out-of-bounds part = fill)."""
+        if src.shape == self._chunk_shape:
+            arr = np.ascontiguousarray(src)
+        else:
+            arr = np.full(self._chunk_shape, self._fill_arr, dtype=self._dtype)
+            arr[self._in_bounds(p.cell)] = src
+        if is_fill(arr, self._fill_arr):
+            return None
+        enc = self._codec.encode(arr)
+        return None if len(enc) == 0 else enc
+
+    def _modify(self, res: ReadResult, key: str, p: ChunkPart, src: np.ndarray) -> Any:
+        if self._shard is not None:  # re-encode only the inner chunks written
+            enc = self._shard.update(None if res.state == "missing" else res.value, p.chunk, src,
+                                     key=key)
+            return None if len(enc) == 0 else enc
+        if res.state == "missing":
+            arr = np.full(self._chunk_shape, self._fill_arr, dtype=self._dtype)
+        else:
+            arr = np.array(self._codec.decode(res.value, key=key), copy=True)
+        arr[p.chunk] = src
+        if is_fill(arr, self._fill_arr):
+            return None
+        enc = self._codec.encode(arr)
+        return None if len(enc) == 0 else enc
+
+    async def _write_part(self, p: ChunkPart, src: np.ndarray) -> None:
+        key = self.chunk_key(p.cell)
+        if p.full:
+            enc = await run_cpu(self._encode_full, p, src)
+            if enc is None:
+                await self.kvstore.delete(key)
+            else:
+                await self.kvstore.write(key, enc)
+            return
+        for attempt in range(_MAX_RMW_ATTEMPTS):
+            res = await self.kvstore.read(key)
+            enc = await run_cpu(self._modify, res, key, p, src)
+            try:
+                if enc is None:
+                    if not res.generation.is_no_value:
+                        await self.kvstore.delete(key, if_equal=res.generation)
+                else:
+                    await self.kvstore.write(key, enc, if_equal=res.generation)
+                return
+            except ConditionFailedError:
+                # another writer changed the chunk: re-read and merge again
+                await asyncio.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 6))))
+        raise ConditionFailedError(
+            f"chunk {key!r}: read-modify-write lost the race {_MAX_RMW_ATTEMPTS} times"
+        )
+
+    # -- resizing --------------------------------------------------------------------
+    async def resize(self, new_shape: tuple[int, ...]) -> ChunkedArray:
+        new_shape = tuple(int(s) for s in new_shape)
+        if len(new_shape) != len(self._shape) or any(s < 0 for s in new_shape):
+            raise InvalidArgumentError(
+                f"resize: new shape {list(new_shape)} must have {len(self._shape)} non-negative sizes"
+            )
+        for _attempt in range(_MAX_RMW_ATTEMPTS):
+            res = await self.kvstore.read(self.metadata_key)
+            if res.state == "missing":
+                from tensorstore_py.errors import NotFoundError
+
+                raise NotFoundError(f"resize: {self.metadata_key!r} is gone from {self.kvstore!r}")
+            current = self._decode_metadata(res.value)
+            old_shape = tuple(current["shape"])
+            meta = self._metadata_with_shape(current, new_shape)
+            try:
+                gen = await self.kvstore.write(
+                    self.metadata_key, self._encode_metadata(meta), if_equal=res.generation
+                )
+            except ConditionFailedError:
+                await asyncio.sleep(random.uniform(0, 0.01))
+                continue
+            break
+        else:
+            raise ConditionFailedError(f"resize: {self.metadata_key!r} kept changing")
+        await self._delete_outside(old_shape, new_shape)
+        return self._reopen(meta, self.kvstore, gen)
+
+    async def _delete_outside(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+        """Delete chunks of the old grid that lie wholly outside ``new``."""
+        if all(n >= o for n, o in zip(new, old)):
+            return
+        keep = [-(-n // c) * c for n, c in zip(new, self._chunk_shape)]
+
+        async def drop(p: ChunkPart) -> None:
+            await self.kvstore.delete(self.chunk_key(p.cell))
+
+        # one slab per shrunk dimension; earlier dimensions limited to the kept
+        # part so that no chunk is visited twice
+        for d in range(len(old)):
+            if keep[d] >= old[d]:
+                continue
+            region = tuple(
+                slice(0, min(keep[e], old[e]), 1) if e < d
+                else slice(keep[d], old[d], 1) if e == d
+                else slice(0, old[e], 1)
+                for e in range(len(old))
+            )
+            await run_bounded(chunk_parts(region, self._chunk_shape, old), drop,
+                              budget=self._budget, cost=0)

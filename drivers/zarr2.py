@@ -1,0 +1,256 @@
+"""The zarr v2 array format: ``.zarray`` metadata, numcodecs filters and compressor.
+
+Chunks are the array's elements in ``order`` ("C" or "F") and the byte order of
+``dtype``, passed through ``filters`` (in order) and then ``compressor``. Keys
+join the chunk indices with ``dimension_separator`` ("." or "/"). ``.zattrs``
+is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numcodecs
+import numpy as np
+from tensorstore_py.drivers.budget import ByteBudget
+from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.codecs._limits import check_size
+from tensorstore_py.drivers.codecs.blosc_codec import blosc_decode
+from tensorstore_py.drivers.codecs.gzip_codec import inflate
+from tensorstore_py.drivers.codecs.zstd_codec import zstd_decode
+from tensorstore_py.drivers.dtypes import dtype_from_v2, fill_from_v2
+from tensorstore_py.drivers.engine import ChunkedArray
+from tensorstore_py.kvstore.base import Buffer, Generation, KvStore
+
+from tensorstore_py.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
+
+__all__ = ["Parsed2", "Zarr2Array", "default_metadata2", "normalize_field2"]
+
+METADATA_KEY = ".zarray"
+MAX_CHUNK_ELEMENTS = 2**31
+_FIELDS = {"zarr_format", "shape", "chunks", "dtype", "compressor", "fill_value", "order",
+           "filters", "dimension_separator"}
+
+
+def _err(field: str, msg: str) -> InvalidSpecError:
+    return InvalidSpecError(f"zarr metadata field {field!r}: {msg}")
+
+
+def _ints(v: Any, field: str, positive: bool) -> tuple[int, ...]:
+    if not isinstance(v, (list, tuple)) or not all(
+        isinstance(x, int) and not isinstance(x, bool) and (x > 0 if positive else x >= 0) for x in v
+    ) or len(v) > 32 or any(x > 2**62 for x in v):
+        raise _err(field, f"expected a list of {'positive' if positive else 'non-negative'} integers, got {v!r}")
+    return tuple(int(x) for x in v)
+
+
+def _codec(cfg: Any, field: str) -> numcodecs.abc.Codec:
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("id"), str):
+        raise _err(field, f"expected {{'id': ...}}, got {cfg!r}")
+    try:
+        return numcodecs.get_codec(dict(cfg))
+    except ValueError:
+        raise UnsupportedError(f"zarr metadata field {field!r}: unsupported codec {cfg['id']!r}") from None
+    except TypeError as e:
+        raise _err(field, f"bad configuration for codec {cfg['id']!r}: {e}") from None
+
+
+class V2ChunkCodec:
+    """filters + compressor for one chunk shape (the engine's ChunkCodec)."""
+
+    def __init__(self, shape: tuple[int, ...], stored: np.dtype, native: np.dtype, order: str,
+                 filters: list[Any], compressor: Any) -> None:
+        self.shape, self.stored, self.native, self.order = shape, stored, native, order
+        self.filters, self.compressor = filters, compressor
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * stored.itemsize
+        swap = stored != native
+        self.raw = not filters and compressor is None and order == "C" and not swap
+        self.strided_out = False
+        self.direct = not filters and order == "C" and not swap and \
+            getattr(compressor, "codec_id", None) in ("zstd", "blosc")
+
+    def encode(self, a: np.ndarray) -> Buffer:
+        if a.dtype != self.stored:
+            a = a.astype(self.stored)
+        buf: Any = np.ascontiguousarray(a) if self.order == "C" else np.asfortranarray(a)
+        buf = buf.reshape(-1, order=self.order)
+        if buf.dtype.kind == "V":
+            buf = buf.view(np.uint8)  # ml_dtypes arrays do not export buffers
+        for f in self.filters:
+            buf = f.encode(buf)
+        if self.compressor is not None:
+            buf = self.compressor.encode(buf)
+        return memoryview(np.ascontiguousarray(buf)).cast("B") if isinstance(buf, np.ndarray) else buf
+
+    def _decompress(self, buf: Buffer, key: str, out: Buffer | None) -> Buffer:
+        c = self.compressor
+        size = self.nbytes if not self.filters else None
+        limit = 4 * self.nbytes + (1 << 20)
+        cid = c.codec_id
+        if cid == "zstd":
+            return zstd_decode(c, buf, key=key, size=size, limit=limit, out=out)
+        if cid == "blosc":
+            return blosc_decode(c, buf, key=key, size=size, limit=limit, out=out)
+        if cid in ("zlib", "gzip"):
+            return inflate(buf, wbits=47 if cid == "gzip" else 15, codec=cid, key=key,
+                           size=size, limit=limit)
+        if cid == "lz4":
+            mv = memoryview(buf).cast("B")
+            if len(mv) < 4:
+                raise DataCorruptionError(f"chunk {key!r}: lz4 data is truncated")
+            check_size("lz4", key, int.from_bytes(mv[:4], "little"), size, limit)
+        try:
+            res = c.decode(buf)
+        except Exception as e:
+            raise DataCorruptionError(f"chunk {key!r}: invalid {cid} data: {e}") from None
+        check_size(cid, key, memoryview(res).nbytes, size, limit)
+        return res
+
+    def decode(self, buf: Buffer, *, key: str, out: np.ndarray | None = None) -> np.ndarray:
+        direct = memoryview(out.reshape(-1).view(np.uint8)) if out is not None and self.direct else None
+        if self.compressor is not None:
+            buf = self._decompress(buf, key, direct)
+            if direct is not None and np.shares_memory(np.frombuffer(buf, np.uint8), out):
+                return out  # type: ignore[return-value]
+        for f in reversed(self.filters):
+            try:
+                buf = f.decode(buf)
+            except Exception as e:
+                raise DataCorruptionError(f"chunk {key!r}: filter {f.codec_id!r} failed: {e}") from None
+        a = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8) if not isinstance(buf, np.ndarray) \
+            else buf.reshape(-1).view(np.uint8)
+        if a.nbytes != self.nbytes:
+            raise DataCorruptionError(f"chunk {key!r}: decodes to {a.nbytes} bytes, expected {self.nbytes}")
+        arr = a.view(self.stored).reshape(self.shape, order=self.order)
+        if self.stored != self.native:
+            arr = arr.astype(self.native)
+        return arr
+
+
+class Parsed2:
+    def __init__(self, meta: Any) -> None:
+        if not isinstance(meta, dict):
+            raise InvalidSpecError(f".zarray must be a JSON object, got {type(meta).__name__}")
+        unknown = set(meta) - _FIELDS
+        if unknown:
+            raise _err(sorted(unknown)[0], "unknown field")
+        if meta.get("zarr_format") != 2:
+            raise _err("zarr_format", f"expected 2, got {meta.get('zarr_format')!r}")
+        for f in ("shape", "chunks", "dtype"):
+            if f not in meta:
+                raise _err(f, "is required")
+        self.shape = _ints(meta["shape"], "shape", False)
+        self.chunk_shape = _ints(meta["chunks"], "chunks", True)
+        if len(self.chunk_shape) != len(self.shape):
+            raise _err("chunks", f"rank {len(self.chunk_shape)} differs from the shape's {len(self.shape)}")
+        n = math.prod(self.chunk_shape)
+        if n > MAX_CHUNK_ELEMENTS:
+            raise _err("chunks", f"a chunk of {list(self.chunk_shape)} has {n} elements, more than {MAX_CHUNK_ELEMENTS}")
+        self.stored = dtype_from_v2(meta["dtype"])
+        self.dtype = self.stored.newbyteorder("=") if self.stored.byteorder in "<>" else self.stored
+        self.fill = fill_from_v2(meta.get("fill_value"), self.dtype)
+        self.order = meta.get("order", "C")
+        if self.order not in ("C", "F"):
+            raise _err("order", f"expected 'C' or 'F', got {self.order!r}")
+        self.separator = meta.get("dimension_separator", ".")
+        if self.separator not in (".", "/"):
+            raise _err("dimension_separator", f"expected '.' or '/', got {self.separator!r}")
+        filters = meta.get("filters") or []
+        if not isinstance(filters, list):
+            raise _err("filters", f"expected a list or null, got {filters!r}")
+        comp = meta.get("compressor")
+        self.codec = V2ChunkCodec(
+            self.chunk_shape, self.stored, self.dtype, self.order,
+            [_codec(f, "filters") for f in filters],
+            None if comp is None else _codec(comp, "compressor"),
+        )
+        self.dimension_names: tuple[str | None, ...] = (None,) * len(self.shape)
+
+
+def default_metadata2(partial: dict[str, Any], *, chunk_shape: tuple[int, ...]) -> dict[str, Any]:
+    for f in ("shape", "dtype"):
+        if f not in partial:
+            raise _err(f, "is required to create an array")
+    meta = {
+        "zarr_format": 2,
+        "shape": list(partial["shape"]),
+        "chunks": list(partial.get("chunks", chunk_shape)),
+        "dtype": partial["dtype"],
+        "compressor": partial.get("compressor", None),
+        "fill_value": partial.get("fill_value", None),
+        "order": partial.get("order", "C"),
+        "filters": partial.get("filters", None),
+    }
+    if "dimension_separator" in partial:
+        meta["dimension_separator"] = partial["dimension_separator"]
+    return meta
+
+
+def normalize_field2(field: str, value: Any, parsed: Parsed2) -> Any:
+    if field == "dtype":
+        return dtype_from_v2(value).str
+    if field == "fill_value":
+        return np.array(fill_from_v2(value, parsed.dtype)).tobytes() if value is not None else None
+    if field == "dimension_separator":
+        return value or "."
+    if field == "filters":
+        return value or None
+    if field in ("shape", "chunks"):
+        return list(value) if isinstance(value, (list, tuple)) else value
+    if field == "compressor" and isinstance(value, dict):
+        return _codec(value, "compressor").get_config()
+    return value
+
+
+class Zarr2Array(ChunkedArray):
+    """A zarr v2 array over a kvstore folder."""
+
+    driver = "zarr"
+    metadata_key = METADATA_KEY
+
+    @classmethod
+    def from_metadata(
+        cls, meta: dict[str, Any], kvstore: KvStore, generation: Generation, *,
+        cache_pool: CachePool | None = None, budget: ByteBudget | None = None,
+        parsed: Parsed2 | None = None,
+    ) -> Zarr2Array:
+        p = parsed or Parsed2(meta)
+        arr = cls(
+            kvstore=kvstore, metadata=meta, shape=p.shape, dtype=p.dtype, fill_value=p.fill,
+            chunk_shape=p.chunk_shape, codec=p.codec, dimension_names=p.dimension_names,
+            metadata_generation=generation, cache_pool=cache_pool, budget=budget,
+        )
+        arr._sep = p.separator
+        return arr
+
+    def chunk_key(self, cell: tuple[int, ...]) -> str:
+        return self._sep.join(map(str, cell)) if cell else "0"
+
+    def _reopen(self, metadata: dict[str, Any], kvstore: KvStore, generation: Generation) -> Zarr2Array:
+        return Zarr2Array.from_metadata(metadata, kvstore, generation,
+                                        cache_pool=self._cache, budget=self._budget)
+
+    def _metadata_with_shape(self, metadata: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]:
+        return {**metadata, "shape": list(shape)}
+
+    def _encode_metadata(self, metadata: dict[str, Any]) -> bytes:
+        return encode_metadata(metadata)
+
+    def _decode_metadata(self, raw: Any) -> dict[str, Any]:
+        return decode_metadata(raw, ".zarray")
+
+
+def encode_metadata(meta: dict[str, Any]) -> bytes:
+    return json.dumps(meta, indent=4, sort_keys=True).encode()
+
+
+def decode_metadata(raw: Any, where: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(bytes(raw))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidSpecError(f"{where}: not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise InvalidSpecError(f"{where}: expected a JSON object, got {type(meta).__name__}")
+    return meta

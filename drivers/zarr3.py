@@ -1,0 +1,257 @@
+"""The zarr v3 array format: ``zarr.json`` metadata and chunk keys.
+
+Metadata fields (zarr v3 core spec): ``zarr_format`` (3), ``node_type``
+("array"), ``shape``, ``data_type``, ``chunk_grid`` (regular), ``chunk_key_encoding``
+(``default`` with "/" or ".", or ``v2``), ``fill_value``, ``codecs``,
+``dimension_names``, ``attributes``, ``storage_transformers`` (must be empty).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from tensorstore_py.drivers.budget import ByteBudget
+from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.codecs.chain import CodecChain
+from tensorstore_py.drivers.dtypes import dtype_from_v3, fill_from_json, fill_to_json
+from tensorstore_py.drivers.engine import ChunkedArray
+from tensorstore_py.kvstore.base import Generation, KvStore
+
+from tensorstore_py.errors import InvalidSpecError
+
+__all__ = ["Zarr3Array", "default_metadata", "normalize_field", "parse_metadata"]
+
+METADATA_KEY = "zarr.json"
+MAX_CHUNK_ELEMENTS = 2**31
+MAX_RANK = 32
+MAX_EXTENT = 2**62  # as TensorStore: index arithmetic stays within int64
+_FIELDS = {
+    "zarr_format", "node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding",
+    "fill_value", "codecs", "dimension_names", "attributes", "storage_transformers",
+}
+
+
+def _err(field: str, msg: str) -> InvalidSpecError:
+    return InvalidSpecError(f"zarr3 metadata field {field!r}: {msg}")
+
+
+def _int_list(v: Any, field: str, *, positive: bool) -> tuple[int, ...]:
+    if not isinstance(v, (list, tuple)) or not all(
+        isinstance(x, int) and not isinstance(x, bool) and (x > 0 if positive else x >= 0) for x in v
+    ):
+        kind = "positive" if positive else "non-negative"
+        raise _err(field, f"expected a list of {kind} integers, got {v!r}")
+    if len(v) > MAX_RANK:
+        raise _err(field, f"rank {len(v)} exceeds the maximum of {MAX_RANK}")
+    if any(x > MAX_EXTENT for x in v):
+        raise _err(field, f"{list(v)} has a size above the maximum of 2^62")
+    return tuple(int(x) for x in v)
+
+
+def _chunk_shape(grid: Any, ndim: int) -> tuple[int, ...]:
+    if not isinstance(grid, dict) or grid.get("name") != "regular":
+        raise _err("chunk_grid", f"only the 'regular' chunk grid is supported, got {grid!r}")
+    cfg = grid.get("configuration")
+    if not isinstance(cfg, dict) or "chunk_shape" not in cfg:
+        raise _err("chunk_grid", "missing configuration.chunk_shape")
+    cs = _int_list(cfg["chunk_shape"], "chunk_grid", positive=True)
+    if len(cs) != ndim:
+        raise _err("chunk_grid", f"chunk_shape {list(cs)} has rank {len(cs)}, shape has rank {ndim}")
+    n = int(np.prod(cs, dtype=object))
+    if n > MAX_CHUNK_ELEMENTS:
+        raise _err("chunk_grid", f"a chunk of {list(cs)} has {n} elements, more than {MAX_CHUNK_ELEMENTS}")
+    return cs
+
+
+def _key_encoding(enc: Any) -> tuple[str, str]:
+    if enc is None:
+        return "default", "/"
+    if not isinstance(enc, dict) or enc.get("name") not in ("default", "v2"):
+        raise _err("chunk_key_encoding", f"expected name 'default' or 'v2', got {enc!r}")
+    cfg = enc.get("configuration") or {}
+    sep = cfg.get("separator", "/" if enc["name"] == "default" else ".")
+    if sep not in ("/", "."):
+        raise _err("chunk_key_encoding", f"separator must be '/' or '.', got {sep!r}")
+    return enc["name"], sep
+
+
+def default_fill(dt: np.dtype) -> Any:
+    if dt.kind == "b":
+        return False
+    if dt.kind == "c":
+        return [0.0, 0.0]
+    return 0 if dt.kind in "iu" else 0.0
+
+
+def default_codecs(dt: np.dtype) -> list[dict[str, Any]]:
+    if dt.itemsize == 1:
+        return [{"name": "bytes"}]
+    return [{"name": "bytes", "configuration": {"endian": "little"}}]
+
+
+def with_serializer(codecs: Any, dt: np.dtype) -> Any:
+    """Insert the default ``bytes`` codec when a codec list has no array->bytes
+    codec (as TensorStore does), e.g. ``[{"name": "zstd"}]``."""
+    if not isinstance(codecs, list):
+        return codecs
+    names = [c.get("name") if isinstance(c, dict) else c for c in codecs]
+    if "bytes" in names or "sharding_indexed" in names:
+        return codecs
+    n_aa = 0
+    while n_aa < len(names) and names[n_aa] == "transpose":
+        n_aa += 1
+    return codecs[:n_aa] + default_codecs(dt) + codecs[n_aa:]
+
+
+def default_metadata(partial: dict[str, Any], *, chunk_shape: tuple[int, ...]) -> dict[str, Any]:
+    """Complete a partial metadata document for creation (shape, data_type required)."""
+    for f in ("shape", "data_type"):
+        if f not in partial:
+            raise _err(f, "is required to create an array")
+    dt = dtype_from_v3(partial["data_type"])
+    meta: dict[str, Any] = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": list(partial["shape"]),
+        "data_type": partial["data_type"],
+        "chunk_grid": partial.get(
+            "chunk_grid", {"name": "regular", "configuration": {"chunk_shape": list(chunk_shape)}}
+        ),
+        "chunk_key_encoding": partial.get(
+            "chunk_key_encoding", {"name": "default", "configuration": {"separator": "/"}}
+        ),
+        "fill_value": partial.get("fill_value", default_fill(dt)),
+        "codecs": partial.get("codecs", default_codecs(dt)),
+    }
+    for f in ("attributes", "dimension_names", "storage_transformers"):
+        if f in partial and partial[f] is not None:
+            meta[f] = partial[f]
+    return meta
+
+
+class Parsed:
+    """The validated, typed view of one zarr.json document."""
+
+    def __init__(self, meta: dict[str, Any]) -> None:
+        if not isinstance(meta, dict):
+            raise InvalidSpecError(f"zarr3 metadata must be a JSON object, got {type(meta).__name__}")
+        unknown = set(meta) - _FIELDS
+        for f in sorted(unknown):
+            v = meta[f]
+            if not (isinstance(v, dict) and v.get("must_understand") is False):
+                raise _err(f, "unknown field (extensions must set must_understand: false)")
+        if meta.get("zarr_format") != 3:
+            raise _err("zarr_format", f"expected 3, got {meta.get('zarr_format')!r}")
+        if meta.get("node_type") != "array":
+            raise _err("node_type", f"expected 'array', got {meta.get('node_type')!r}")
+        if "shape" not in meta:
+            raise _err("shape", "is required")
+        self.shape = _int_list(meta["shape"], "shape", positive=False)
+        if "data_type" not in meta:
+            raise _err("data_type", "is required")
+        self.dtype = dtype_from_v3(meta["data_type"])
+        self.chunk_shape = _chunk_shape(meta.get("chunk_grid"), len(self.shape))
+        self.key_name, self.separator = _key_encoding(meta.get("chunk_key_encoding"))
+        if "fill_value" not in meta:
+            raise _err("fill_value", "is required")
+        self.fill = fill_from_json(meta["fill_value"], self.dtype)
+        st = meta.get("storage_transformers", [])
+        if st:
+            raise _err("storage_transformers", f"storage transformers are not supported, got {st!r}")
+        names = meta.get("dimension_names")
+        if names is None:
+            self.dimension_names: tuple[str | None, ...] = (None,) * len(self.shape)
+        else:
+            if (not isinstance(names, list) or len(names) != len(self.shape)
+                    or not all(n is None or isinstance(n, str) for n in names)):
+                raise _err("dimension_names", f"expected {len(self.shape)} strings or nulls, got {names!r}")
+            self.dimension_names = tuple(names)
+        attrs = meta.get("attributes", {})
+        if not isinstance(attrs, dict):
+            raise _err("attributes", f"expected an object, got {attrs!r}")
+        if "codecs" not in meta:
+            raise _err("codecs", "is required")
+        self.codecs = CodecChain.from_json(meta["codecs"], self.chunk_shape, self.dtype, self.fill)
+
+
+def parse_metadata(meta: Any) -> Parsed:
+    return Parsed(meta)
+
+
+def normalize_field(field: str, value: Any, parsed: Parsed) -> Any:
+    """A comparable form of one metadata field (given vs stored)."""
+    if field == "chunk_key_encoding":
+        return _key_encoding(value)
+    if field == "chunk_grid":
+        return _chunk_shape(value, len(parsed.shape))
+    if field == "fill_value":
+        return np.array(fill_from_json(value, parsed.dtype), dtype=parsed.dtype).tobytes()
+    if field == "codecs":
+        value = with_serializer(value, parsed.dtype)
+        return CodecChain.from_json(value, parsed.chunk_shape, parsed.dtype, parsed.fill).to_json()
+    if field == "shape":
+        return list(value) if isinstance(value, (list, tuple)) else value
+    if field == "dimension_names":
+        return None if value is None or all(v is None for v in value) else list(value)
+    if field == "storage_transformers":
+        return value or []
+    return value
+
+
+class Zarr3Array(ChunkedArray):
+    """A zarr v3 array (optionally sharded) over a kvstore folder."""
+
+    driver = "zarr3"
+    metadata_key = METADATA_KEY
+
+    @classmethod
+    def from_metadata(
+        cls, meta: dict[str, Any], kvstore: KvStore, generation: Generation, *,
+        cache_pool: CachePool | None = None, budget: ByteBudget | None = None,
+        parsed: Parsed | None = None,
+    ) -> Zarr3Array:
+        p = parsed or Parsed(meta)
+        arr = cls(
+            kvstore=kvstore, metadata=meta, shape=p.shape, dtype=p.dtype, fill_value=p.fill,
+            chunk_shape=p.chunk_shape, codec=p.codecs, dimension_names=p.dimension_names,
+            metadata_generation=generation, cache_pool=cache_pool, budget=budget,
+        )
+        arr._key_name, arr._sep = p.key_name, p.separator
+        return arr
+
+    def chunk_key(self, cell: tuple[int, ...]) -> str:
+        if self._key_name == "default":
+            return self._sep.join(("c", *map(str, cell)))
+        return self._sep.join(map(str, cell)) if cell else "0"
+
+    def _reopen(self, metadata: dict[str, Any], kvstore: KvStore, generation: Generation) -> Zarr3Array:
+        return Zarr3Array.from_metadata(metadata, kvstore, generation,
+                                        cache_pool=self._cache, budget=self._budget)
+
+    def _metadata_with_shape(self, metadata: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]:
+        return {**metadata, "shape": list(shape)}
+
+    def _encode_metadata(self, metadata: dict[str, Any]) -> bytes:
+        return encode_metadata(metadata)
+
+    def _decode_metadata(self, raw: Any) -> dict[str, Any]:
+        return decode_metadata(raw, "zarr.json")
+
+
+def encode_metadata(meta: dict[str, Any]) -> bytes:
+    return json.dumps(meta, indent=2).encode()
+
+
+def decode_metadata(raw: Any, where: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(bytes(raw))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidSpecError(f"{where}: not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise InvalidSpecError(f"{where}: expected a JSON object, got {type(meta).__name__}")
+    return meta
+
+
+__all__ += ["decode_metadata", "encode_metadata", "fill_to_json"]
