@@ -11,6 +11,7 @@ catches ``KeyError`` or ``ValueError`` keeps working::
     ├── InvalidKeyError (ValueError)    a key that is empty, escapes its root, has NUL/".."
     ├── InvalidSpecError (ValueError)   a malformed spec, URL, zarr.json / .zarray
     ├── InvalidArgumentError (ValueError)  bad shapes/dtypes/values passed by the caller
+    │   └── OutOfRangeError (IndexError)   an index outside an array's domain
     ├── ReadOnlyError                   a write to a read-only store or snapshot
     ├── UnsupportedError                a store/driver cannot honour the operation
     ├── DataCorruptionError             stored bytes are not what was written
@@ -33,6 +34,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidSpecError",
     "InvalidArgumentError",
+    "OutOfRangeError",
     "ReadOnlyError",
     "UnsupportedError",
     "DataCorruptionError",
@@ -84,6 +86,10 @@ class InvalidSpecError(TensorStoreError, ValueError):
 
 class InvalidArgumentError(TensorStoreError, ValueError):
     """An argument has the wrong shape, dtype or value."""
+
+
+class OutOfRangeError(InvalidArgumentError, IndexError):
+    """An index or region lies outside an array's domain (numpy raises IndexError)."""
 
 
 class ReadOnlyError(TensorStoreError):

@@ -1,0 +1,232 @@
+"""Array throughput: tensorstore_py vs TensorStore vs zarr-python, same run, same machine.
+
+Cases (``--small`` shrinks every size for a quick run):
+
+* 1 GiB float32 in 4 MiB chunks, raw and zstd level 1: full write and full read (MiB/s).
+* 256 MiB float32 in 64x64 chunks, plain and inside 1024x1024 shards: write and
+  read (chunks/s).
+* random 64^3 crops from a sharded uint8 volume served over HTTP by a separate
+  server process (crops/s).
+
+Every figure is the median of ``--repeats`` runs. Output lines are
+``name: value unit``; ``<case>.ratio_vs_tensorstore`` / ``.ratio_vs_zarr`` are
+ours divided by theirs (higher is better for us). Reads come from the page
+cache for every library alike.
+
+    python benchmarks/arrays.py            # full sizes (several minutes, ~4 GiB of disk)
+    python benchmarks/arrays.py --small    # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+import zarr
+from zarr.codecs import ZstdCodec
+from zarr.storage import FsspecStore, LocalStore
+
+import tensorstore_py as tsp
+
+LIBS = ("tsp", "tensorstore", "zarr")
+
+
+def emit(name: str, value: float, unit: str) -> None:
+    print(f"{name}: {value:.4g} {unit}", flush=True)
+
+
+def median_time(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None = None) -> float:
+    times = []
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def report(case: str, rates: dict[str, float], unit: str) -> None:
+    for lib in LIBS:
+        if lib in rates:
+            emit(f"{case}.{lib}", rates[lib], unit)
+    if "tensorstore" in rates:
+        emit(f"{case}.ratio_vs_tensorstore", rates["tsp"] / rates["tensorstore"], "x")
+    if "zarr" in rates:
+        emit(f"{case}.ratio_vs_zarr", rates["tsp"] / rates["zarr"], "x")
+
+
+# -- per-library open/create ---------------------------------------------------------
+def create(lib: str, path: Path, data_shape: tuple[int, ...], dtype: str, chunks: tuple[int, ...],
+           shards: tuple[int, ...] | None, zstd: bool) -> Any:
+    if path.exists():
+        shutil.rmtree(path)
+    if lib == "tsp":
+        return tsp.open(path.as_uri() + "/", create=True, dtype=dtype, shape=data_shape,
+                        chunks=chunks, shards=shards, compression=("zstd", 1) if zstd else None).result()
+    if lib == "zarr":
+        return zarr.create_array(LocalStore(path), shape=data_shape, chunks=chunks, shards=shards,
+                                 dtype=dtype, compressors=ZstdCodec(level=1) if zstd else None,
+                                 fill_value=0)
+    inner = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    if zstd:
+        inner.append({"name": "zstd", "configuration": {"level": 1}})
+    codecs = inner
+    grid = chunks
+    if shards is not None:
+        grid = shards
+        codecs = [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": list(chunks), "codecs": inner,
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                             {"name": "crc32c"}]}}]
+    return ts.open({
+        "driver": "zarr3", "kvstore": {"driver": "file", "path": str(path) + "/"},
+        "metadata": {"shape": list(data_shape), "data_type": dtype, "fill_value": 0,
+                     "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(grid)}},
+                     "codecs": codecs},
+    }, create=True, delete_existing=True).result()
+
+
+def write(lib: str, arr: Any, data: np.ndarray) -> None:
+    if lib == "zarr":
+        arr[...] = data
+    else:
+        arr.write(data).result()
+
+
+def read(lib: str, arr: Any) -> np.ndarray:
+    return arr[...] if lib == "zarr" else arr.read().result()
+
+
+def bench_dense(tmp: Path, name: str, shape: tuple[int, ...], chunks: tuple[int, ...],
+                shards: tuple[int, ...] | None, zstd: bool, repeats: int, per_chunk: bool) -> None:
+    data = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+    n_chunks = int(np.prod([-(-s // c) for s, c in zip(shape, chunks)]))
+    amount, unit = (n_chunks, "chunks/s") if per_chunk else (data.nbytes / (1 << 20), "MiB/s")
+    w_rates: dict[str, float] = {}
+    r_rates: dict[str, float] = {}
+    for lib in LIBS:
+        path = tmp / f"{name}-{lib}"
+        holder: dict[str, Any] = {}
+
+        def setup(lib: str = lib, path: Path = path, holder: dict[str, Any] = holder) -> None:
+            holder["a"] = create(lib, path, shape, "float32", chunks, shards, zstd)
+
+        w = median_time(lambda lib=lib, h=holder: write(lib, h["a"], data), repeats, setup)
+        out = read(lib, holder["a"])
+        if not np.array_equal(out, data):
+            raise SystemExit(f"{name}: {lib} read back different data")
+        del out
+        r = median_time(lambda lib=lib, h=holder: read(lib, h["a"]), repeats)
+        w_rates[lib], r_rates[lib] = amount / w, amount / r
+        holder.clear()
+        shutil.rmtree(path)
+    report(f"{name}_write", w_rates, unit)
+    report(f"{name}_read", r_rates, unit)
+
+
+# -- HTTP crops ------------------------------------------------------------------
+_SERVER = """
+import sys
+from aiohttp import web
+app = web.Application()
+app.router.add_static("/", sys.argv[1])
+runner = web.AppRunner(app, access_log=None)
+import asyncio
+async def main():
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(runner.addresses[0][1], flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+def bench_http_crops(tmp: Path, n: int, crop: int, n_crops: int, repeats: int) -> None:
+    root = tmp / "http"
+    rng = np.random.default_rng(0)
+    vol = rng.integers(0, 256, (n, n, n), dtype=np.uint8)
+    a = tsp.open((root / "vol").as_uri() + "/", create=True, dtype="uint8", shape=[n, n, n],
+                 chunks=[64] * 3, shards=[min(n, 256)] * 3).result()
+    a.write(vol).result()
+    server = subprocess.Popen([sys.executable, "-c", _SERVER, str(root)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        port = int(server.stdout.readline())  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}/vol/"
+        opened = {
+            "tsp": tsp.open(url).result(),
+            "tensorstore": ts.open({"driver": "zarr3", "kvstore": {
+                "driver": "http", "base_url": f"http://127.0.0.1:{port}", "path": "/vol/"}}).result(),
+            "zarr": zarr.open_array(FsspecStore.from_url(url, read_only=True), mode="r"),
+        }
+        corners = [tuple(int(v) for v in rng.integers(0, n - crop + 1, 3)) for _ in range(n_crops)]
+        for lib, arr in opened.items():  # warm-up + correctness
+            z, y, x = corners[0]
+            got = read(lib, arr[z:z + crop, y:y + crop, x:x + crop])
+            if not np.array_equal(np.asarray(got), vol[z:z + crop, y:y + crop, x:x + crop]):
+                raise SystemExit(f"http crops: {lib} read different data")
+        rates = {}
+        for lib, arr in opened.items():
+            def run(lib: str = lib, arr: Any = arr) -> None:
+                for z, y, x in corners:
+                    read(lib, arr[z:z + crop, y:y + crop, x:x + crop])
+
+            rates[lib] = n_crops / median_time(run, repeats)
+        report(f"http_crops_{crop}", rates, "crops/s")
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="array throughput vs TensorStore and zarr-python")
+    p.add_argument("--small", action="store_true", help="small sizes for a quick run")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", default="", help="comma-separated case prefixes (large,small,http)")
+    p.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    args = p.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    big = (2048, 2048) if args.small else (16384, 16384)         # 16 MiB / 1 GiB float32
+    big_chunks = (512, 512) if args.small else (1024, 1024)      # 1 MiB / 4 MiB
+    small_shape = (1024, 1024) if args.small else (8192, 8192)   # 4 MiB / 256 MiB float32
+    tmp = Path(tempfile.mkdtemp(prefix="tsp-bench-", dir=args.dir))
+    print(f"# {sys.platform}, {os.cpu_count()} cpus, tensorstore {version('tensorstore')}, "
+          f"zarr {zarr.__version__}, repeats {args.repeats}", flush=True)
+    try:
+        if not only or "large" in only:
+            mib = big[0] * big[1] * 4 >> 20
+            for zstd in (False, True):
+                tag = "zstd1" if zstd else "raw"
+                bench_dense(tmp, f"f32_{mib}MiB_{tag}", big, big_chunks, None, zstd, args.repeats,
+                            per_chunk=False)
+        if not only or "small" in only:
+            mib = small_shape[0] * small_shape[1] * 4 >> 20
+            bench_dense(tmp, f"f32_{mib}MiB_64x64", small_shape, (64, 64), None, False,
+                        args.repeats, per_chunk=True)
+            bench_dense(tmp, f"f32_{mib}MiB_64x64_in_1024x1024_shards", small_shape, (64, 64),
+                        (1024, 1024), False, args.repeats, per_chunk=True)
+        if not only or "http" in only:
+            n = 128 if args.small else 512
+            bench_http_crops(tmp, n, 64, 10 if args.small else 40, args.repeats)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""The versioned store's costs, on the file store (durable: fsync on).
+
+    python benchmarks/versioned.py [--sizes 1000,10000,100000,1000000] [--reps 15]
+                                   [--fragments 1000] [--array-mib 128] [--full] [--dir DIR]
+
+* ``commit_1key_<n>``: median latency of committing ONE changed key into a store
+  of ``n`` keys (``kv.write(key, value).result()``: probe the newest version,
+  rewrite the O(log n) nodes on the key's path, create the commit record). The
+  ``n``-key store is built by one bulk commit through the commit engine
+  (``build_<n>``), which is how a large checkpoint lands as well.
+* ``merge_<N>_fragments``: a coordinator merging ``N`` simulated multi-writer
+  fragments (8 keys each) into one commit.
+* ``zarr3_write`` / ``zarr3_read`` on ``file`` and on ``versioned`` over the same
+  file store (``--array-mib`` MiB of float32, 4 MiB chunks; ``--full``: 1 GiB),
+  the versioned write as one transaction; ``ratio_*`` = versioned / file.
+  ``wrapped``: the file store behind a pass-through wrapper (the fault store with
+  no faults), which takes the array driver's generic async I/O path like the
+  versioned store does, while the bare file store gets the driver's batched
+  blocking fast path; ``ratio_*_vs_wrapped`` isolates the versioned store's cost.
+
+Prints ``name: value unit`` lines and ``ratio_*: x`` lines.
+Targets: ``commit_1key_1000000`` < 50 ms; ``merge_1000_fragments`` < 5 s;
+``ratio_zarr3_*`` <= 1.15.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned.format import InlineEntry, RefEntry, new_stamp
+from tensorstore_py.kvstore.versioned.multiwriter import encode_fragment, fragment_name
+from tensorstore_py.kvstore.versioned.root import Plan
+
+import tensorstore_py as tsp
+from tensorstore_py.future import spawn
+
+MiB = 1 << 20
+
+
+def _fresh(path: str) -> str:
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def _key(i: int) -> str:
+    return f"params/layer{i // 1000:04d}/w{i % 1000:03d}"
+
+
+def bench_commit(root: str, n: int, reps: int) -> tuple[float, float]:
+    """(seconds to build n keys in one commit, median seconds of a 1-key commit)."""
+    kv = VersionedKvStore(FileKvStore(path=_fresh(root)))
+    changes = [(_key(i), InlineEntry(new_stamp(), b"%d" % i)) for i in range(n)]
+
+    async def plan(parent: Any) -> Plan:
+        return Plan(changes, message=f"bulk load of {n} keys")
+
+    t0 = time.perf_counter()
+    spawn(kv._root.commit(plan)).result()
+    build = time.perf_counter() - t0
+    rng = np.random.default_rng(n)
+    kv.write(_key(0), b"warm").result()  # first commit of this process reads the path
+    times = []
+    for r in range(reps):
+        key = _key(int(rng.integers(n)))
+        t0 = time.perf_counter()
+        kv.write(key, b"new %d" % r).result()
+        times.append(time.perf_counter() - t0)
+    assert kv.newest_version().result() == reps + 2
+    return build, statistics.median(times)
+
+
+def bench_merge(root: str, count: int) -> float:
+    """Seconds for the coordinator to merge ``count`` fragments into one commit."""
+    path = _fresh(root)
+    scratch = FileKvStore(path=path, sync=False)  # setup only: fragments of "other" processes
+    obj = "data/" + "0" * 32
+    txn_id = "bench"
+
+    async def write_fragments() -> None:
+        sem = asyncio.Semaphore(64)
+
+        async def one(i: int) -> None:
+            txn = tsp.Transaction(txn_id=txn_id, process_index=i, process_count=count + 1)
+            changes: list[Any] = [
+                (f"p/{i:05d}/{j}", RefEntry(new_stamp(), obj, j * 10, 10, 0) if j % 2
+                 else InlineEntry(new_stamp(), b"v"))
+                for j in range(8)
+            ]
+            async with sem:
+                await scratch.write(fragment_name(txn_id, i), encode_fragment(txn, 0, changes))
+
+        await asyncio.gather(*(one(i) for i in range(1, count + 1)))
+
+    spawn(write_fragments()).result()
+    kv = VersionedKvStore(FileKvStore(path=path))
+    coord = tsp.Transaction(txn_id=txn_id, process_index=0, process_count=count + 1, timeout=120)
+    kv.with_transaction(coord).write("p/00000/0", b"coordinator").result()
+    t0 = time.perf_counter()
+    info = coord.commit().result()
+    dt = time.perf_counter() - t0
+    assert info.version == 1 and info.keys_changed == count * 8 + 1, info
+    return dt
+
+
+def bench_zarr3(root: str, mib: int, reps: int) -> dict[str, float]:
+    """Median seconds of a whole-array write and read, plain file vs versioned."""
+    side = int(np.sqrt(mib * MiB / 4)) // 1024 * 1024 or 1024
+    rows = max(1024, mib * MiB // 4 // side // 1024 * 1024)
+    shape, chunks = (rows, side), (1024, 1024)  # 4 MiB float32 chunks
+    data = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+    kinds = ["file", "versioned", "wrapped"]
+    out: dict[str, list[float]] = {f"{k}_{op}": [] for k in kinds for op in ("write", "read")}
+    for r in range(reps):
+        for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+            # a new directory each time: the process caches what it knows of a store
+            path = _fresh(os.path.join(root, f"{kind}{r}"))
+            kvspec: Any = "file://" + path + "/"
+            if kind == "versioned":
+                kvspec = {"driver": "versioned", "base": kvspec}
+            elif kind == "wrapped":  # a plain wrapper: the driver's generic (async) I/O path
+                kvspec = {"driver": "fault", "base": {"driver": "file", "path": path + "/"}}
+            arr = tsp.open({"driver": "zarr3", "kvstore": kvspec}, create=True, dtype="float32",
+                           shape=shape, chunks=chunks).result()
+            t0 = time.perf_counter()
+            if kind == "versioned":
+                with tsp.Transaction() as txn:
+                    arr.with_transaction(txn).write(data).result()
+            else:
+                arr.write(data).result()
+            out[f"{kind}_write"].append(time.perf_counter() - t0)
+            arr = tsp.open({"driver": "zarr3", "kvstore": kvspec}).result()
+            t0 = time.perf_counter()
+            back = arr.read().result()
+            out[f"{kind}_read"].append(time.perf_counter() - t0)
+            assert np.array_equal(back, data)
+            del back
+            shutil.rmtree(path)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,10000,100000,1000000", help="store sizes (keys)")
+    ap.add_argument("--reps", type=int, default=15, help="1-key commits per size (median printed)")
+    ap.add_argument("--fragments", type=int, default=1000, help="simulated multi-writer fragments")
+    ap.add_argument("--array-mib", type=int, default=128, help="zarr3 array size in MiB")
+    ap.add_argument("--array-reps", type=int, default=3, help="zarr3 repetitions (median printed)")
+    ap.add_argument("--full", action="store_true", help="1 GiB zarr3 array")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: commit,merge,zarr3")
+    ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    base = tempfile.mkdtemp(prefix="tsp-bench-versioned-", dir=args.dir)
+    try:
+        if "commit" not in skip:
+            for n in (int(s) for s in args.sizes.split(",") if s):
+                build, commit = bench_commit(os.path.join(base, "commit"), n, args.reps)
+                print(f"build_{n}: {build:.3f} s")
+                print(f"commit_1key_{n}: {commit * 1e3:.2f} ms")
+        if "merge" not in skip:
+            dt = bench_merge(os.path.join(base, "merge"), args.fragments)
+            print(f"merge_{args.fragments}_fragments: {dt:.3f} s")
+        if "zarr3" not in skip:
+            mib = 1024 if args.full else args.array_mib
+            res = bench_zarr3(os.path.join(base, "zarr3"), mib, args.array_reps)
+            for k, v in res.items():
+                print(f"zarr3_{k}_{mib}MiB: {v:.3f} s ({mib / v:.0f} MiB/s)")
+            print(f"ratio_zarr3_write: {res['versioned_write'] / res['file_write']:.3f}")
+            print(f"ratio_zarr3_read: {res['versioned_read'] / res['file_read']:.3f}")
+            # the same I/O path for both: what the versioned store itself costs
+            print(f"ratio_zarr3_write_vs_wrapped: {res['versioned_write'] / res['wrapped_write']:.3f}")
+            print(f"ratio_zarr3_read_vs_wrapped: {res['versioned_read'] / res['wrapped_read']:.3f}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Shared resources of opened arrays: the chunk cache pool and the I/O byte budget.
+
+A :class:`Context` is passed to :func:`tensorstore_py.open` (``context=``) or
+named in a spec (``"context": {...}``). Every array opened with the *same*
+Context object shares its resources: one cache pool (so repeated small reads
+of several arrays hit one byte-limited LRU) and the bytes-in-flight limit that
+bounds each array's concurrent chunk I/O.
+
+JSON form (every field optional)::
+
+    {"cache_pool": {"total_bytes_limit": 0},      # bytes; 0 = no cache (default)
+     "bytes_in_flight": {"limit": null}}          # bytes; null = the driver default
+
+The cache is off by default: a cache only helps repeated reads of the same
+chunks, and it holds memory. Turn it on for interactive slicing of a volume.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from tensorstore_py.errors import InvalidSpecError
+
+__all__ = ["Context"]
+
+_KNOWN = {"cache_pool": {"total_bytes_limit"}, "bytes_in_flight": {"limit"}}
+
+
+def _nonneg_int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidSpecError(f"context: {field} must be a non-negative integer, got {value!r}")
+    return value
+
+
+class Context:
+    """Resources shared by the arrays opened with it.
+
+    ``Context()`` has no cache and the driver's default byte budget;
+    ``Context({"cache_pool": {"total_bytes_limit": 1 << 30}})`` shares a
+    1 GiB cache among its arrays. A Context is cheap; its cache pool is
+    created on first use and lives as long as the Context or an array using it.
+    """
+
+    __slots__ = ("_bytes_in_flight", "_cache_limit", "_lock", "_pool")
+
+    def __init__(
+        self,
+        spec: Mapping[str, Any] | None = None,
+        *,
+        cache_pool_bytes: int | None = None,
+        bytes_in_flight: int | None = None,
+    ) -> None:
+        spec = dict(spec or {})
+        for name, fields in spec.items():
+            if name not in _KNOWN:
+                raise InvalidSpecError(
+                    f"context: unknown resource {name!r}; known: {', '.join(sorted(_KNOWN))}"
+                )
+            if not isinstance(fields, Mapping) or set(fields) - _KNOWN[name]:
+                raise InvalidSpecError(
+                    f"context: resource {name!r} takes an object with fields "
+                    f"{sorted(_KNOWN[name])}, got {fields!r}"
+                )
+        limit = spec.get("cache_pool", {}).get("total_bytes_limit", 0)
+        if cache_pool_bytes is not None:
+            limit = cache_pool_bytes
+        self._cache_limit = _nonneg_int(limit, "cache_pool.total_bytes_limit")
+        bif = spec.get("bytes_in_flight", {}).get("limit")
+        if bytes_in_flight is not None:
+            bif = bytes_in_flight
+        self._bytes_in_flight = None if bif is None else _nonneg_int(bif, "bytes_in_flight.limit")
+        if self._bytes_in_flight == 0:
+            raise InvalidSpecError("context: bytes_in_flight.limit must be > 0 (or null)")
+        self._pool: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def cache_pool_bytes(self) -> int:
+        """The cache pool's byte limit (0 = caching off)."""
+        return self._cache_limit
+
+    @property
+    def bytes_in_flight(self) -> int | None:
+        """The byte budget for concurrent chunk I/O (None = driver default)."""
+        return self._bytes_in_flight
+
+    @property
+    def cache_pool(self) -> Any:
+        """The shared ``drivers.cache.CachePool``, or None when caching is off."""
+        if self._cache_limit == 0:
+            return None
+        with self._lock:
+            if self._pool is None:
+                from tensorstore_py.drivers.cache import CachePool
+
+                self._pool = CachePool(self._cache_limit)
+            return self._pool
+
+    def spec(self) -> dict[str, Any]:
+        """The JSON form; ``Context(ctx.spec())`` has the same settings (not the same pool)."""
+        return {
+            "cache_pool": {"total_bytes_limit": self._cache_limit},
+            "bytes_in_flight": {"limit": self._bytes_in_flight},
+        }
+
+    def __repr__(self) -> str:
+        return f"Context({self.spec()!r})"
+
+
+_default: Context | None = None
+_default_lock = threading.Lock()
+
+
+def default_context() -> Context:
+    """The process-wide Context used when none is given (no cache)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Context()
+    return _default

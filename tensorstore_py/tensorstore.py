@@ -1,0 +1,606 @@
+"""``tsp.open`` and :class:`TensorStore`, the lazy N-d array view.
+
+A :class:`TensorStore` is an open array driver plus an
+:class:`~tensorstore_py.indexing.IndexTransform`. Indexing, ``transpose``,
+``translate_*`` and ``label`` build new views without I/O; ``read`` and
+``write`` turn the view into one strided box per stored dimension and return
+a :class:`~tensorstore_py.future.Future`. See docs/ARRAYS.md.
+
+Guarantees (from the driver contract): a write never tears a chunk: each
+stored chunk is replaced atomically, partial-chunk writes are read-modify-write
+conditioned on the chunk's generation and retried. A write of several chunks
+is *not* atomic as a whole unless it runs in a transaction
+(:meth:`TensorStore.with_transaction`). Argument errors (shape, dtype, bounds)
+are raised before any byte is read or written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tensorstore_py.context import Context, default_context
+from tensorstore_py.errors import (
+    InvalidArgumentError,
+    InvalidSpecError,
+    NotFoundError,
+    UnsupportedError,
+)
+from tensorstore_py.future import Future, ready, spawn
+from tensorstore_py.indexing import DimSelector, IndexDomain, IndexTransform, Plan
+
+if TYPE_CHECKING:
+    from tensorstore_py.drivers.base import ArrayDriver
+    from tensorstore_py.kvstore.base import KvStore
+    from tensorstore_py.kvstore.transaction import Transaction
+
+__all__ = ["ChunkLayout", "TensorStore", "open"]
+
+_DRIVER_ALIASES = {"zarr3": "zarr3", "zarr": "zarr", "zarr2": "zarr"}
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLayout:
+    """Chunking of a view, per view dimension.
+
+    ``read_chunk_shape`` is the smallest unit read alone (the inner chunk of a
+    sharded array), ``write_chunk_shape`` the unit written atomically (the
+    shard). ``grid_origin`` is the view coordinate of a chunk boundary. New
+    axes count as chunks of 1; along a strided dimension a chunk spans
+    ``ceil(chunk / |stride|)`` view elements (a hint, boundaries may not align).
+    """
+
+    read_chunk_shape: tuple[int, ...]
+    write_chunk_shape: tuple[int, ...]
+    grid_origin: tuple[int, ...]
+
+
+class TensorStore:
+    """A lazy view of a stored N-d array (see docs/ARRAYS.md).
+
+    Indexing with ``[]`` follows numpy (positions, negative from the end,
+    slices clip); ``.at[]`` indexes by coordinates of :attr:`domain`;
+    ``.dims[...]`` selects dimensions by label or position. None of these do I/O.
+    """
+
+    __slots__ = ("_context", "_driver", "_plan", "_t")
+
+    def __init__(self, driver: ArrayDriver, transform: IndexTransform | None = None,
+                 context: Context | None = None) -> None:
+        self._driver = driver
+        self._plan: tuple[tuple[int, ...], Plan] | None = None
+        self._t = transform or IndexTransform.identity(
+            driver.shape, tuple(lab or None for lab in driver.dimension_names)
+        )
+        self._context = context
+
+    def _get_plan(self) -> Plan:
+        # Views are immutable; the plan only depends on the driver's shape.
+        shape = self._driver.shape
+        cached = self._plan
+        if cached is not None and cached[0] == shape:
+            return cached[1]
+        plan = self._t.plan(shape)
+        self._plan = (shape, plan)
+        return plan
+
+    def _view(self, t: IndexTransform) -> TensorStore:
+        return TensorStore(self._driver, t, self._context)
+
+    # -- properties -----------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._t.domain.shape
+
+    @property
+    def ndim(self) -> int:
+        return self._t.rank
+
+    rank = ndim
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._driver.dtype
+
+    @property
+    def fill_value(self) -> Any:
+        return self._driver.fill_value
+
+    @property
+    def domain(self) -> IndexDomain:
+        """Coordinates of the view: ``inclusive_min``, ``exclusive_max``, ``shape``, ``labels``."""
+        return self._t.domain
+
+    @property
+    def origin(self) -> tuple[int, ...]:
+        return self._t.domain.inclusive_min
+
+    @property
+    def labels(self) -> tuple[str | None, ...]:
+        """One label per view dimension (None = unlabelled)."""
+        return self._t.domain.labels
+
+    dimension_names = labels
+
+    @property
+    def transform(self) -> IndexTransform:
+        return self._t
+
+    @property
+    def kvstore(self) -> KvStore:
+        return self._driver.kvstore
+
+    @property
+    def base(self) -> TensorStore:
+        """The whole stored array (identity view)."""
+        return TensorStore(self._driver, None, self._context)
+
+    @property
+    def chunk_layout(self) -> ChunkLayout:
+        rd, wr = self._driver.read_chunk_shape, self._driver.write_chunk_shape
+        read = [1] * self.ndim
+        write = [1] * self.ndim
+        origin = [0] * self.ndim
+        for b, m in enumerate(self._t.output):
+            d = m.input_dimension
+            if d is None:
+                continue
+            s = abs(m.stride)
+            read[d], write[d] = -(-rd[b] // s), -(-wr[b] // s)
+            # base index 0 sits at view coordinate -offset/stride
+            origin[d] = -m.offset // m.stride if m.offset % m.stride == 0 else 0
+        return ChunkLayout(tuple(read), tuple(write), tuple(origin))
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        """The read chunk shape (inner chunk when sharded), per view dim."""
+        return self.chunk_layout.read_chunk_shape
+
+    @property
+    def shards(self) -> tuple[int, ...] | None:
+        """The write chunk (shard) shape, or None when not sharded."""
+        lay = self.chunk_layout
+        return None if lay.write_chunk_shape == lay.read_chunk_shape else lay.write_chunk_shape
+
+    def spec(self) -> dict[str, Any]:
+        """JSON from which :func:`open` reopens this view (``"transform"`` if not the whole array)."""
+        d = dict(self._driver.spec())
+        stored_labels = tuple(lab or None for lab in self._driver.dimension_names)
+        if not self._t.is_identity() or self._t.domain.labels != stored_labels:
+            d["transform"] = self._t.to_json()
+        if self._context is not None and self._context is not default_context():
+            d["context"] = self._context.spec()
+        return d
+
+    def __repr__(self) -> str:
+        return f"TensorStore({json.dumps(self.spec(), default=str)})"
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d TensorStore")
+        return self.shape[0]
+
+    # -- lazy views -----------------------------------------------------------
+    def __getitem__(self, key: Any) -> TensorStore:
+        """numpy basic indexing by position: ints, slices (any step), ``...``, ``None``."""
+        return self._view(self._t.index(key))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """``view[key] = value``: a blocking :meth:`write`."""
+        self[key].write(value).result()
+
+    @property
+    def at(self) -> _CoordIndexer:
+        """Index by coordinates of :attr:`domain` (TensorStore semantics, no clipping)."""
+        return _CoordIndexer(self, None)
+
+    @property
+    def dims(self) -> _DimsAccessor:
+        """``view.dims["z"][10:20]``, ``view.dims["z", "y"].translate_to(0)`` ..."""
+        return _DimsAccessor(self)
+
+    def label(self, *labels: str | None) -> TensorStore:
+        """Set the labels of every dimension (``None`` clears one)."""
+        if len(labels) != self.ndim:
+            raise InvalidArgumentError(f"label(): {len(labels)} labels for rank {self.ndim}")
+        return self._view(self._t.with_labels(dict(enumerate(labels))))
+
+    def transpose(self, *order: DimSelector | Sequence[DimSelector]) -> TensorStore:
+        """Permute dims: ``t.transpose()`` reverses, ``t.transpose("x", "y", "z")`` / ``(2, 0, 1)``."""
+        if len(order) == 1 and isinstance(order[0], (list, tuple)):
+            order = tuple(order[0])
+        if not order:
+            perm = list(range(self.ndim))[::-1]
+        else:
+            perm = self._t.resolve_dims(order)  # type: ignore[arg-type]
+            if len(perm) != self.ndim:
+                raise InvalidArgumentError(
+                    f"transpose order {list(order)} must name all {self.ndim} dimensions"
+                )
+        return self._view(self._t.transpose(perm))
+
+    @property
+    def T(self) -> TensorStore:
+        return self.transpose()
+
+    def translate_to(self, origin: int | Sequence[int | None]) -> TensorStore:
+        """Shift coordinates so the domain starts at ``origin`` (an int applies to every dim)."""
+        return _translate(self, list(range(self.ndim)), origin, to=True)
+
+    def translate_by(self, offset: int | Sequence[int | None]) -> TensorStore:
+        """Shift coordinates by ``offset`` (an int applies to every dim)."""
+        return _translate(self, list(range(self.ndim)), offset, to=False)
+
+    # -- I/O ------------------------------------------------------------------
+    def read(self) -> Future[np.ndarray]:
+        """Read the view into a new numpy array (missing chunks read as the fill value).
+
+        The result may be a strided numpy view of a fresh buffer (after a
+        transpose or negative step); it belongs to the caller.
+        """
+        plan = self._get_plan()
+        if plan.empty:
+            return ready(np.zeros(plan.shape, self.dtype))
+        return spawn(self._read(plan))
+
+    async def _read(self, plan: Plan) -> np.ndarray:
+        box = await self._driver.read(plan.index, out=_aligned_empty(plan.box_shape, self.dtype))
+        return plan.to_view(box)
+
+    def write(self, value: Any) -> Future[None]:
+        """Write ``value`` (broadcast to the view's shape, cast with numpy ``same_kind`` rules).
+
+        A value that does not broadcast or cast raises InvalidArgumentError (a
+        ValueError) here, before any I/O. ``value`` may also be a TensorStore
+        (read first). Each chunk is replaced atomically; the whole write is
+        atomic only inside a transaction.
+        """
+        plan = self._get_plan()
+        if isinstance(value, TensorStore):
+            _broadcast(_shape_probe(value), self.shape, self._t.domain)  # shape check, no I/O
+            return spawn(self._write_from(value, plan))
+        arr = _broadcast(_cast(value, self.dtype), self.shape, self._t.domain)
+        if plan.empty:
+            return ready(None)
+        return spawn(self._driver.write(plan.index, plan.to_box(arr)))
+
+    async def _write_from(self, src: TensorStore, plan: Plan) -> None:
+        arr = _broadcast(_cast(await src.read(), self.dtype), self.shape, self._t.domain)
+        if not plan.empty:
+            await self._driver.write(plan.index, plan.to_box(arr))
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        arr = self.read().result()
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def resize(self, new_shape: Sequence[int]) -> Future[TensorStore]:
+        """Change the stored shape; chunks wholly outside it are deleted.
+
+        Only on a view of the whole array (labels and a translation are kept);
+        the returned TensorStore views the resized array. Views taken before
+        keep the old driver and raise OutOfRangeError if they reach outside.
+        """
+        t = self._t
+        base = self._driver.shape
+        whole = (
+            t.rank == t.base_rank and t.domain.shape == tuple(base)
+            and all(m.input_dimension == b and m.stride == 1
+                    and m.offset == -t.domain.inclusive_min[b] for b, m in enumerate(t.output))
+        )
+        if not whole:
+            raise UnsupportedError(
+                f"resize() needs a view of the whole array (domain {t.domain}); call it on .base"
+            )
+        new = tuple(_nonneg(s, "resize shape") for s in new_shape)
+        if len(new) != len(base):
+            raise InvalidArgumentError(f"resize: new shape {list(new)} has rank {len(new)}, "
+                                       f"the array has rank {len(base)}")
+        return spawn(self._resize(new))
+
+    async def _resize(self, new: tuple[int, ...]) -> TensorStore:
+        driver = await self._driver.resize(new)
+        t = IndexTransform.identity(new, self._t.domain.labels)
+        t = t.translate_by(dict(enumerate(self._t.domain.inclusive_min)))
+        return TensorStore(driver, t, self._context)
+
+    def with_transaction(self, txn: Transaction) -> TensorStore:
+        """The same view with reads and writes going through ``txn``.
+
+        Nothing written is visible to others until ``txn`` commits; then all of it is.
+        """
+        drv = self._driver.with_kvstore(self._driver.kvstore.with_transaction(txn))
+        return TensorStore(drv, self._t, self._context)
+
+
+class _CoordIndexer:
+    __slots__ = ("_dims", "_ts")
+
+    def __init__(self, ts: TensorStore, dims: list[int] | None) -> None:
+        self._ts, self._dims = ts, dims
+
+    def __getitem__(self, key: Any) -> TensorStore:
+        return self._ts._view(self._ts._t.index(key, coords=True, dims=self._dims))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self[key].write(value).result()
+
+
+class _DimsAccessor:
+    __slots__ = ("_ts",)
+
+    def __init__(self, ts: TensorStore) -> None:
+        self._ts = ts
+
+    def __getitem__(self, sel: DimSelector | tuple[DimSelector, ...] | slice) -> DimSelection:
+        if isinstance(sel, slice):
+            dims = list(range(self._ts.ndim))[sel]
+        else:
+            dims = self._ts._t.resolve_dims(sel if isinstance(sel, tuple) else (sel,))
+        return DimSelection(self._ts, dims)
+
+
+class DimSelection:
+    """Some dimensions of a view, by label or position: ``view.dims["z", "y"]``.
+
+    ``[key]`` indexes only those dims (numpy semantics, in selection order),
+    ``.at[key]`` by coordinates; ``translate_to/by`` and ``label`` act on them.
+    """
+
+    __slots__ = ("_dims", "_ts")
+
+    def __init__(self, ts: TensorStore, dims: list[int]) -> None:
+        self._ts, self._dims = ts, dims
+
+    def __getitem__(self, key: Any) -> TensorStore:
+        return self._ts._view(self._ts._t.index(key, dims=self._dims))
+
+    @property
+    def at(self) -> _CoordIndexer:
+        return _CoordIndexer(self._ts, self._dims)
+
+    def translate_to(self, origin: int | Sequence[int | None]) -> TensorStore:
+        return _translate(self._ts, self._dims, origin, to=True)
+
+    def translate_by(self, offset: int | Sequence[int | None]) -> TensorStore:
+        return _translate(self._ts, self._dims, offset, to=False)
+
+    def label(self, *labels: str | None) -> TensorStore:
+        if len(labels) != len(self._dims):
+            raise InvalidArgumentError(
+                f"label(): {len(labels)} labels for {len(self._dims)} selected dimension(s)"
+            )
+        return self._ts._view(self._ts._t.with_labels(dict(zip(self._dims, labels))))
+
+
+# -- helpers ------------------------------------------------------------------
+def _nonneg(x: Any, what: str) -> int:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 0:
+        raise InvalidArgumentError(f"{what}: expected non-negative integers, got {x!r}")
+    return int(x)
+
+
+def _translate(ts: TensorStore, dims: list[int], amount: Any, *, to: bool) -> TensorStore:
+    vals = [amount] * len(dims) if isinstance(amount, (int, np.integer)) else list(amount)
+    if len(vals) != len(dims):
+        raise InvalidArgumentError(
+            f"translate: {len(vals)} values for {len(dims)} dimension(s)"
+        )
+    mins = ts._t.domain.inclusive_min
+    offsets = {}
+    for d, v in zip(dims, vals):
+        if v is None:
+            continue
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise InvalidArgumentError(f"translate: expected integers or None, got {v!r}")
+        offsets[d] = int(v) - mins[d] if to else int(v)
+    return ts._view(ts._t.translate_by(offsets))
+
+
+_ALIGN_MIN_BYTES = 1 << 16
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised C-order array; page-aligned when large.
+
+    The kernel copies file data into page-aligned buffers several times faster
+    than into malloc'ed ones (see kvstore/file.py), and chunks that map 1:1
+    onto the result are read straight into it.
+    """
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if n < _ALIGN_MIN_BYTES:
+        return np.empty(shape, dtype)
+    from tensorstore_py.kvstore.file import aligned_empty
+
+    return aligned_empty(n).view(dtype).reshape(shape)
+
+
+def _shape_probe(ts: TensorStore) -> np.ndarray:
+    # A zero-strided array of ts's shape: lets _broadcast check shapes without reading.
+    return np.broadcast_to(np.zeros((), np.uint8), ts.shape)
+
+
+_WEAK = (bool, int, float, complex)
+
+
+def _cast(value: Any, dtype: np.dtype) -> np.ndarray:
+    """``value`` as an array of ``dtype`` under numpy ``same_kind`` rules.
+
+    Python scalars and lists are weakly typed (as in numpy's NEP 50): a Python
+    int may go into any integer dtype if it fits.
+    """
+    if isinstance(value, np.ndarray) and value.dtype == dtype:
+        return value
+    weak = isinstance(value, (_WEAK, list, tuple))
+    src = np.asarray(value)
+    if src.dtype == object:
+        raise InvalidArgumentError(f"cannot write a value of {type(value).__name__} (object array)")
+    ok = np.can_cast(src.dtype, dtype, "same_kind") or (
+        weak and src.dtype.kind in "iu" and dtype.kind in "iu"
+    )
+    if not ok:
+        raise InvalidArgumentError(
+            f"cannot cast the value's dtype {src.dtype} to the array dtype {dtype} under "
+            f"numpy 'same_kind' rules; cast it explicitly (value.astype(...)) first"
+        )
+    if src.dtype == dtype:
+        return src
+    try:
+        return np.asarray(value, dtype=dtype) if weak else src.astype(dtype)
+    except (OverflowError, ValueError) as e:
+        raise InvalidArgumentError(f"value does not fit dtype {dtype}: {e}") from None
+
+
+def _broadcast(arr: np.ndarray, shape: tuple[int, ...], domain: IndexDomain) -> np.ndarray:
+    # numpy assignment also drops leading length-1 axes of the value.
+    while arr.ndim > len(shape) and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.shape == shape:
+        return arr
+    try:
+        return np.broadcast_to(arr, shape)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"cannot write a value of shape {arr.shape} to a view of shape {shape} "
+            f"(domain {domain}): the shapes do not broadcast"
+        ) from None
+
+
+# -- open -----------------------------------------------------------------------
+def open(
+    spec: str | Mapping[str, Any],
+    *,
+    create: bool = False,
+    open: bool | None = None,
+    delete_existing: bool = False,
+    context: Context | None = None,
+    transaction: Transaction | None = None,
+    driver: str | None = None,
+    dtype: Any = None,
+    shape: Sequence[int] | None = None,
+    chunks: Sequence[int] | None = None,
+    shards: Sequence[int] | None = None,
+    codecs: Any = None,
+    compression: Any = None,
+    fill_value: Any = None,
+    dimension_names: Sequence[str | None] | None = None,
+    order: str = "C",
+) -> Future[TensorStore]:
+    """Open (or create) an array from a JSON spec or a kvstore URL.
+
+    ``spec``: ``{"driver": "zarr3"|"zarr", "kvstore": URL or kvstore spec,
+    "metadata": {...}, "context": {...}, "transform": {...}}`` or just a URL.
+    Without a driver, an existing array is detected (``zarr.json`` -> zarr3,
+    ``.zarray`` -> zarr); a new one is zarr3.
+
+    ``create=True`` creates the array, or opens it if it exists with compatible
+    metadata (else InvalidSpecError naming the field); ``delete_existing=True``
+    replaces it. The keyword options (``dtype``, ``shape``, ``chunks``,
+    ``shards``, ``codecs``, ``compression``, ``fill_value``,
+    ``dimension_names``, ``order``) build the metadata when creating; when
+    opening they are checked against the stored array.
+    """
+    opts = {"dtype": dtype, "shape": shape, "chunks": chunks, "shards": shards, "codecs": codecs,
+            "compression": compression, "fill_value": fill_value,
+            "dimension_names": dimension_names}
+    return spawn(_open(spec, create=create or delete_existing, open_=open,
+                       delete_existing=delete_existing, context=context, transaction=transaction,
+                       driver=driver, opts=opts, order=order))
+
+
+async def _detect(kv_spec: Any) -> str | None:
+    from tensorstore_py.kvstore.registry import open_kvstore
+
+    kv = await open_kvstore(kv_spec)
+    v3, v2 = await asyncio.gather(kv.read("zarr.json"), kv.read(".zarray"))
+    if v3.state == "value":
+        return "zarr3"
+    if v2.state == "value":
+        return "zarr"
+    return None
+
+
+async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing: bool,
+                context: Context | None, transaction: Any, driver: str | None,
+                opts: dict[str, Any], order: str) -> TensorStore:
+    from tensorstore_py.drivers.open import build_metadata, open_driver
+
+    if isinstance(spec, str):
+        spec = {"kvstore": spec}
+    if not isinstance(spec, Mapping):
+        raise InvalidSpecError(f"open: spec must be a URL or a dict, got {type(spec).__name__}")
+    spec = dict(spec)
+    if "kvstore" not in spec:
+        raise InvalidSpecError(f"open: spec {spec!r} has no 'kvstore'")
+    ctx_json = spec.pop("context", None)
+    if context is None:
+        context = Context(ctx_json) if ctx_json is not None else default_context()
+    transform_json = spec.pop("transform", None)
+
+    if driver is not None and spec.get("driver") not in (None, driver):
+        raise InvalidSpecError(
+            f"open: driver={driver!r} contradicts the spec's driver {spec['driver']!r}"
+        )
+    name = driver or spec.get("driver")
+    if name is None:
+        name = None if delete_existing else await _detect(spec["kvstore"])
+        if name is None:
+            if not create:
+                raise NotFoundError(f"open: no zarr array (zarr.json or .zarray) at {spec['kvstore']}")
+            name = "zarr3"
+    if name not in _DRIVER_ALIASES:
+        raise InvalidSpecError(f"open: unknown driver {name!r}; known: zarr3, zarr (zarr2)")
+    spec["driver"] = _DRIVER_ALIASES[name]
+
+    given = {k: v for k, v in opts.items() if v is not None}
+    if create and given:
+        meta = dict(spec.get("metadata") or {})
+        if "shape" not in given or "dtype" not in given:
+            if not meta:
+                raise InvalidArgumentError("open(create=True): shape= and dtype= are required")
+        else:
+            built = build_metadata(spec["driver"], shape=tuple(given.pop("shape")),
+                                   dtype=np.dtype(given.pop("dtype")), order=order, **given)
+            built.update(meta)  # explicit metadata fields win
+            spec["metadata"] = built
+    drv = await open_driver(spec, create=create, open=open_, delete_existing=delete_existing,
+                            cache_pool=context.cache_pool, bytes_in_flight=context.bytes_in_flight)
+    if not create and given:
+        _check_matches(drv, given, spec["kvstore"])
+    if transaction is not None:
+        drv = drv.with_kvstore(drv.kvstore.with_transaction(transaction))
+    t = None
+    if transform_json is not None:
+        t = IndexTransform.from_json(transform_json, len(drv.shape))
+        t.plan(drv.shape)  # bounds check now, not at first read
+    return TensorStore(drv, t, context)
+
+
+def _check_matches(drv: ArrayDriver, given: dict[str, Any], where: Any) -> None:
+    found = {
+        "shape": tuple(drv.shape),
+        "dtype": np.dtype(drv.dtype),
+        "chunks": tuple(drv.read_chunk_shape),
+        "shards": tuple(drv.write_chunk_shape),
+        "dimension_names": tuple(drv.dimension_names),
+    }
+    for field, want in given.items():
+        if field not in found:
+            continue  # codecs/compression/fill_value: the metadata document is the authority
+        want_n = np.dtype(want) if field == "dtype" else tuple(want)
+        if found[field] != want_n:
+            raise InvalidSpecError(
+                f"open {where}: the stored array has {field}={found[field]}, expected {want_n}"
+            )
