@@ -1,0 +1,135 @@
+"""One-checkpoint functions, :func:`save` and :func:`restore`, and the shared :class:`Root`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Union
+
+from tensorstore_py.checkpoint.coordination import Coordinator
+from tensorstore_py.checkpoint.restoring import ReadStats, restore_step
+from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator, run_save, snapshot
+from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key
+from tensorstore_py.errors import ConditionFailedError, InvalidArgumentError
+from tensorstore_py.future import Future, run_sync, spawn
+from tensorstore_py.kvstore.base import KvStore
+
+__all__ = ["Root", "RootLike", "open_root", "restore", "save"]
+
+RootLike = Union[str, Mapping[str, Any], KvStore]  # noqa: UP007 (a runtime alias)
+
+# Every process of a job makes the same sequence of save calls, so a per-process
+# counter names each save identically everywhere (whatever spec each process
+# used to open the root) and uniquely within the job's coordination service.
+_seq_lock = threading.Lock()
+_seq = 0
+
+
+def open_root(root: RootLike) -> KvStore:
+    """The kvstore of a checkpoint root (URL, spec dict or an open KvStore)."""
+    if isinstance(root, KvStore):
+        return root
+    if isinstance(root, str) and "://" in root and not root.endswith("/") and "@" not in root.rsplit("/", 1)[-1]:
+        root = root + "/"
+    return KvStore.open(root).result()
+
+
+class Root:
+    """An open checkpoint root: its step store and its coordinator."""
+
+    def __init__(self, root: RootLike, *, coordinator: Coordinator | None = None) -> None:
+        self.store = StepStore(open_root(root))
+        self.kv = self.store.kv
+        self.coordinator = coordinator
+
+    def _coordinator(self) -> Coordinator:
+        return self.coordinator if self.coordinator is not None else default_coordinator()
+
+    def save(
+        self,
+        step: int,
+        tree: Any,
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        options: SaveOptions | None = None,
+        on_commit: Callable[[StepInfo], Awaitable[Any]] | None = None,
+    ) -> Future[StepInfo]:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise InvalidArgumentError(f"checkpoint step must be an int >= 0, got {step!r}")
+        metrics = dict(metrics or {})
+        try:
+            json.dumps(metrics)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"checkpoint step {step}: metrics must be JSON-able: {e}") from e
+        coord = self._coordinator()
+        if run_sync(self.kv.read(record_key(step))).state == "value":
+            raise ConditionFailedError(f"checkpoint step {step} already exists at {self.kv!r}")
+        options = options or SaveOptions()
+        snap = snapshot(
+            tree, process_index=coord.process_index, process_count=coord.process_count,
+            options=options,
+        )
+        global _seq
+        with _seq_lock:
+            _seq += 1
+            namespace = f"tsp/checkpoint/save-{_seq}-step-{step}"
+        return spawn(
+            run_save(
+                self.store, step, snap, coordinator=coord, namespace=namespace,
+                metrics=metrics, options=options, on_commit=on_commit,
+            )
+        )
+
+    def restore(
+        self,
+        step: int | None,
+        target: Any = None,
+        *,
+        max_bytes_in_flight: int = 512 << 20,
+        stats: ReadStats | None = None,
+    ) -> Any:
+        return restore_step(
+            self.store, step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats
+        )
+
+
+def save(
+    root: RootLike,
+    tree: Any,
+    *,
+    step: int = 0,
+    metrics: Mapping[str, Any] | None = None,
+    coordinator: Coordinator | None = None,
+    options: SaveOptions | None = None,
+) -> Future[StepInfo]:
+    """Save ``tree`` as ``step`` under ``root``; returns a Future of its :class:`StepInfo`.
+
+    The device-to-host copy is done when this returns (the caller may then change
+    or donate its arrays); writing and the commit continue in the background.
+    The step becomes visible atomically (one commit) when the Future completes,
+    or never. In a multi-process JAX job every process calls it with the same
+    arguments. Raises :class:`ConditionFailedError` if ``step`` already exists.
+    """
+    return Root(root, coordinator=coordinator).save(step, tree, metrics=metrics, options=options)
+
+
+def restore(
+    root: RootLike,
+    *,
+    step: int | None = None,
+    target: Any = None,
+    max_bytes_in_flight: int = 512 << 20,
+    stats: ReadStats | None = None,
+) -> Any:
+    """Restore ``step`` (default: the newest) from ``root``.
+
+    ``target=None`` returns the stored tree with numpy leaves; otherwise the
+    result has the target's structure, and each target leaf that is a
+    ``jax.Array`` or ``jax.ShapeDtypeStruct`` becomes a ``jax.Array`` with the
+    target's sharding, read only where this process's devices need it. Raises
+    :class:`NotFoundError` for a missing step or leaf. ``max_bytes_in_flight``
+    bounds the read buffers held at once (host memory peaks near the restored
+    size plus this).
+    """
+    return Root(root).restore(step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats)

@@ -1,0 +1,150 @@
+"""The JAX edge of checkpoints; JAX is never imported unless the caller did.
+
+Save: a ``jax.Array`` contributes only its *addressable* shards with
+``replica_id == 0`` — across all processes each element is written exactly once,
+and a replicated leaf is stored once in total. Shards are on the host before
+the save call returns (a device-to-host copy on accelerators, a pinned
+zero-copy view on CPU).
+
+Restore: for a target leaf with a sharding, every addressable device's index is
+turned into a region; identical regions of several local devices are read once;
+each device gets its block with ``jax.device_put`` and the global array is built
+with ``jax.make_array_from_single_device_arrays``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from tensorstore_py.checkpoint.coordination import JaxCoordinator
+from tensorstore_py.checkpoint.layout import Region, host_copy, region_of_index
+
+__all__ = [
+    "assemble_all",
+    "distributed_coordinator",
+    "host_shards",
+    "is_jax_array",
+    "target_regions",
+]
+
+
+def _jax() -> Any:
+    return sys.modules.get("jax")
+
+
+def is_jax_array(x: Any) -> bool:
+    jax = _jax()
+    return jax is not None and isinstance(x, jax.Array)
+
+
+def is_sharded_target(x: Any) -> bool:
+    """A target leaf that asks for a jax.Array: a jax.Array or a ShapeDtypeStruct."""
+    jax = _jax()
+    return jax is not None and isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
+
+
+def _host_copy(data: Any) -> np.ndarray:
+    """A host array of a jax buffer that can not change behind our back.
+
+    On accelerators ``np.asarray`` is the device-to-host copy itself. On CPU it
+    is a zero-copy view, which is already a stable snapshot: jax arrays are
+    immutable, and the view holds an external reference that keeps the buffer's
+    memory alive and stops XLA from donating it (checked: a jit with
+    ``donate_argnums`` and ``.delete()`` leave the view's bytes intact). So no
+    second copy is made.
+    """
+    h = np.asarray(data)
+    if not h.flags.c_contiguous:
+        h = host_copy(h)
+    return h
+
+
+def _sharding_json(arr: Any) -> dict[str, Any] | None:
+    s = arr.sharding
+    spec = getattr(s, "spec", None)
+    mesh = getattr(s, "mesh", None)
+    if spec is None or mesh is None:
+        return None
+    return {
+        "mesh": {str(k): int(v) for k, v in mesh.shape.items()},
+        "spec": [list(p) if isinstance(p, tuple) else p for p in spec],
+    }
+
+
+def host_shards(
+    arr: Any,
+) -> tuple[tuple[int, ...], np.dtype, tuple[int, ...], list[tuple[Region, np.ndarray]], dict[str, Any] | None]:
+    """``(shape, dtype, shard_shape, [(region, host copy)], sharding json)`` of the
+    shards this process must write (addressable, ``replica_id == 0``)."""
+    shape = tuple(arr.shape)
+    parts: list[tuple[Region, np.ndarray]] = []
+    if len(arr.sharding.device_set) == 1 and arr.is_fully_addressable:
+        # one device holds it all (the common case for small leaves): skip the shard walk
+        shard_shape = shape
+        parts.append((tuple((0, n) for n in shape), _host_copy(arr)))
+    else:
+        shard_shape = tuple(arr.sharding.shard_shape(shape))
+        for s in arr.addressable_shards:
+            if s.replica_id == 0:
+                parts.append((region_of_index(s.index, shape), _host_copy(s.data)))
+    try:
+        sj = _sharding_json(arr)
+    except Exception:  # noqa: BLE001 (the sharding description is informative only)
+        sj = None
+    return shape, np.dtype(arr.dtype), shard_shape, parts, sj
+
+
+def distributed_coordinator() -> JaxCoordinator | None:
+    """A coordinator over ``jax.distributed`` if it is initialised with > 1 process."""
+    jax = _jax()
+    if jax is None:
+        return None
+    try:
+        from jax._src import distributed
+    except ImportError:
+        return None
+    client = getattr(distributed.global_state, "client", None)
+    if client is None or jax.process_count() <= 1:
+        return None
+    return JaxCoordinator(client, jax.process_index(), jax.process_count())
+
+
+def target_sharding(target: Any) -> Any:
+    jax = _jax()
+    sharding = getattr(target, "sharding", None)
+    if sharding is None:
+        sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return sharding
+
+
+def target_regions(target: Any, cache: dict[Any, Any] | None = None) -> tuple[Any, list[tuple[Any, Region]]]:
+    """The target's sharding and ``[(device, region)]`` for this process's devices
+    (memoised in ``cache`` by sharding and shape: many leaves share both)."""
+    sharding = target_sharding(target)
+    shape = tuple(target.shape)
+    key = (sharding, shape)
+    if cache is not None and key in cache:
+        return sharding, cache[key]  # type: ignore[no-any-return]
+    idx_map = sharding.addressable_devices_indices_map(shape)
+    regions = [(d, region_of_index(idx, shape)) for d, idx in idx_map.items()]
+    if cache is not None:
+        cache[key] = regions
+    return sharding, regions
+
+
+def assemble_all(items: list[tuple[Any, Any, list[tuple[Any, np.ndarray]]]]) -> list[Any]:
+    """Global ``jax.Array``s from ``(target, sharding, [(device, block)])`` items:
+    one batched ``device_put`` for every block, then
+    ``jax.make_array_from_single_device_arrays`` per array."""
+    jax = _jax()
+    blocks = [b for _, _, per_dev in items for _, b in per_dev]
+    dests = [jax.sharding.SingleDeviceSharding(d) for _, _, per_dev in items for d, _ in per_dev]
+    placed = iter(jax.device_put(blocks, dests))
+    out = []
+    for target, sharding, per_dev in items:
+        arrays = [next(placed) for _ in per_dev]
+        out.append(jax.make_array_from_single_device_arrays(tuple(target.shape), sharding, arrays))
+    return out

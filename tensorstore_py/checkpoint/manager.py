@@ -1,0 +1,197 @@
+"""CheckpointManager: steps of one training run, with retention and async saves."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any, Literal, Self
+
+from tensorstore_py.checkpoint.api import Root, RootLike
+from tensorstore_py.checkpoint.coordination import Coordinator
+from tensorstore_py.checkpoint.restoring import ReadStats
+from tensorstore_py.checkpoint.saving import SaveOptions
+from tensorstore_py.checkpoint.storage import StepInfo
+from tensorstore_py.errors import InvalidArgumentError, NotFoundError
+from tensorstore_py.future import Future, ready, run_sync
+
+__all__ = ["CheckpointManager"]
+
+
+class CheckpointManager:
+    """Save and restore the steps of one run under ``root``.
+
+    Guarantees:
+
+    * Every step is published by one atomic commit: :meth:`all_steps`,
+      :meth:`latest_step` and :meth:`restore` never see a partial step, whichever
+      process dies when.
+    * :meth:`save` returns once the device-to-host copy is done; writing and the
+      commit run in the background (one save at a time: a new save first waits
+      for the previous one, so at most one host snapshot exists).
+    * Retention runs after each commit, on process 0: with ``max_to_keep=n`` only
+      the newest ``n`` steps remain — or, with ``best_metric``, the ``n`` best by
+      that metric plus always the newest step. A deleted step disappears with
+      one atomic delete and its bytes are freed immediately.
+
+    In a multi-process JAX job (``jax.distributed`` initialised) every process
+    creates the manager and calls :meth:`save` with the same steps; each writes
+    only its own shards and process 0 commits.
+    """
+
+    def __init__(
+        self,
+        root: RootLike,
+        *,
+        max_to_keep: int | None = None,
+        best_metric: str | None = None,
+        best_mode: Literal["max", "min"] = "max",
+        save_interval_steps: int = 1,
+        coordinator: Coordinator | None = None,
+        options: SaveOptions | None = None,
+    ) -> None:
+        if max_to_keep is not None and max_to_keep < 1:
+            raise InvalidArgumentError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
+        if save_interval_steps < 1:
+            raise InvalidArgumentError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
+        if best_mode not in ("max", "min"):
+            raise InvalidArgumentError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
+        self._root = Root(root, coordinator=coordinator)
+        self.max_to_keep = max_to_keep
+        self.best_metric = best_metric
+        self.best_mode = best_mode
+        self.save_interval_steps = save_interval_steps
+        self.options = options or SaveOptions()
+        self._pending: Future[StepInfo] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def kvstore(self) -> Any:
+        return self._root.kv
+
+    # -- saving ----------------------------------------------------------------
+    def should_save(self, step: int) -> bool:
+        """True when ``step`` falls on the save interval and is newer than every saved step."""
+        latest = self.latest_step()
+        return step % self.save_interval_steps == 0 and (latest is None or step > latest)
+
+    def save(
+        self,
+        step: int,
+        tree: Any,
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        force: bool = False,
+    ) -> Future[StepInfo | None]:
+        """Save ``tree`` as ``step``; returns a Future of the commit record.
+
+        Skipped (a done Future of None) when ``step`` is off the save interval and
+        ``force`` is False. Blocks for the device-to-host copy (and for a previous
+        save still in flight); the rest continues in the background. Raises
+        :class:`ConditionFailedError` if the step exists.
+        """
+        if not force and step % self.save_interval_steps != 0:
+            return ready(None)
+        if self.best_metric is not None and (metrics is None or self.best_metric not in metrics):
+            raise InvalidArgumentError(
+                f"step {step}: metrics must contain {self.best_metric!r} (best_metric)"
+            )
+        with self._lock:
+            self.wait_until_finished()
+            fut = self._root.save(
+                step, tree, metrics=metrics, options=self.options, on_commit=self._after_commit
+            )
+            self._pending = fut
+        return fut  # type: ignore[return-value]
+
+    def wait_until_finished(self) -> None:
+        """Block until the save in flight (if any) is committed; re-raise its error."""
+        fut = self._pending
+        if fut is not None:
+            try:
+                fut.result()
+            finally:
+                self._pending = None
+
+    async def _after_commit(self, info: StepInfo) -> None:
+        store = self._root.store
+        steps = await store.list_steps()
+        metrics: dict[int, dict[str, Any]] = {}
+        if self.best_metric is not None and self.max_to_keep is not None and len(steps) > self.max_to_keep:
+            for s in steps:
+                metrics[s] = (await store.record(s)).metrics
+        await store.delete_steps(self._to_delete(steps, metrics))
+
+    def _to_delete(self, steps: list[int], metrics: dict[int, dict[str, Any]]) -> list[int]:
+        n = self.max_to_keep
+        if n is None or len(steps) <= n:
+            return []
+        if self.best_metric is None:
+            return steps[:-n]
+        key = self.best_metric
+        sign = 1.0 if self.best_mode == "max" else -1.0
+
+        def score(s: int) -> float:
+            v = metrics.get(s, {}).get(key)
+            return float("-inf") if v is None else sign * float(v)
+
+        ranked = sorted(steps, key=lambda s: (score(s), s), reverse=True)
+        keep = set(ranked[:n]) | {steps[-1]}
+        return [s for s in steps if s not in keep]
+
+    # -- listing and restoring -------------------------------------------------
+    def all_steps(self) -> list[int]:
+        """Every committed step, ascending."""
+        return run_sync(self._root.store.list_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def best_step(self) -> int | None:
+        """The step with the best ``best_metric`` (None without a metric or steps)."""
+        if self.best_metric is None:
+            return None
+        steps = self.all_steps()
+        if not steps:
+            return None
+        ms = {s: self.metrics(s) for s in steps}
+        keep = self._to_delete(steps, ms)
+        ranked = [s for s in steps if s not in keep and self.best_metric in ms[s]]
+        if not ranked:
+            return None
+        pick = max if self.best_mode == "max" else min
+        return pick(ranked, key=lambda s: float(ms[s][self.best_metric]))  # type: ignore[index]
+
+    def metrics(self, step: int) -> dict[str, Any]:
+        """The metrics saved with ``step``."""
+        return run_sync(self._root.store.record(step)).metrics
+
+    def restore(
+        self,
+        step: int | None = None,
+        *,
+        target: Any = None,
+        max_bytes_in_flight: int = 512 << 20,
+        stats: ReadStats | None = None,
+    ) -> Any:
+        """Restore ``step`` (default: the latest); see :func:`tensorstore_py.checkpoint.restore`."""
+        return self._root.restore(step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats)
+
+    def delete(self, step: int) -> None:
+        """Delete ``step`` now: one commit unpublishes it, then its bytes are freed."""
+        if step not in self.all_steps():
+            raise NotFoundError(f"checkpoint step {step} not found at {self._root.kv!r}")
+        run_sync(self._root.store.delete_steps([step]))
+
+    def close(self) -> None:
+        """Wait for the save in flight."""
+        self.wait_until_finished()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({self._root.kv!r}, max_to_keep={self.max_to_keep})"

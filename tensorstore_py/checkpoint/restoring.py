@@ -1,0 +1,314 @@
+"""Restoring one step: plan the regions this process needs, read each byte once.
+
+For every requested ``(leaf, region)`` the overlapping chunks are found; for each
+chunk the requests of all local devices are merged into one bounding box and
+only the contiguous byte span holding that box is read (the whole chunk — and
+then its crc32c is checked by the versioned store — when the target sharding
+matches the saved one). A region that is exactly one chunk is returned as a view
+of the read buffer, without a copy.
+
+Everything is read from one snapshot (the newest version when the restore
+starts), so a concurrent save or deletion can not mix steps. Reads run under a
+bytes-in-flight budget.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tensorstore_py.checkpoint import jax_adapter, pytree
+from tensorstore_py.checkpoint.layout import (
+    LeafLayout,
+    Region,
+    aligned_empty,
+    c_strides,
+    chunk_key,
+    chunks_overlapping,
+    region_shape,
+    span_in_chunk,
+)
+from tensorstore_py.checkpoint.saving import ByteBudget, gather_all
+from tensorstore_py.checkpoint.storage import StepStore, read_spans, step_dir
+from tensorstore_py.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
+from tensorstore_py.future import run_cpu, run_sync
+from tensorstore_py.kvstore.base import KvStore
+
+__all__ = ["ReadStats", "read_regions", "restore_step"]
+
+_COPY_IN_POOL = 1 << 20
+
+
+@dataclass
+class ReadStats:
+    """What a restore read (chunk bytes; index and metadata reads not counted)."""
+
+    bytes_read: int = 0
+    bytes_needed: int = 0
+    requests: int = 0
+
+
+@dataclass
+class _Req:
+    leaf: LeafLayout
+    region: Region
+    out: np.ndarray | None = None  # allocated unless served directly by one chunk
+    direct: bool = False
+
+
+@dataclass
+class _ChunkRead:
+    leaf: LeafLayout
+    grid: tuple[int, ...]
+    consumers: list[tuple[_Req, Region]]  # (request, overlap in global coordinates)
+    span: tuple[int, int] = (0, 0)
+
+
+def _le(dtype: np.dtype) -> np.dtype:
+    """Stored bytes are little endian."""
+    return dtype if sys.byteorder == "little" or dtype.itemsize == 1 else dtype.newbyteorder("<")
+
+
+def _python_value(j: dict[str, Any]) -> Any:
+    t, v = j["py"], j["v"]
+    if t == "bool":
+        return bool(v)
+    if t == "int":
+        return int(v)
+    if t == "float":
+        return float(v)
+    if t == "complex":
+        return complex(float(v[0]), float(v[1]))
+    if t == "str":
+        return str(v)
+    if t == "bytes":
+        return bytes.fromhex(v)
+    raise DataCorruptionError(f"checkpoint manifest: unknown python scalar type {t!r}")
+
+
+async def read_regions(
+    data: KvStore,
+    requests: list[tuple[LeafLayout, Region]],
+    *,
+    max_bytes_in_flight: int = 512 << 20,
+    stats: ReadStats | None = None,
+) -> list[np.ndarray]:
+    """Read each ``(leaf, region)`` from ``data`` (the step's keys); C-order arrays."""
+    stats = stats if stats is not None else ReadStats()
+    reqs = [_Req(leaf, region) for leaf, region in requests]
+    chunk_reads: dict[tuple[str, tuple[int, ...]], _ChunkRead] = {}
+    for r in reqs:
+        leaf = r.leaf
+        shape = region_shape(r.region)
+        stats.bytes_needed += math.prod(shape) * leaf.dtype.itemsize
+        if math.prod(shape) == 0:
+            r.out = np.empty(shape, dtype=_le(leaf.dtype))
+            continue
+        overlaps = chunks_overlapping(r.region, leaf.chunk_shape) if leaf.shape else [((), ())]
+        for grid, ov in overlaps:
+            cr = chunk_reads.get((leaf.key, grid))
+            if cr is None:
+                cr = chunk_reads[(leaf.key, grid)] = _ChunkRead(leaf, grid, [])
+            cr.consumers.append((r, ov))
+        if len(overlaps) == 1 and region_shape(overlaps[0][1]) == tuple(leaf.chunk_shape):
+            r.direct = True
+        else:
+            r.out = aligned_empty(shape, _le(leaf.dtype))
+    for cr in chunk_reads.values():
+        cs = cr.leaf.chunk_shape
+        if not cs:
+            cr.span = (0, cr.leaf.dtype.itemsize)
+            continue
+        union = tuple(
+            (min(ov[d][0] for _, ov in cr.consumers), max(ov[d][1] for _, ov in cr.consumers))
+            for d in range(len(cs))
+        )
+        origin = tuple(g * c for g, c in zip(cr.grid, cs))
+        cr.span = span_in_chunk(union, origin, cs, cr.leaf.dtype.itemsize)
+
+    budget = ByteBudget(max_bytes_in_flight)
+
+    async def batch(crs: list[_ChunkRead]) -> None:
+        size = sum(cr.span[1] - cr.span[0] for cr in crs)
+        await budget.acquire(size)
+        try:
+            spans = []
+            for cr in crs:
+                full = math.prod(cr.leaf.chunk_shape) * cr.leaf.dtype.itemsize
+                spans.append((chunk_key(cr.leaf.key, cr.grid), cr.span[0], cr.span[1], cr.span == (0, full)))
+            bufs = await read_spans(data, spans)
+            stats.requests += 1
+            for cr, buf, (key, a, b, _w) in zip(crs, bufs, spans):
+                if len(buf) != b - a:
+                    raise DataCorruptionError(
+                        f"checkpoint chunk {key!r}: read {len(buf)} bytes, expected {b - a}"
+                    )
+                stats.bytes_read += len(buf)
+                await _deliver(cr, buf)
+        finally:
+            await budget.release(size)
+
+    # batches of about a quarter of the budget: large enough to coalesce many small
+    # chunks into few requests, small enough to keep several in flight
+    limit = max(max_bytes_in_flight // 4, 1 << 20)
+    batches: list[list[_ChunkRead]] = []
+    cur: list[_ChunkRead] = []
+    acc = 0
+    for cr in chunk_reads.values():
+        n = cr.span[1] - cr.span[0]
+        if cur and acc + n > limit:
+            batches.append(cur)
+            cur, acc = [], 0
+        cur.append(cr)
+        acc += n
+    if cur:
+        batches.append(cur)
+    await gather_all([batch(b) for b in batches])
+    return [r.out for r in reqs]  # type: ignore[misc]
+
+
+async def _deliver(cr: _ChunkRead, buf: Any) -> None:
+    leaf = cr.leaf
+    dt = _le(leaf.dtype)
+    cs = leaf.chunk_shape
+    origin = tuple(g * c for g, c in zip(cr.grid, cs))
+    strides = tuple(s * dt.itemsize for s in c_strides(cs))
+    for req, ov in cr.consumers:
+        start = span_in_chunk(ov, origin, cs, dt.itemsize)[0] if cs else 0
+        view = np.ndarray(
+            region_shape(ov), dtype=dt, buffer=buf, offset=start - cr.span[0], strides=strides
+        )
+        if req.direct:
+            req.out = view
+            continue
+        assert req.out is not None
+        dst = tuple(slice(lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(ov, req.region))
+        if view.nbytes >= _COPY_IN_POOL:
+            await run_cpu(np.copyto, req.out[dst], view)
+        else:
+            req.out[dst] = view
+
+
+async def _open_step(store: StepStore, step: int | None) -> tuple[int, dict[str, Any], KvStore]:
+    snap = await store.snapshot()
+    if step is None:
+        steps = await store.list_steps(snap)
+        if not steps:
+            raise NotFoundError(f"no checkpoint steps at {store.kv!r}")
+        step = steps[-1]
+    await store.record(step, snap)  # NotFoundError names the step
+    manifest = await store.manifest(step, snap)
+    return step, manifest, snap.with_path(step_dir(step))
+
+
+def restore_step(
+    store: StepStore,
+    step: int | None,
+    target: Any,
+    *,
+    max_bytes_in_flight: int = 512 << 20,
+    stats: ReadStats | None = None,
+) -> Any:
+    """Restore ``step`` (None: the newest) into the shape of ``target`` (None: numpy).
+
+    Blocking (call from a user thread). Planning and the JAX calls run in the
+    calling thread; only the reads run on the library's event loop.
+    """
+    step, manifest, data = run_sync(_open_step(store, step))
+    entries = manifest["leaves"]
+
+    def read(requests: list[tuple[LeafLayout, Region]]) -> list[np.ndarray]:
+        return run_sync(read_regions(data, requests, max_bytes_in_flight=max_bytes_in_flight, stats=stats))
+
+    if target is None:
+        requests: list[tuple[LeafLayout, Region]] = []
+        slots: list[int] = []
+        for e in entries:
+            if e["kind"] != "python":
+                leaf = LeafLayout.from_json(e)
+                slots.append(len(requests))
+                requests.append((leaf, tuple((0, n) for n in leaf.shape)))
+        arrays = iter(read(requests))
+        values = []
+        for e in entries:
+            if e["kind"] == "python":
+                values.append(_python_value(e["value"]))
+            else:
+                a = _native(next(arrays))
+                values.append(a[()] if e["kind"] == "numpy_scalar" else a)
+        return pytree.unflatten(manifest["tree"], values)
+
+    by_path = {e["path"]: e for e in entries}
+    pairs, rebuild = pytree.flatten_target(target)
+    requests = []
+    plans: list[tuple[str, Any]] = []
+    regions_cache: dict[Any, Any] = {}
+    for path, t in pairs:
+        e = by_path.get(path)
+        if e is None:
+            raise NotFoundError(
+                f"checkpoint step {step}: no leaf {path or '<root>'} (the target asks for it); "
+                f"stored leaves: {sorted(by_path)[:10]}{' ...' if len(by_path) > 10 else ''}"
+            )
+        if e["kind"] == "python":
+            plans.append(("value", _python_value(e["value"])))
+            continue
+        leaf = LeafLayout.from_json(e)
+        tshape = getattr(t, "shape", None)
+        if tshape is not None and tuple(tshape) != leaf.shape:
+            raise InvalidArgumentError(
+                f"checkpoint step {step}: leaf {path} has shape {leaf.shape}, the target "
+                f"expects {tuple(tshape)}"
+            )
+        tdtype = np.dtype(t.dtype) if hasattr(t, "dtype") else leaf.dtype
+        if jax_adapter.is_sharded_target(t):
+            sharding, dev_regions = jax_adapter.target_regions(t, regions_cache)
+            uniq: dict[Region, int] = {}
+            for _d, reg in dev_regions:
+                if reg not in uniq:  # several local devices, one read
+                    uniq[reg] = len(requests)
+                    requests.append((leaf, reg))
+            plans.append(("jax", (t, sharding, [(d, uniq[reg]) for d, reg in dev_regions], tdtype)))
+        else:
+            plans.append(("numpy", (len(requests), tdtype, isinstance(t, np.generic))))
+            requests.append((leaf, tuple((0, n) for n in leaf.shape)))
+    arrays = read(requests)
+    values: list[Any] = []
+    to_place: list[tuple[int, Any, Any, list[tuple[Any, np.ndarray]]]] = []
+    for kind, p in plans:
+        if kind == "value":
+            values.append(p)
+        elif kind == "numpy":
+            i, tdtype, scalar = p
+            a = _native(_cast(arrays[i], tdtype))
+            values.append(a[()] if scalar else a)
+        else:
+            t, sharding, devs, tdtype = p
+            cast: dict[int, np.ndarray] = {}
+            for _d, i in devs:
+                if i not in cast:
+                    cast[i] = _cast(arrays[i], tdtype)
+            to_place.append((len(values), t, sharding, [(d, cast[i]) for d, i in devs]))
+            values.append(None)
+    if to_place:
+        placed = jax_adapter.assemble_all([(t, s, blocks) for _, t, s, blocks in to_place])
+        for (slot, *_), arr in zip(to_place, placed):
+            values[slot] = arr
+    return rebuild(values)
+
+
+def _native(a: np.ndarray) -> np.ndarray:
+    """Native byte order and writable (a view of an immutable read buffer is copied)."""
+    if not a.dtype.isnative:
+        return a.astype(a.dtype.newbyteorder("="))
+    return a if a.flags.writeable else a.copy()
+
+
+def _cast(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    return a if a.dtype == dtype else a.astype(dtype)

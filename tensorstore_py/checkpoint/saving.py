@@ -1,0 +1,335 @@
+"""Saving one step: host snapshot (blocking), then background writes and one commit.
+
+Phases:
+
+1. *Snapshot* (:func:`snapshot`, in the caller's thread, before ``save``
+   returns): the tree is flattened, every leaf gets its layout, and the chunks
+   this process must write are copied to host memory (``jax.Array`` shards with
+   ``replica_id == 0`` that are addressable here; numpy leaves on process 0
+   only). After this the caller may mutate or donate its arrays.
+2. *Write* (:func:`run_save`, background): one transaction on the root's
+   versioned store — multi-writer when there are several processes. Chunks are
+   written under a bytes-in-flight budget; each chunk's host memory is released
+   as soon as it is stored, so host memory peaks at the snapshot size.
+3. *Commit*: the transaction's commit publishes the step atomically (process 0
+   merges every process's fragment into ONE version). Process 0 then applies
+   retention and tells the others, so that when any process's save completes,
+   every process lists the same steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tensorstore_py.checkpoint import jax_adapter, pytree
+from tensorstore_py.checkpoint.coordination import Coordinator, SingleProcess
+from tensorstore_py.checkpoint.layout import (
+    DEFAULT_TARGET_CHUNK_BYTES,
+    Region,
+    chunk_key,
+    chunk_shape_for,
+    chunks_overlapping,
+    host_copy,
+    zarr3_metadata,
+)
+from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
+from tensorstore_py.drivers.dtypes import dtype_to_v3
+from tensorstore_py.errors import ConditionFailedError, InvalidArgumentError
+from tensorstore_py.future import run_io
+from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.transaction import Transaction
+
+__all__ = ["MANIFEST_FORMAT", "SaveOptions", "run_save", "snapshot"]
+
+MANIFEST_FORMAT = "tensorstore_py.checkpoint.manifest/1"
+
+
+@dataclass(frozen=True, slots=True)
+class SaveOptions:
+    """Tuning of a save. Sizes in bytes, times in seconds."""
+
+    #: chunks of a shard are at most this large (shards are split along leading axes)
+    target_chunk_bytes: int = DEFAULT_TARGET_CHUNK_BYTES
+    #: leaves at least this large also get a ``zarr.json``, so the array layer (or
+    #: any zarr v3 reader over the versioned store) opens them as zarr v3 arrays;
+    #: smaller ones are described by the step manifest alone (one key fewer each,
+    #: which matters for thousands of small leaves)
+    zarr_metadata_min_bytes: int = 1 << 20
+    #: bytes handed to the store at once. Chunks are views of the host snapshot, so
+    #: this bounds the store's work in progress (and any copies it makes), not new
+    #: host memory; 1 GiB keeps a local disk busy (512 MiB left it idle between waves)
+    max_bytes_in_flight: int = 1 << 30
+    #: how long the processes of a multi-process save wait for each other
+    commit_timeout: float = 600.0
+
+
+class ByteBudget:
+    """Admit work while fewer than ``limit`` bytes are in flight (one oversized item
+    is admitted alone so nothing starves)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.used = 0
+        self.cond = asyncio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        async with self.cond:
+            await self.cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    async def release(self, n: int) -> None:
+        async with self.cond:
+            self.used -= n
+            self.cond.notify_all()
+
+
+@dataclass(slots=True)
+class _Chunk:
+    key: str
+    data: np.ndarray | None  # C-contiguous chunk, full chunk shape
+    nbytes: int
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What one process saves: the manifest (same on every process) and its chunks."""
+
+    structure: dict[str, Any]
+    leaves: list[dict[str, Any]]
+    chunks: list[_Chunk] = field(default_factory=list)
+    zarr_json: dict[str, dict[str, Any]] = field(default_factory=dict)  # process 0 writes
+    nbytes: int = 0
+
+    def manifest(self) -> dict[str, Any]:
+        return {"format": MANIFEST_FORMAT, "tree": self.structure, "leaves": self.leaves}
+
+
+def _scalar_json(x: Any) -> dict[str, Any]:
+    if isinstance(x, bool):
+        return {"py": "bool", "v": x}
+    if isinstance(x, int):
+        return {"py": "int", "v": str(x)}  # str: JSON readers lose big ints
+    if isinstance(x, float):
+        return {"py": "float", "v": repr(x)}
+    if isinstance(x, complex):
+        return {"py": "complex", "v": [repr(x.real), repr(x.imag)]}
+    if isinstance(x, str):
+        return {"py": "str", "v": x}
+    return {"py": "bytes", "v": bytes(x).hex()}
+
+
+def _storable(dtype: np.dtype) -> bool:
+    try:
+        dtype_to_v3(dtype)
+        return True
+    except Exception:  # noqa: BLE001 (any refusal means: not storable)
+        return False
+
+
+def snapshot(
+    tree: Any, *, process_index: int, process_count: int = 1, options: SaveOptions
+) -> Snapshot:
+    """Phase 1: flatten, lay out and copy to host what this process writes.
+
+    In a multi-process job a ``jax.Array`` that lives on this process alone
+    (fully addressable, e.g. a step counter made with ``jnp.int32``) is taken
+    to be the same on every process, like a numpy leaf, and process 0 writes it.
+    """
+    pairs, structure = pytree.flatten(tree)
+    snap = Snapshot(structure=structure, leaves=[])
+    for i, (path, leaf) in enumerate(pairs):
+        entry: dict[str, Any] = {"path": path}
+        if isinstance(leaf, (bool, int, float, complex, str, bytes)) and not isinstance(leaf, np.generic):
+            entry["kind"] = "python"
+            entry["value"] = _scalar_json(leaf)
+            snap.leaves.append(entry)
+            continue
+        process_local = jax_adapter.is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
+        if jax_adapter.is_jax_array(leaf) and not process_local:
+            shape, dtype, shard_shape, parts, sharding = jax_adapter.host_shards(leaf)
+            entry["kind"] = "jax"
+            if sharding is not None:
+                entry["sharding"] = sharding
+        elif isinstance(leaf, (np.ndarray, np.generic)) or process_local:
+            arr = np.asarray(leaf)
+            shape, dtype, shard_shape = arr.shape, arr.dtype, arr.shape
+            entry["kind"] = (
+                "jax" if process_local else "numpy" if isinstance(leaf, np.ndarray) else "numpy_scalar"
+            )
+            # numpy leaves are the same on every process: process 0 stores them
+            parts = (
+                [(tuple((0, n) for n in shape), host_copy(arr))]
+                if process_index == 0 else []
+            )
+        else:
+            raise InvalidArgumentError(
+                f"checkpoint leaf {path or '<root>'}: unsupported type {type(leaf).__name__}; "
+                "expected jax.Array, numpy array/scalar or python scalar"
+            )
+        dtype = np.dtype(dtype)
+        if not _storable(dtype):
+            raise InvalidArgumentError(
+                f"checkpoint leaf {path}: dtype {dtype} can not be stored (expected bool, "
+                "integer, float, complex, bfloat16 or float8)"
+            )
+        cshape = chunk_shape_for(tuple(shard_shape), dtype.itemsize, target_bytes=options.target_chunk_bytes)
+        key = f"a/{i}"
+        entry.update(dtype=dtype_to_v3(dtype), shape=list(shape), chunk_shape=list(cshape), key=key)
+        snap.leaves.append(entry)
+        nbytes = int(math.prod(shape)) * dtype.itemsize
+        snap.nbytes += nbytes
+        if process_index == 0 and nbytes >= options.zarr_metadata_min_bytes:
+            snap.zarr_json[f"{key}/zarr.json"] = zarr3_metadata(dtype, tuple(shape), cshape)
+        for region, host in parts:
+            for grid, sub in chunks_overlapping(region, cshape):
+                data = _chunk_data(host, region, sub, cshape, dtype)
+                snap.chunks.append(_Chunk(chunk_key(key, grid), data, data.nbytes))
+    return snap
+
+
+def _chunk_data(
+    host: np.ndarray, region: Region, sub: Region, cshape: tuple[int, ...], dtype: np.dtype
+) -> np.ndarray:
+    """The chunk covering ``sub`` (full chunk shape, zero padded at array edges)."""
+    view = host[tuple(slice(lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(sub, region))]
+    if tuple(hi - lo for lo, hi in sub) == cshape:
+        data = view if view.flags.c_contiguous else np.ascontiguousarray(view)
+    else:
+        data = np.zeros(cshape, dtype=dtype)
+        data[tuple(slice(0, hi - lo) for lo, hi in sub)] = view
+    if data.dtype.byteorder == ">":
+        data = data.astype(data.dtype.newbyteorder("<"))
+    return data
+
+
+def _bytes(a: np.ndarray) -> memoryview:
+    return memoryview(a.reshape(-1).view(np.uint8))
+
+
+async def _write_chunks(view: KvStore, snap: Snapshot, options: SaveOptions) -> None:
+    budget = ByteBudget(options.max_bytes_in_flight)
+
+    async def one(c: _Chunk) -> None:
+        await budget.acquire(c.nbytes)
+        try:
+            assert c.data is not None
+            await view.write(c.key, _bytes(c.data))
+            c.data = None  # release the host copy as soon as it is stored
+        finally:
+            await budget.release(c.nbytes)
+
+    chunks, snap.chunks = snap.chunks, []
+    aws: list[Awaitable[Any]] = [one(c) for c in chunks]
+    aws += [view.write(k, json.dumps(doc).encode()) for k, doc in snap.zarr_json.items()]
+    await gather_all(aws)
+
+
+async def gather_all(aws: list[Awaitable[Any]]) -> list[Any]:
+    """Await all; on failure cancel the rest and raise the first error."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def run_save(
+    store: StepStore,
+    step: int,
+    snap: Snapshot,
+    *,
+    coordinator: Coordinator,
+    namespace: str,
+    metrics: dict[str, Any],
+    options: SaveOptions,
+    on_commit: Callable[[StepInfo], Awaitable[Any]] | None = None,
+) -> StepInfo:
+    """Phases 2 and 3 (background). Raises ConditionFailedError if ``step`` exists."""
+    p, n = coordinator.process_index, coordinator.process_count
+    timeout = options.commit_timeout
+    if n > 1:
+        # one fresh id per attempt: a retried save never meets an old attempt's fragments
+        if p == 0:
+            txn_id = f"ckpt-{step}-{uuid.uuid4().hex}"
+            await run_io(coordinator.publish, f"{namespace}/txn", txn_id)
+        else:
+            txn_id = await run_io(coordinator.wait_for, f"{namespace}/txn", timeout)
+        txn = Transaction(
+            txn_id=txn_id, process_index=p, process_count=n, timeout=timeout,
+            coordinator=coordinator, message=f"checkpoint step {step}",
+            metadata={"checkpoint_step": step},
+        )
+    else:
+        txn = Transaction(message=f"checkpoint step {step}", metadata={"checkpoint_step": step})
+    view = store.kv.with_transaction(txn)
+    started = time.time()
+    committing = False
+    try:
+        if p == 0:
+            record = StepInfo(step=step, time=started, metrics=metrics, process_count=n, nbytes=snap.nbytes)
+            try:  # create-only: a step is saved once (a racing save fails at commit)
+                await view.write(record_key(step), json.dumps(record.to_json()).encode(),
+                                 if_equal=Generation.NO_VALUE)
+            except ConditionFailedError as e:
+                raise ConditionFailedError(
+                    f"checkpoint step {step} already exists at {store.kv!r}"
+                ) from e
+            await view.write(f"{step_dir(step)}/manifest.json", json.dumps(snap.manifest()).encode())
+        await _write_chunks(view.with_path(step_dir(step)), snap, options)
+        committing = True
+        committed = await txn.commit()
+    except BaseException as e:
+        if txn.state == "open":
+            txn.abort()
+        if p == 0 and n > 1 and not committing:
+            # the coordinator gives up before the commit: tell the others now
+            # (the multi-writer result message, docs/FORMAT.md §7) instead of
+            # letting them wait for their timeout
+            await _publish_failure(coordinator, txn, e)
+        raise
+    info = StepInfo(
+        step=step, time=started if p == 0 else committed.time, metrics=metrics, process_count=n,
+        nbytes=snap.nbytes, version=committed.version,
+    )
+    # retention runs before the others are released, so that after any process's
+    # save completes every process lists the same steps
+    error: BaseException | None = None
+    if p == 0:
+        if on_commit is not None:
+            try:
+                await on_commit(info)
+            except Exception as e:  # noqa: BLE001 (the step is committed whatever happens here)
+                error = e
+        if n > 1:
+            await run_io(coordinator.publish, f"{namespace}/done", "ok" if error is None else repr(error))
+        if error is not None:
+            raise error
+    else:
+        await run_io(coordinator.wait_for, f"{namespace}/done", timeout)
+    return info
+
+
+async def _publish_failure(coordinator: Coordinator, txn: Transaction, error: BaseException) -> None:
+    body = {
+        "format": 1, "txn_id": txn.txn_id, "version": None, "write_id": None, "time": time.time(),
+        "error": type(error).__name__, "message": str(error),
+    }
+    with contextlib.suppress(Exception):  # best effort: else the others time out
+        await run_io(coordinator.publish, f"tsp/{txn.txn_id}/result", json.dumps(body))
+
+
+def default_coordinator() -> Coordinator:
+    return jax_adapter.distributed_coordinator() or SingleProcess()

@@ -1,0 +1,236 @@
+"""Steps of one checkpoint root: one versioned store, one commit per step.
+
+A checkpoint root is ONE versioned kvstore (docs/FORMAT.md) over the user's
+store (``file://``, ``gs://``, ``memory://`` ...). Keys inside it::
+
+    steps/<step:012d>                  the step record (JSON: time, metrics, sizes)
+    <step:012d>/manifest.json          tree structure + every leaf's layout
+    <step:012d>/a/<leaf>/zarr.json     each array leaf is a zarr v3 array ...
+    <step:012d>/a/<leaf>/c/<i>/<j>     ... whose chunks are raw C-order bytes
+
+Guarantees:
+
+* A save is ONE transaction (multi-writer across processes: each process
+  writes its own chunks, process 0 merges the fragments) and so ONE commit:
+  the step record and every chunk become visible together, or not at all.
+  ``list_steps`` and every reader see whole steps only, whichever process dies
+  when. The step record is written create-only, so a step can not be saved
+  twice.
+* Deleting steps is one commit (their keys vanish together). Retention then
+  retires every older, untagged version and runs the versioned store's prompt
+  reclaim (``kvstore.versioned.gc.reclaim``): every object reachable only from
+  deleted versions (the deleted steps' data and index nodes) is deleted at
+  once, so the space comes back right away. Objects of versions still tagged
+  are kept; unreferenced objects of unknown origin (a failed save) are only
+  deleted after the grace period, so a save in flight is never robbed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from crc32c import crc32c as crc32c_fn
+
+from tensorstore_py.errors import ChecksumError, DataCorruptionError, NotFoundError
+from tensorstore_py.future import run_cpu
+from tensorstore_py.kvstore.base import ByteRange, KvStore
+from tensorstore_py.kvstore.transaction import Transaction
+from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned.gc import reclaim as gc_reclaim
+from tensorstore_py.kvstore.versioned.format import InlineEntry, RefEntry
+
+__all__ = ["FORMAT", "StepInfo", "StepStore", "step_dir"]
+
+FORMAT = "tensorstore_py.checkpoint/1"
+_W = 12  # digits of a step in keys (sorted listing == numeric order)
+
+
+def step_dir(step: int) -> str:
+    return f"{step:0{_W}d}"
+
+
+def record_key(step: int) -> str:
+    return f"steps/{step_dir(step)}"
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """The published facts of one step (``version``: the commit that published it,
+    when known)."""
+
+    step: int
+    time: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+    process_count: int = 1
+    nbytes: int = 0
+    version: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "step": self.step, "time": self.time, "metrics": self.metrics,
+            "process_count": self.process_count, "nbytes": self.nbytes,
+        }
+
+    @staticmethod
+    def from_json(j: Mapping[str, Any], key: str) -> StepInfo:
+        if not isinstance(j, Mapping) or j.get("format") != FORMAT:
+            raise DataCorruptionError(
+                f"checkpoint step record {key!r}: format {j.get('format') if isinstance(j, Mapping) else j!r}, "
+                f"expected {FORMAT!r}"
+            )
+        return StepInfo(
+            step=int(j["step"]), time=float(j["time"]), metrics=dict(j.get("metrics") or {}),
+            process_count=int(j.get("process_count", 1)), nbytes=int(j.get("nbytes", 0)),
+        )
+
+
+def as_versioned(kv: KvStore) -> VersionedKvStore:
+    """The versioned store of a root: ``kv`` itself if versioned, else one over it."""
+    return kv if isinstance(kv, VersionedKvStore) else VersionedKvStore(kv)
+
+
+class StepStore:
+    """The steps of one checkpoint root (see the module docstring)."""
+
+    def __init__(self, kv: KvStore) -> None:
+        self.kv = as_versioned(kv)
+
+    # -- reading ---------------------------------------------------------------
+    async def snapshot(self) -> VersionedKvStore:
+        """A read-only view pinned at the newest version (what one restore reads)."""
+        if self.kv.read_only:
+            return self.kv
+        v = await self.kv.newest_version()
+        if v == 0:
+            return self.kv
+        return self.kv.snapshot(v)
+
+    async def list_steps(self, view: KvStore | None = None) -> list[int]:
+        view = view or self.kv
+        out = []
+        for k in await view.list("steps/"):
+            name = k[len("steps/"):]
+            if name.isdigit():
+                out.append(int(name))
+        return sorted(out)
+
+    async def record(self, step: int, view: KvStore | None = None) -> StepInfo:
+        view = view or self.kv
+        key = record_key(step)
+        r = await view.read(key)
+        if r.state != "value":
+            raise NotFoundError(f"checkpoint step {step} not found at {self.kv!r} (no key {key!r})")
+        return StepInfo.from_json(json.loads(bytes(r.value)), key)
+
+    async def manifest(self, step: int, view: KvStore) -> dict[str, Any]:
+        key = f"{step_dir(step)}/manifest.json"
+        r = await view.read(key)
+        if r.state != "value":
+            raise DataCorruptionError(
+                f"checkpoint step {step}: its record exists but {key!r} is missing at {self.kv!r}"
+            )
+        return json.loads(bytes(r.value))  # type: ignore[no-any-return]
+
+    # -- deleting --------------------------------------------------------------
+    async def delete_steps(self, steps: list[int], *, reclaim: bool = True) -> int:
+        """Delete ``steps`` in one commit; with ``reclaim``, free their bytes now.
+
+        Reclaiming retires every older untagged version (so no retained version
+        still shows the deleted steps) and then runs the versioned store's prompt
+        reclaim (``kvstore.versioned.gc.reclaim``): objects reachable only from
+        deleted versions go at once, orphans of unknown origin only after the
+        grace period, so a save in flight is never robbed. Returns the number of
+        objects deleted.
+        """
+        if not steps:
+            return 0
+        kv = self.kv
+        txn = Transaction(message=f"delete checkpoint steps {steps}", metadata={"checkpoint_delete": steps})
+        view = kv.with_transaction(txn)
+        for s in steps:
+            await view.delete_range(step_dir(s) + "/")
+            await view.delete(record_key(s))
+        info = await txn.commit()
+        if not reclaim:
+            return 0
+        tagged = set((await kv.tags()).values())
+        old = [
+            v.version for v in await kv.versions()
+            if v.version < (info.version or 0) and v.version not in tagged
+        ]
+        if old:
+            await kv.delete_versions(old, message=f"retire versions holding deleted checkpoint steps {steps}")
+        report = await gc_reclaim(kv)
+        return report.deleted_count
+
+
+# -- reading many values at once ---------------------------------------------------------
+Span = tuple[str, int, int, bool]  # (key relative to the view, start, stop, covers the whole value)
+
+
+async def read_spans(view: KvStore, spans: list[Span], *, coalesce_gap: int = 4096) -> list[Any]:
+    """The bytes ``[start, stop)`` of each key's value, in order.
+
+    On a pinned versioned snapshot this reads as an independent reader of
+    docs/FORMAT.md (§6.4) would: it looks every key up in the (cached) index and
+    reads the spans of one data object with one coalesced ``read_ranges`` call of
+    the base store, so thousands of small values packed into a few objects cost a
+    few requests instead of one each. A span covering a whole value is checked
+    against the value's crc32c (:class:`ChecksumError` names the key and object).
+    Elsewhere each span is one ``read``. A missing key raises DataCorruptionError.
+    """
+    if not (isinstance(view, VersionedKvStore) and view.version is not None):
+        return await asyncio.gather(*(_read_one(view, *span) for span in spans))
+    root = view._root
+    rec = await root.record_at(view.version)
+    if rec is None:
+        raise NotFoundError(f"{view!r}: version {view.version} does not exist")
+    entries = await asyncio.gather(*(root.lookup(rec.root, view.path + s[0]) for s in spans))
+    out: list[Any] = [b""] * len(spans)
+    by_object: dict[str, list[int]] = {}
+    for i, ((key, a, b, _whole), e) in enumerate(zip(spans, entries)):
+        if e is None:
+            raise DataCorruptionError(f"checkpoint key {view.path + key!r} is missing from {view!r}")
+        if isinstance(e, InlineEntry):
+            out[i] = memoryview(e.value)[a:b]
+        else:
+            if b > e.length:
+                raise DataCorruptionError(
+                    f"checkpoint key {view.path + key!r}: {e.length} bytes stored, {b} expected"
+                )
+            by_object.setdefault(e.object, []).append(i)
+
+    async def one_object(obj: str, idx: list[int]) -> None:
+        ranges = [ByteRange(entries[i].offset + spans[i][1], entries[i].offset + spans[i][2])  # type: ignore[union-attr]
+                  for i in idx]
+        res = await view.base.read_ranges(obj, ranges, coalesce_gap=coalesce_gap)
+        if res.state != "value":
+            raise DataCorruptionError(f"{view!r}: data object {obj!r} is missing")
+        for i, buf in zip(idx, res.values):
+            key, a, b, _whole = spans[i]
+            e = entries[i]
+            if len(buf) != b - a:
+                raise DataCorruptionError(f"{view!r}: data object {obj!r} is truncated (key {key!r})")
+            if a == 0 and b == e.length:  # type: ignore[union-attr]
+                crc = int(await run_cpu(crc32c_fn, buf)) if len(buf) >= 1 << 20 else crc32c_fn(buf)
+                if crc != e.crc:  # type: ignore[union-attr]
+                    raise ChecksumError(
+                        f"checkpoint key {view.path + key!r}: crc32c mismatch in data object {obj!r} "
+                        f"(stored {e.crc:#010x}, computed {crc:#010x})"  # type: ignore[union-attr]
+                    )
+            out[i] = buf
+
+    await asyncio.gather(*(one_object(o, idx) for o, idx in by_object.items()))
+    return out
+
+
+async def _read_one(view: KvStore, key: str, a: int, b: int, whole: bool) -> Any:
+    # a whole value is read whole, so that the store checks its checksum
+    res = await view.read(key, byte_range=None if whole else ByteRange(a, b))
+    if res.state != "value":
+        raise DataCorruptionError(f"checkpoint key {view.path + key!r} is missing from {view!r}")
+    return res.value

@@ -1,0 +1,241 @@
+"""One process of a multi-process JAX checkpoint test (run by tests/test_jax_checkpoint.py).
+
+Usage: python jax_worker.py SCENARIO PROCESS_ID NUM_PROCESSES PORT ROOT OUT_JSON
+
+The environment must set XLA_FLAGS=--xla_force_host_platform_device_count=4 and
+JAX_PLATFORMS=cpu. Results (checks and byte counts) go to OUT_JSON; any failed
+check raises, so the exit code tells the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def expected() -> dict[str, np.ndarray]:
+    import ml_dtypes
+
+    return {
+        "w": np.arange(16 * 8, dtype=np.float32).reshape(16, 8),
+        "e": (np.arange(8 * 16, dtype=np.float32).reshape(8, 16) / 7).astype(ml_dtypes.bfloat16),
+        "r": np.linspace(0, 1, 6, dtype=np.float32),
+        "odd": np.arange(12 * 6, dtype=np.int32).reshape(12, 6),
+    }
+
+
+def make_tree(mesh: Any) -> dict[str, Any]:
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    ex = expected()
+
+    def put(name: str, spec: Any) -> Any:
+        g = ex[name]
+        return jax.make_array_from_callback(g.shape, NamedSharding(mesh, spec), lambda i: g[i])
+
+    return {
+        "params": {"w": put("w", P("a", "b")), "e": put("e", P(None, "b"))},
+        "r": put("r", P()),
+        "odd": put("odd", P("b", None)),  # 3-row shards
+        "np": np.arange(9, dtype=np.int64).reshape(3, 3),
+        "step": 7,
+        "count": jax.numpy.int32(5),  # a process-local jax scalar: written once, by process 0
+    }
+
+
+def target(tree_like: dict[str, Any], mesh: Any, specs: dict[str, Any]) -> dict[str, Any]:
+    import jax
+    from jax.sharding import NamedSharding
+
+    def sds(name: str, arr: Any) -> Any:
+        return jax.ShapeDtypeStruct(arr.shape, arr.dtype, sharding=NamedSharding(mesh, specs[name]))
+
+    ex = expected()
+    return {
+        "params": {"w": sds("w", ex["w"]), "e": sds("e", ex["e"])},
+        "r": sds("r", ex["r"]),
+        "odd": sds("odd", ex["odd"]),
+        "np": np.zeros((3, 3), np.int64),
+        "step": 0,
+        "count": np.int32(0),
+    }
+
+
+def check_tree(out: dict[str, Any], where: str) -> None:
+    import jax
+
+    ex = expected()
+    got = {"w": out["params"]["w"], "e": out["params"]["e"], "r": out["r"], "odd": out["odd"]}
+    for name, arr in got.items():
+        if isinstance(arr, jax.Array):
+            for sh in arr.addressable_shards:
+                want = ex[name][sh.index]
+                if not np.array_equal(np.asarray(sh.data), want):
+                    raise AssertionError(f"{where}: leaf {name} shard {sh.index} differs")
+        elif not np.array_equal(np.asarray(arr), ex[name]):
+            raise AssertionError(f"{where}: leaf {name} differs")
+    if not np.array_equal(out["np"], np.arange(9).reshape(3, 3)) or out["step"] != 7 or out["count"] != 5:
+        raise AssertionError(f"{where}: numpy / python leaves differ")
+
+
+def main() -> None:
+    scenario, pid, nproc, port, root, out_path = sys.argv[1:7]
+    pid_i, nproc_i = int(pid), int(nproc)
+    import jax
+
+    if nproc_i > 1:
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{port}", num_processes=nproc_i, process_id=pid_i
+        )
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    import tensorstore_py as tsp
+    from tensorstore_py.checkpoint import ReadStats, SaveOptions
+
+    devices = np.array(jax.devices())
+    report: dict[str, Any] = {"process": pid_i, "devices": len(devices)}
+    if scenario == "save_restore":
+        mesh = Mesh(devices.reshape(2, 4), ("a", "b"))
+        tree = make_tree(mesh)
+        mgr = tsp.CheckpointManager(root, max_to_keep=2)
+        t0 = time.perf_counter()
+        for step in (1, 2, 3):
+            mgr.save(step, tree, metrics={"loss": 1.0 / step})
+        mgr.wait_until_finished()
+        report["save_s"] = time.perf_counter() - t0
+        report["steps"] = mgr.all_steps()
+        # 1. the save-time sharding: aligned, bytes read must equal bytes needed
+        specs = {"w": P("a", "b"), "e": P(None, "b"), "r": P(), "odd": P("b", None)}
+        st = ReadStats()
+        check_tree(mgr.restore(target=target(tree, mesh, specs), stats=st), "same sharding")
+        report["same"] = [st.bytes_read, st.bytes_needed]
+        # 2. transposed specs
+        specs_t = {"w": P("b", "a"), "e": P("b", None), "r": P("a"), "odd": P(None, "a")}
+        st = ReadStats()
+        check_tree(mgr.restore(target=target(tree, mesh, specs_t), stats=st), "transposed")
+        report["transposed"] = [st.bytes_read, st.bytes_needed]
+        # 3. a 1-D mesh of 8 devices
+        mesh8 = Mesh(devices.reshape(8), ("x",))
+        specs_8 = {"w": P("x"), "e": P(None, "x"), "r": P(), "odd": P()}
+        st = ReadStats()
+        check_tree(mgr.restore(target=target(tree, mesh8, specs_8), stats=st), "1-D mesh")
+        report["mesh8"] = [st.bytes_read, st.bytes_needed]
+        # 4. fully replicated: each process reads everything once (not once per device)
+        specs_r = {"w": P(), "e": P(), "r": P(), "odd": P()}
+        st = ReadStats()
+        check_tree(mgr.restore(target=target(tree, mesh, specs_r), stats=st), "replicated")
+        report["replicated"] = [st.bytes_read, st.bytes_needed]
+    elif scenario == "restore_single":
+        mesh = Mesh(devices.reshape(2, 2), ("a", "b"))
+        specs = {"w": P("b", "a"), "e": P(), "r": P("a"), "odd": P("a")}
+        mgr = tsp.CheckpointManager(root)
+        report["steps"] = mgr.all_steps()
+        st = ReadStats()
+        check_tree(mgr.restore(target=target({}, mesh, specs), stats=st), "single process")
+        report["single"] = [st.bytes_read, st.bytes_needed]
+        out = mgr.restore()  # no target: numpy
+        check_tree(out, "numpy")
+    elif scenario == "kill":
+        mesh = Mesh(devices.reshape(2, 4), ("a", "b"))
+        tree = make_tree(mesh)
+        mgr = tsp.CheckpointManager(root)
+        mgr.save(1, tree).result()
+        # step 2 writes its data objects slowly; the test kills process 1 while
+        # it is writing them (before its fragment exists)
+        slow = SlowStore(tsp.KvStore.open(root).result(), marker=out_path + ".writing")
+        mgr2 = tsp.CheckpointManager(slow, options=SaveOptions(commit_timeout=4.0))
+        from jax.sharding import NamedSharding
+
+        g = np.ones((1024, 1024), np.float32)  # 512 KiB shards: each its own data object
+        big = {"big": jax.make_array_from_callback(g.shape, NamedSharding(mesh, P("a", "b")), lambda i: g[i])}
+        try:
+            mgr2.save(2, big).result()
+            report["step2"] = "committed"
+        except Exception as e:  # noqa: BLE001 (process 0: the peer died, so no commit)
+            report["step2"] = f"failed: {type(e).__name__}: {e}"
+        with open(out_path, "w") as f:
+            json.dump(report, f)
+        os._exit(3)  # the peer is gone: skip jax.distributed's shutdown barrier
+    elif scenario == "fail0":
+        # process 0's data writes fail: every process's save must fail fast
+        mesh = Mesh(devices.reshape(2, 4), ("a", "b"))
+        from jax.sharding import NamedSharding
+
+        g = np.ones((1024, 1024), np.float32)
+        big = {"big": jax.make_array_from_callback(g.shape, NamedSharding(mesh, P("a", "b")), lambda i: g[i])}
+        base = tsp.KvStore.open(root).result()
+        store = FailingStore(base) if pid_i == 0 else base
+        mgr = tsp.CheckpointManager(store, options=SaveOptions(commit_timeout=60.0))
+        t0 = time.perf_counter()
+        try:
+            mgr.save(1, big).result()
+            report["result"] = "committed"
+        except Exception as e:  # noqa: BLE001 (the expected failure, reported)
+            report["result"] = f"{type(e).__name__}: {e}"
+        report["seconds"] = time.perf_counter() - t0
+        report["steps"] = mgr.all_steps()
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+    with open(out_path, "w") as f:
+        json.dump(report, f)
+
+
+def SlowStore(base: Any, *, marker: str) -> Any:
+    """A wrapper store whose data-object writes take 2 s (announced by ``marker``)."""
+    import asyncio
+
+    from tensorstore_py.kvstore.base import KvStore
+
+    class Slow(KvStore):
+        driver = "slow"
+
+        def __init__(self) -> None:
+            super().__init__(path="")
+            self.base = base
+
+        def _spec_fields(self) -> dict[str, Any]:
+            return {"base": base.spec()}
+
+        async def _read(self, key: str, byte_range: Any, if_not_equal: Any) -> Any:
+            return await base.read(key, byte_range=byte_range, if_not_equal=if_not_equal)
+
+        async def _write(self, key: str, value: Any, if_equal: Any) -> Any:
+            if key.startswith("data/"):
+                open(marker, "w").close()  # noqa: ASYNC230 (a test signal)
+                await asyncio.sleep(2.0)
+            return await base.write(key, value, if_equal=if_equal)
+
+        async def _delete(self, key: str, if_equal: Any) -> None:
+            await base.delete(key, if_equal=if_equal)
+
+        async def _list(self, prefix: str) -> list[str]:
+            return list(await base.list(prefix))
+
+    return Slow()
+
+
+def FailingStore(base: Any) -> Any:
+    """A wrapper store whose data-object writes fail."""
+    from tensorstore_py.errors import StorageError
+
+    class Failing(type(SlowStore(base, marker=os.devnull))):  # type: ignore[misc]
+        driver = "failing"
+
+        async def _write(self, key: str, value: Any, if_equal: Any) -> Any:
+            if key.startswith("data/"):
+                raise StorageError(f"injected failure writing {key!r}")
+            return await base.write(key, value, if_equal=if_equal)
+
+    return Failing()
+
+
+if __name__ == "__main__":
+    main()
