@@ -1,0 +1,125 @@
+"""``tensorstore-py verify`` throughput next to a plain full read of the same checkpoint.
+
+    python benchmarks/verify.py [--size-gib 2] [--small] [--reps 3] [--dir DIR]
+
+Saves one checkpoint step of ``--size-gib`` GiB (float32 leaves of 64 MiB
+chunks; ``--small``: 128 MiB) on the local file store, then, alternating which
+goes first in each repetition so both see the same page-cache state:
+
+* ``plain_read``: ``tsp.checkpoint.restore`` of the whole step into numpy (what
+  a training job reads);
+* ``raw_read``: every data object read whole through the file kvstore, 8 at a
+  time (no decoding, no checks: the I/O floor, for context);
+* ``verify``: the ``verify`` command's function (every commit record, index
+  node and data object read, every value's crc32c checked, every chunk's size
+  checked against its declared shape).
+
+Prints ``name: value unit`` lines (best of the repetitions) and
+``ratio_verify_vs_plain_read: x`` (target >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+import tensorstore_py as tsp
+from tensorstore_py.commands.checks import verify
+from tensorstore_py.future import spawn
+
+GiB = 1 << 30
+LEAF_BYTES = 256 << 20
+
+
+def make_tree(nbytes: int) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    tree = {}
+    left, i = nbytes, 0
+    while left > 0:
+        n = min(LEAF_BYTES, left)
+        tree[f"layer{i:03d}"] = rng.random(n // 4 // 1024 * 1024, dtype=np.float32).reshape(-1, 1024)
+        left -= n
+        i += 1
+    return tree
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-gib", type=float, default=2.0)
+    ap.add_argument("--small", action="store_true", help="128 MiB instead of --size-gib")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    args = ap.parse_args()
+    nbytes = (128 << 20) if args.small else int(args.size_gib * GiB)
+    tmp = tempfile.mkdtemp(prefix="tsp-verify-bench-", dir=args.dir)
+    try:
+        url = f"file://{tmp}/ckpt/"
+        tree = make_tree(nbytes)
+        total = sum(a.nbytes for a in tree.values())
+        t0 = time.perf_counter()
+        tsp.checkpoint.save(url, tree, step=0).result()
+        save_s = time.perf_counter() - t0
+        del tree
+
+        def plain() -> float:
+            t = time.perf_counter()
+            out = tsp.checkpoint.restore(url, step=0)
+            dt = time.perf_counter() - t
+            if sum(a.nbytes for a in out.values()) != total:
+                raise SystemExit("plain read returned the wrong number of bytes")
+            return dt
+
+        def check() -> float:
+            t = time.perf_counter()
+            rep = spawn(verify(url)).result()
+            dt = time.perf_counter() - t
+            if not rep.ok:
+                raise SystemExit(f"verify found problems: {rep.problems[:3]}")
+            return dt
+
+        def raw() -> float:
+            import asyncio
+
+            async def run() -> int:
+                kv = await tsp.KvStore.open(f"file://{tmp}/ckpt/")
+                names = await kv.list("data/")
+                sem = asyncio.Semaphore(8)
+
+                async def one(n: str) -> int:
+                    async with sem:
+                        return len((await kv.read(n)).value)
+
+                return sum(await asyncio.gather(*(one(n) for n in names)))
+
+            t = time.perf_counter()
+            n = spawn(run()).result()
+            dt = time.perf_counter() - t
+            if n < total:
+                raise SystemExit("raw read returned too few bytes")
+            return dt
+
+        plain()  # warm the page cache once for all
+        times: dict[Any, list[float]] = {plain: [], check: [], raw: []}
+        for r in range(args.reps):
+            order = (plain, check, raw) if r % 2 == 0 else (check, raw, plain)
+            for fn in order:
+                times[fn].append(fn())
+        p_best, v_best, r_best = min(times[plain]), min(times[check]), min(times[raw])
+        print(f"checkpoint_size: {total / GiB:.3f} GiB")
+        print(f"save_throughput: {total / GiB / save_s:.3f} GiB/s")
+        print(f"plain_read_throughput: {total / GiB / p_best:.3f} GiB/s")
+        print(f"raw_read_throughput: {total / GiB / r_best:.3f} GiB/s")
+        print(f"verify_throughput: {total / GiB / v_best:.3f} GiB/s")
+        print(f"ratio_verify_vs_plain_read: {p_best / v_best:.2f} x")
+        print(f"ratio_verify_vs_raw_read: {r_best / v_best:.2f} x")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""``verify``: read every referenced object, check every checksum, decode every chunk.
+
+What is checked, by kind of URL:
+
+* **checkpoint root / versioned store** — the store's whole history (every
+  commit record, every retained version's index tree, every data object and
+  the crc32c of every value: :func:`tensorstore_py.kvstore.versioned.verify.verify`);
+  then, per step (the newest version's steps, or ``--step N``), the
+  manifest, each leaf's ``zarr.json`` (if it has one) against the manifest
+  (shape, dtype, chunk shape), and every chunk of every leaf: present, of the declared size
+  (raw chunks, known from the index) or decoding to the declared chunk shape.
+* **zarr v2 / v3 array or folder of arrays** — metadata parses, and every
+  stored chunk is read and decoded (sharded: the shard index's crc32c and
+  every inner chunk) to the declared chunk shape. Missing chunks are the fill
+  value, not a problem.
+
+Nothing is written. The result is a :class:`VerifyReport`; ``ok`` is False when
+anything is wrong, with one :class:`Problem` per finding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tensorstore_py.commands import ckpt
+from tensorstore_py.commands.inspect import open_array
+from tensorstore_py.commands.problems import Problem, VerifyReport
+from tensorstore_py.commands.target import Target, key_sizes, list_arrays, resolve, step_prefix
+from tensorstore_py.errors import (
+    ChecksumError,
+    DataCorruptionError,
+    InvalidArgumentError,
+    InvalidSpecError,
+    NotFoundError,
+    TensorStoreError,
+    UnsupportedError,
+)
+from tensorstore_py.future import run_cpu
+from tensorstore_py.kvstore.base import KvStore
+
+__all__ = ["check_array", "verify"]
+
+#: chunks read and decoded at once per array
+CHUNK_CONCURRENCY = 16
+#: checkpoint leaves checked at once
+LEAF_CONCURRENCY = 16
+#: grid positions scheduled at once
+CELL_BATCH = 4096
+
+
+async def verify(
+    url: str,
+    *,
+    step: int | None = None,
+    all_versions: bool = False,
+    version: int | None = None,
+    on_items: Callable[[int], None] | None = None,
+) -> VerifyReport:
+    """Verify what ``url`` holds (see the module docstring).
+
+    ``step``: only that checkpoint step; ``all_versions``: every retained
+    version (and every step in them), not only the newest (or ``version``).
+    """
+    if step is not None and all_versions:
+        raise InvalidArgumentError("give --step or --all, not both")
+    t0 = time.perf_counter()
+    try:
+        t = await resolve(url, version=version)
+    except DataCorruptionError as e:
+        # the store is too damaged to classify (e.g. the newest record or the
+        # root node is corrupt): the store walk names every damaged object
+        report = await _walk_only(url, e, on_items)
+        report.seconds = time.perf_counter() - t0
+        return report
+    report = VerifyReport(url=url, kind=t.kind)
+    if t.kind in ("checkpoint", "versioned"):
+        try:
+            await _verify_versioned(t, report, step=step, all_versions=all_versions,
+                                    on_items=on_items)
+        except DataCorruptionError as e:
+            if not report.problems:  # otherwise a consequence of what the walk found
+                report.problems.append(Problem(_kind(e), str(e)))
+    else:
+        if step is not None:
+            raise InvalidArgumentError(f"{url} is a {t.kind}, not a checkpoint: --step does not apply")
+        found = [("", t.array_driver)] if t.kind == "array" else await list_arrays(t.store)
+        sizes = await key_sizes(t, "")
+        for path, driver in found:
+            view = t.store.with_path(path) if path else t.store
+            rel = _below(sizes, path)
+            await check_array(view, path or url, report, driver=driver, sizes=rel,
+                              require_all=False, on_items=on_items)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+async def _walk_only(url: str, err: DataCorruptionError,
+                     on_items: Callable[[int], None] | None) -> VerifyReport:
+    from tensorstore_py.commands.target import open_url
+    from tensorstore_py.kvstore.registry import open_kvstore
+    from tensorstore_py.kvstore.versioned.verify import verify as verify_store
+
+    base = (await open_kvstore(url)).base if url.startswith("versioned+") else await open_url(url)  # type: ignore[attr-defined]
+    report = VerifyReport(url=url, kind="versioned")
+    for p in await verify_store(base, progress=(lambda _w, n: on_items(n)) if on_items else None):
+        report.problems.append(_from_store(p))
+    if not report.problems:
+        report.problems.append(Problem(_kind(err), str(err)))
+    return report
+
+
+def _from_store(p: Any) -> Problem:
+    """A store-walk problem (kvstore.versioned.verify.Problem) as a CLI problem."""
+    at = f" (version {p.version})" if p.version is not None else ""
+    return Problem(p.kind, f"{p.object}{at}: {p.message}", object=p.object, version=p.version)
+
+
+def _below(sizes: dict[str, int] | None, path: str) -> dict[str, int] | None:
+    if sizes is None:
+        return None
+    if not path:
+        return sizes
+    pre = path.rstrip("/") + "/"
+    return {k[len(pre):]: n for k, n in sizes.items() if k.startswith(pre)}
+
+
+async def _verify_versioned(
+    t: Target, report: VerifyReport, *, step: int | None, all_versions: bool,
+    on_items: Callable[[int], None] | None,
+) -> None:
+    from tensorstore_py.kvstore.versioned.verify import verify as verify_store
+
+    assert t.head is not None
+    def progress(what: str, n: int) -> None:
+        if what == "values":
+            report.values += n
+        else:
+            report.objects += n
+        if on_items is not None:
+            on_items(n)
+
+    # the whole history: every record, every retained version's tree and values
+    for p in await verify_store(t.head, progress=progress):
+        report.problems.append(_from_store(p))
+    if t.version is None:  # an empty store: nothing committed
+        return
+    retained = await _retained(t)
+    report.versions = retained
+    if t.kind == "versioned":
+        for v in retained if all_versions else [t.version]:
+            snap = t.head.snapshot(v)
+            vt = Target(t.url, "versioned", t.base, snap, head=t.head, version=v)
+            sizes = await key_sizes(vt, "")
+            for path, driver in await list_arrays(snap):
+                await check_array(snap.with_path(path) if path else snap, path or "/", report,
+                                  driver=driver, sizes=_below(sizes, path), require_all=False,
+                                  version=v)
+        return
+    # checkpoint: the steps of the pinned version (a step never changes once
+    # saved, so the newest version holding a step shows it as every older one does)
+    if step is not None:
+        steps = [await ckpt.pick_step(t, step)]
+    else:
+        steps = await ckpt.list_steps(t.store)
+    report.steps = steps
+    for s in steps:
+        try:
+            await _verify_step(t, s, report)
+        except DataCorruptionError as e:  # e.g. the manifest's own value is damaged
+            report.problems.append(Problem(_kind(e), f"step {s}: {e}"))
+
+
+async def _retained(t: Target) -> list[int]:
+    """Versions not deleted, oldest first, up to the pinned one."""
+    assert t.head is not None and t.version is not None
+    rec = await t.head._root.record_at(await t.head.newest_version())
+    deleted = rec.deleted if rec else []
+    return [v for v in range(1, t.version + 1) if not any(a <= v <= b for a, b in deleted)]
+
+
+async def _verify_step(t: Target, s: int, report: VerifyReport) -> None:
+    try:
+        manifest = await ckpt.read_manifest(t, s)
+    except (DataCorruptionError, NotFoundError) as e:
+        report.problems.append(Problem(_kind(e), str(e), key=step_prefix(s) + "manifest.json"))
+        return
+    try:
+        if (await t.store.read(f"steps/{s:012d}")).state != "value":
+            report.problems.append(Problem("missing", f"step {s}: record 'steps/{s:012d}' is missing",
+                                           key=f"steps/{s:012d}"))
+    except DataCorruptionError as e:
+        report.problems.append(Problem(_kind(e), f"step {s}: {e}", key=f"steps/{s:012d}"))
+    sizes = await key_sizes(t, step_prefix(s))
+    rel = _below(sizes, step_prefix(s))
+    step_view = t.store.with_path(step_prefix(s).rstrip("/"))
+    sem = asyncio.Semaphore(LEAF_CONCURRENCY)  # leaves at once: latency-bound on remote stores
+
+    async def leaf_check(leaf: dict[str, Any]) -> None:
+        key = str(leaf["key"])
+        name = f"step {s} {leaf.get('path') or key}"
+        expect = {f: leaf.get(f) for f in ("shape", "dtype", "chunk_shape")}
+        async with sem:
+            await check_array(step_view.with_path(key), name, report, driver="zarr3",
+                              sizes=_below(rel, key), require_all=True, expect=expect,
+                              key_prefix=step_prefix(s) + key + "/", leaf=leaf)
+
+    await asyncio.gather(*(leaf_check(leaf) for leaf in ckpt.array_leaves(manifest)))
+
+
+def _kind(e: BaseException) -> str:
+    if isinstance(e, ChecksumError):
+        return "checksum"
+    msg = str(e)
+    for word in ("missing", "truncated"):
+        if word in msg:
+            return word
+    return "corrupt" if isinstance(e, DataCorruptionError) else "decode"
+
+
+async def check_array(
+    kv: KvStore,
+    name: str,
+    report: VerifyReport,
+    *,
+    driver: str | None,
+    sizes: dict[str, int] | None,
+    require_all: bool,
+    expect: dict[str, Any] | None = None,
+    on_items: Callable[[int], None] | None = None,
+    version: int | None = None,
+    key_prefix: str = "",
+    leaf: dict[str, Any] | None = None,
+) -> None:
+    """Check one array: metadata, then every chunk (see the module docstring).
+
+    ``leaf`` (a checkpoint manifest entry) opens a leaf that may have no
+    ``zarr.json``. ``sizes`` (key -> stored size, relative to ``kv``) lets raw chunks be
+    checked from the index without reading them (their bytes are checksummed by
+    the store check); ``require_all`` makes a missing chunk a problem.
+    """
+    problems = report.problems
+    try:
+        ts = (await ckpt.open_leaf(kv, leaf))[0] if leaf is not None else await open_array(kv, driver)
+    except (InvalidSpecError, DataCorruptionError, NotFoundError, UnsupportedError) as e:
+        problems.append(Problem("metadata", f"array {name}: {e}", array=name, version=version))
+        return
+    report.arrays += 1
+    drv = ts._driver  # the chunk grid and codec are driver facts, not view facts
+    codec = drv._codec
+    # raw chunks (stored bytes == the C-order array bytes) are checked by size alone
+    raw_nbytes = (math.prod(drv.write_chunk_shape) * drv.dtype.itemsize
+                  if getattr(codec, "raw", False) else None)
+    if expect:
+        found = {"shape": list(ts.shape), "dtype": _v3_name(ts.dtype),
+                 "chunk_shape": list(drv.write_chunk_shape)}
+        for f, want in expect.items():
+            if want is not None and found[f] != want:
+                problems.append(Problem(
+                    "metadata", f"array {name}: zarr.json {f} is {found[f]!r}, the manifest says {want!r}",
+                    array=name, expected=want, found=found[f], version=version))
+    grid = [math.ceil(n / c) if c else 0 for n, c in zip(drv.shape, drv.write_chunk_shape)]
+    keys: set[str] | None = None
+    if sizes is None:
+        try:
+            keys = set(await kv.list(""))
+        except UnsupportedError:
+            keys = None  # e.g. HTTP: read every grid position instead
+    sem = asyncio.Semaphore(CHUNK_CONCURRENCY)
+
+    async def one(cell: tuple[int, ...]) -> None:
+        key = drv.chunk_key(cell)
+        present: bool | None = None
+        if sizes is not None:
+            present = key in sizes
+        elif keys is not None:
+            present = key in keys
+        if present is False:
+            if require_all:
+                problems.append(Problem("missing", f"array {name}: chunk {key!r} is missing",
+                                        array=name, chunk=key, key=key_prefix + key, version=version))
+            return
+        report.chunks += 1
+        if sizes is not None and raw_nbytes is not None:
+            n = sizes[key]
+            if n != raw_nbytes:
+                problems.append(Problem(
+                    "shape", f"array {name}: chunk {key!r} has {n} bytes, expected {raw_nbytes} "
+                    f"(chunk shape {list(drv.write_chunk_shape)} of {drv.dtype})",
+                    array=name, chunk=key, key=key_prefix + key, expected=raw_nbytes, found=n,
+                    version=version))
+            return
+        async with sem:
+            try:
+                res = await kv.read(key)
+                if res.state != "value":
+                    if require_all:
+                        problems.append(Problem("missing", f"array {name}: chunk {key!r} is missing",
+                                                array=name, chunk=key, version=version))
+                    return
+                nbytes = len(memoryview(res.value).cast("B"))
+                arr = await run_cpu(functools.partial(codec.decode, key=key), res.value)
+            except (TensorStoreError, ValueError, OSError) as e:
+                what = str(e) if repr(key) in str(e) else f"chunk {key!r}: {e}"
+                kind = _kind(e)
+                problems.append(Problem("decode" if kind == "corrupt" else kind,
+                                        f"array {name}: {what}", array=name,
+                                        chunk=key, key=key_prefix + key, version=version))
+                return
+            want = tuple(drv.write_chunk_shape)
+            if tuple(arr.shape) != want or np.dtype(arr.dtype) != drv.dtype:
+                problems.append(Problem(
+                    "shape", f"array {name}: chunk {key!r} decodes to {arr.dtype}{list(arr.shape)}, "
+                    f"expected {drv.dtype}{list(want)}", array=name, chunk=key,
+                    expected=list(want), found=list(arr.shape), version=version))
+            report.bytes += nbytes
+            if on_items is not None:
+                on_items(1)
+
+    # in batches: an array may have millions of chunks, most of them missing
+    cells = itertools.product(*(range(g) for g in grid))
+    while batch := list(itertools.islice(cells, CELL_BATCH)):
+        await asyncio.gather(*(one(c) for c in batch))
+
+
+def _v3_name(dt: np.dtype) -> str:
+    from tensorstore_py.drivers.dtypes import dtype_to_v3
+
+    try:
+        return str(dtype_to_v3(dt))
+    except Exception:  # noqa: BLE001 - a dtype without a v3 name just compares unequal
+        return str(dt)

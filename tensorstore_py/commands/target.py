@@ -1,0 +1,270 @@
+"""What a URL points at: a checkpoint root, a versioned store, a zarr array or a folder.
+
+:func:`resolve` opens the store behind a URL and classifies it, reading only a
+handful of small objects (works on read-only stores such as ``http(s)://``,
+which can not list keys):
+
+* **versioned store** — ``commits/00000000000000000001`` exists at the URL (or
+  the URL is ``versioned+...``); see docs/FORMAT.md;
+* **checkpoint root** — a versioned store whose newest version has ``steps/``
+  records (tensorstore_py.checkpoint.storage);
+* **array** — ``zarr.json`` (zarr v3, ``node_type: array``) or ``.zarray``
+  (zarr v2) at the URL;
+* **folder** — anything else that lists keys (arrays found below it).
+
+Errors a user can act on: a URL with nothing recognisable raises
+:class:`NotFoundError`; a store written by a newer format raises
+:class:`UnsupportedError` saying which format and to upgrade.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tensorstore_py.errors import (
+    DataCorruptionError,
+    InvalidArgumentError,
+    InvalidSpecError,
+    NotFoundError,
+    UnsupportedError,
+)
+from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.registry import open_kvstore
+from tensorstore_py.kvstore.versioned import VersionedKvStore
+
+__all__ = [
+    "CHECKPOINT_FORMAT_PREFIX",
+    "Kind",
+    "Target",
+    "key_sizes",
+    "list_arrays",
+    "open_url",
+    "resolve",
+    "step_prefix",
+]
+
+Kind = Literal["checkpoint", "versioned", "array", "folder"]
+
+#: format strings of checkpoint step records / manifests are ``<prefix><int>``
+CHECKPOINT_FORMAT_PREFIX = "tensorstore_py.checkpoint"
+_FIRST_COMMIT = "commits/00000000000000000001"
+_STEP_DIGITS = 12
+
+
+def step_prefix(step: int) -> str:
+    """The key prefix of a checkpoint step's files (``000000000012/``)."""
+    return f"{step:0{_STEP_DIGITS}d}/"
+
+
+@dataclass(frozen=True)
+class Target:
+    """An opened URL.
+
+    ``base`` is the plain store at the URL; ``store`` is what to read (for the
+    versioned kinds a read-only snapshot pinned at ``version``);
+    ``head`` is the live versioned store (None for arrays and folders).
+    """
+
+    url: str
+    kind: Kind
+    base: KvStore
+    store: KvStore
+    head: VersionedKvStore | None = None
+    version: int | None = None
+    array_driver: str | None = None  # "zarr3" | "zarr" for kind "array"
+
+
+def _dir_url(url: str) -> str:
+    """Directory-like URLs get a trailing '/', so keys land below them."""
+    if "://" in url and not url.endswith("/") and not url.rsplit("/", 1)[-1].startswith("@"):
+        return url + "/"
+    return url
+
+
+async def open_url(url: str) -> KvStore:
+    """Open the plain store at ``url`` (a path without scheme is a local folder)."""
+    if "://" not in url:
+        if not os.path.exists(url):
+            raise NotFoundError(f"{url}: no such file or directory")
+        url = "file://" + os.path.abspath(url) + "/"
+    return await open_kvstore(_dir_url(url))
+
+
+async def _check_format(base: KvStore, url: str) -> None:
+    """Refuse, with an actionable message, a store written by a newer format."""
+    from tensorstore_py.kvstore.versioned.format import (
+        FORMAT,
+        MAGIC_COMMIT,
+        MAGIC_HINT,
+        commit_name,
+        unframe,
+    )
+
+    names = [_FIRST_COMMIT]
+    try:
+        res = await base.read("latest")
+        if res.state == "value":
+            body = unframe(MAGIC_HINT, res.value, "latest")
+            v = body.get("version") if isinstance(body, dict) else None
+            if isinstance(v, int) and v > 1:
+                names.append(commit_name(v))
+    except DataCorruptionError:
+        pass  # the hint is only a hint; verify reports it
+    for name in names:
+        res = await base.read(name)
+        if res.state != "value":
+            continue
+        try:
+            body = unframe(MAGIC_COMMIT, res.value, name)
+        except DataCorruptionError:
+            continue  # corruption is verify's business, not a format question
+        fmt = body.get("format") if isinstance(body, dict) else None
+        if isinstance(fmt, int) and fmt > FORMAT:
+            raise UnsupportedError(
+                f"{url}: versioned store written with format {fmt} ({name}); this tensorstore_py "
+                f"reads format {FORMAT}: upgrade tensorstore_py (pip install -U tensorstore_py)"
+            )
+
+
+async def _is_checkpoint(vs: KvStore) -> bool:
+    return bool(await vs.list("steps/"))
+
+
+async def resolve(url: str, *, version: int | None = None) -> Target:
+    """Open and classify ``url``; ``version`` pins a versioned store's snapshot."""
+    if version is not None and (not isinstance(version, int) or version < 1):
+        raise InvalidArgumentError(f"--version must be an integer >= 1, got {version!r}")
+    if url.startswith("versioned+"):
+        vs = await open_kvstore(_dir_url(url))
+        if not isinstance(vs, VersionedKvStore):  # a third-party adapter registered as "versioned"
+            raise InvalidSpecError(f"{url}: not a tensorstore_py versioned store")
+        await _check_format(vs.base, url)
+        if vs.version is not None and version is not None and version != vs.version:
+            raise InvalidArgumentError(f"{url} already names version {vs.version}; drop --version")
+        head = VersionedKvStore(vs.base, path=vs.path)
+        pinned = version or vs.version
+        return await _versioned_target(url, vs.base, head, pinned)
+    base = await open_url(url)
+    await _check_format(base, url)
+    if (await base.read(_FIRST_COMMIT)).state == "value":
+        head = VersionedKvStore(base)
+        return await _versioned_target(url, base, head, version)
+    if version is not None:
+        raise InvalidArgumentError(f"{url} is not a versioned store: --version does not apply")
+    res = await base.read("zarr.json")
+    if res.state == "value":
+        try:
+            meta = json.loads(bytes(res.value))
+        except ValueError:
+            meta = {}
+        if isinstance(meta, dict) and meta.get("node_type") == "array":
+            return Target(url, "array", base, base, array_driver="zarr3")
+    if (await base.read(".zarray")).state == "value":
+        return Target(url, "array", base, base, array_driver="zarr")
+    try:
+        keys = await base.list("")
+    except UnsupportedError:
+        if res.state == "value":  # a zarr v3 group over HTTP: still a folder
+            return Target(url, "folder", base, base)
+        raise NotFoundError(
+            f"{url}: no checkpoint, versioned store or zarr array here (looked for "
+            f"{_FIRST_COMMIT}, zarr.json and .zarray); this store can not list keys, "
+            f"so give the URL of the array or checkpoint itself"
+        ) from None
+    if not keys:
+        raise NotFoundError(f"{url}: nothing stored here (no keys); check the URL")
+    return Target(url, "folder", base, base)
+
+
+_FORMAT_RE = re.compile(r"commit record '([^']+)' is malformed: format (\d+), expected (\d+)")
+
+
+async def _versioned_target(
+    url: str, base: KvStore, head: VersionedKvStore, version: int | None
+) -> Target:
+    try:
+        return await _versioned_target_unchecked(url, base, head, version)
+    except DataCorruptionError as e:
+        m = _FORMAT_RE.search(str(e))
+        if m and int(m.group(2)) > int(m.group(3)):
+            raise UnsupportedError(
+                f"{url}: versioned store written with format {m.group(2)} ({m.group(1)}); this "
+                f"tensorstore_py reads format {m.group(3)}: upgrade tensorstore_py "
+                f"(pip install -U tensorstore_py)"
+            ) from None
+        raise
+
+
+async def _versioned_target_unchecked(
+    url: str, base: KvStore, head: VersionedKvStore, version: int | None
+) -> Target:
+    newest = await head.newest_version()
+    if version is None:
+        version = newest
+    elif version > newest:
+        raise NotFoundError(f"{url}: version {version} does not exist (newest is {newest})")
+    store: KvStore = head
+    if version:  # opening checks the version exists and was not deleted (NotFoundError)
+        store = await open_kvstore({"driver": "versioned", "base": base, "version": version})
+    kind: Kind = "checkpoint" if version and await _is_checkpoint(store) else "versioned"
+    return Target(url, kind, base, store, head=head, version=version or None)
+
+
+async def key_sizes(target: Target, prefix: str) -> dict[str, int] | None:
+    """Stored size of every key under ``prefix`` where that is cheap to know.
+
+    A versioned store knows value lengths from its index; a local folder from
+    ``stat``. Other stores (gs, http) return None: sizes would cost a request
+    per key.
+    """
+    store = target.store
+    if isinstance(store, VersionedKvStore):
+        from tensorstore_py.kvstore.versioned.format import InlineEntry
+
+        rec = await store._record()
+        entries = await store._root.scan(rec.root if rec else None, store.path + prefix)
+        n = len(store.path)
+        return {
+            k[n:]: (len(e.value) if isinstance(e, InlineEntry) else e.length) for k, e in entries
+        }
+    if store.driver == "file":
+        keys = await store.list(prefix)
+        out = {}
+        for k in keys:
+            try:
+                out[k] = os.path.getsize(store.path + k)
+            except OSError:
+                pass
+        return out
+    return None
+
+
+async def list_arrays(store: KvStore, prefix: str = "") -> list[tuple[str, str]]:
+    """``(path, driver)`` of every zarr array below ``prefix`` (needs listing)."""
+    out = []
+    for k in await store.list(prefix):
+        name = k.rsplit("/", 1)[-1]
+        path = k[: -len(name)].rstrip("/")
+        if name == ".zarray":
+            out.append((path, "zarr"))
+        elif name == "zarr.json":
+            res = await store.read(k)
+            try:
+                meta = json.loads(bytes(res.value)) if res.state == "value" else {}
+            except ValueError:
+                meta = {}
+            if isinstance(meta, dict) and meta.get("node_type") == "array":
+                out.append((path, "zarr3"))
+    return out
+
+
+def checkpoint_format_version(fmt: Any) -> int | None:
+    """The integer after the last '/' of a checkpoint format string."""
+    if isinstance(fmt, str) and fmt.startswith(CHECKPOINT_FORMAT_PREFIX):
+        tail = fmt.rsplit("/", 1)[-1]
+        return int(tail) if tail.isdigit() else None
+    return None
