@@ -348,3 +348,18 @@ def test_chunk_grid_divides_shards_and_spans_are_minimal() -> None:
     assert span_in_chunk(((1, 3), (0, 8)), (0, 0), (4, 8), 4) == (32, 96)
     # a column block spans from its first to its last element only
     assert span_in_chunk(((0, 4), (2, 3)), (0, 0), (4, 8), 4) == (8, 108)
+
+
+def test_open_array_slices_one_leaf_of_a_pinned_step(tmp_path):
+    url = f"file://{tmp_path}/"
+    w = np.arange(600 * 700, dtype="float32").reshape(600, 700)  # >= 1 MiB: has zarr.json
+    tsp.checkpoint.save(url, {"p": {"w": w, "b": np.arange(5)}, "n": 3}, step=1).result()
+    tsp.checkpoint.save(url, {"p": {"w": w + 1, "b": np.arange(5) * 2}, "n": 4}, step=2).result()
+    assert tsp.checkpoint.leaf_paths(url, step=1).result() == ["['p']['b']", "['p']['w']"]
+    a = tsp.checkpoint.open_array(url, "['p']['w']", step=1).result()
+    assert a.shape == (600, 700) and a.dtype == np.float32
+    np.testing.assert_array_equal(a[17, 3:9].read().result(), w[17, 3:9])
+    b = tsp.checkpoint.open_array(url, "['p']['b']").result()  # newest step, manifest-only leaf
+    np.testing.assert_array_equal(b[::2].read().result(), np.arange(5)[::2] * 2)
+    with pytest.raises(tsp.NotFoundError, match="no array leaf"):
+        tsp.checkpoint.open_array(url, "['p']['nope']").result()

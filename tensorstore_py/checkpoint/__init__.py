@@ -16,7 +16,7 @@ See docs/CHECKPOINTS.md for the layout on storage and the guarantees.
 
 from __future__ import annotations
 
-from tensorstore_py.checkpoint.api import restore, save
+from tensorstore_py.checkpoint.api import leaf_paths, open_array, restore, save
 from tensorstore_py.checkpoint.coordination import Coordinator, JaxCoordinator, SingleProcess
 from tensorstore_py.checkpoint.manager import CheckpointManager
 from tensorstore_py.checkpoint.restoring import ReadStats
@@ -24,6 +24,8 @@ from tensorstore_py.checkpoint.saving import SaveOptions
 from tensorstore_py.checkpoint.storage import StepInfo
 
 __all__ = [
+    "leaf_paths",
+    "open_array",
     "CheckpointManager",
     "Coordinator",
     "JaxCoordinator",

@@ -143,24 +143,8 @@ def array_leaves(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def open_leaf(kv: KvStore, leaf: dict[str, Any]) -> tuple[Any, bool]:
-    """Open an array leaf stored at ``kv`` as a TensorStore; returns ``(ts, has_zarr_json)``.
+    """Open an array leaf stored at ``kv`` as a TensorStore; returns ``(ts, has_zarr_json)``."""
+    from tensorstore_py.checkpoint.api import open_leaf as checkpoint_open_leaf
 
-    Large leaves carry a ``zarr.json``; small ones are described by the manifest
-    alone (checkpoint/saving.py), so their zarr v3 metadata is rebuilt from it:
-    raw little-endian chunks, default key encoding (checkpoint/layout.py).
-    """
-    from tensorstore_py.checkpoint.layout import zarr3_metadata
-    from tensorstore_py.commands.inspect import open_array
-    from tensorstore_py.drivers.dtypes import dtype_from_v3
-    from tensorstore_py.drivers.zarr3 import Zarr3Array
-    from tensorstore_py.kvstore.base import Generation
-    from tensorstore_py.tensorstore import TensorStore
-
-    if (await kv.read("zarr.json")).state == "value":
-        return await open_array(kv, "zarr3"), True
-    try:
-        meta = zarr3_metadata(dtype_from_v3(leaf["dtype"]), tuple(int(n) for n in leaf["shape"]),
-                              tuple(int(n) for n in leaf["chunk_shape"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise DataCorruptionError(f"checkpoint leaf {leaf.get('path')!r}: malformed manifest entry: {e}") from None
-    return TensorStore(Zarr3Array.from_metadata(meta, kv, Generation.NO_VALUE)), False
+    has_json = (await kv.read("zarr.json")).state == "value"
+    return await checkpoint_open_leaf(kv, leaf), has_json
