@@ -5,6 +5,14 @@ one operation per touched chunk, concurrently, under a bytes-in-flight budget.
 Chunk I/O goes through the kvstore (whatever it is); decoding and encoding run
 on the CPU pool (the codecs release the GIL) so every core works.
 
+Three I/O paths, same results and guarantees: stores with blocking I/O hooks
+(``KvStore.blocking_io``: the file store) get batches of chunks read and decoded
+or encoded and written in one pool call (drivers/fastpath.py); stores that can
+prepare a read (``KvStore._prepare_read``: the versioned store over the file
+store, also inside a transaction) resolve each chunk on the loop and read,
+check and decode it in one pool call; every other store (gcs, http, wrappers)
+takes the per-chunk async path, with fewer chunks in flight the larger they are.
+
 Guarantees:
 
 * A write that covers a whole chunk replaces it with one unconditional write
@@ -21,6 +29,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from abc import abstractmethod
 from typing import Any
@@ -28,12 +37,12 @@ from typing import Any
 import numpy as np
 from tensorstore_py.drivers import fastpath
 from tensorstore_py.drivers.base import ArrayDriver, Index
-from tensorstore_py.drivers.budget import DEFAULT_BYTES_IN_FLIGHT, ByteBudget, run_bounded
+from tensorstore_py.drivers.budget import DEFAULT_BYTES_IN_FLIGHT, MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.codecs.sharding import MISSING, ShardingCodec, is_fill
 from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
-from tensorstore_py.kvstore.base import ByteRange, Generation, KvStore, ReadResult
+from tensorstore_py.kvstore.base import BlockingRead, ByteRange, Generation, KvStore, ReadResult
 
 from tensorstore_py.errors import (
     ConditionFailedError,
@@ -60,6 +69,17 @@ _SYNC_TASKS = 4
 _SYNC_WRITE_TASKS = 16
 _WRITE_BATCH_BYTES = 256 << 10
 _WRITE_BATCH_PARTS = 8
+# Prepared reads (KvStore._prepare_read): chunk bytes resolved together (their
+# lookups share one probe of the newest version), and chunk bytes per pool call.
+_PREPARED_BATCH_BYTES = 16 << 20
+_PREPARED_CALL_BYTES = 1 << 20
+# Generic async path: chunk bytes in flight (see ChunkedArray._async_tasks).
+_ASYNC_READ_BYTES = 32 << 20
+_ASYNC_WRITE_BYTES = 64 << 20  # writes wait on fsync / uploads: more overlap helps
+
+
+async def _value(x: Any) -> Any:
+    return x
 
 
 class ChunkCodec:
@@ -211,14 +231,53 @@ class ChunkedArray(ArrayDriver):
             )
             return out
 
+        parts = chunk_parts(index, self._chunk_shape, self._shape)
+        first = next(parts)
+        parts = itertools.chain([first], parts)
+        first_reader = None if self._cache is not None else await self._prepare(first)
+        if first_reader is not None:
+            # the store splits reads into loop-side resolution and blocking data
+            # I/O: read, check and decode each batch of chunks in one pool call
+            given = {first.cell: first_reader}  # used by the first batch, at once
+
+            async def prepared(b: list[ChunkPart]) -> None:
+                readers = await asyncio.gather(
+                    *(self._prepare(p) if p.cell not in given else _value(given.pop(p.cell)) for p in b)
+                )
+                ready = [(p, r) for p, r in zip(b, readers) if r is not None]
+                rest = [p for p, r in zip(b, readers) if r is None]  # e.g. partial shards
+                # one pool call per ~_PREPARED_CALL_BYTES: reading a chunk and
+                # decoding it back to back keeps it in cache
+                for c in fastpath.batches(ready, self._chunk_nbytes, target=_PREPARED_CALL_BYTES):
+                    await run_io(fastpath.read_prepared_batch, self, c, target)
+                await asyncio.gather(*(self._read_part(p, target[p.out + (Ellipsis,)]) for p in rest))
+
+            await run_bounded(
+                fastpath.batches(parts, self._chunk_nbytes, target=_PREPARED_BATCH_BYTES),
+                prepared, budget=self._budget, cost=lambda b: len(b) * self._chunk_nbytes,
+                max_tasks=_SYNC_TASKS,
+            )
+            return out
+
         async def one(p: ChunkPart) -> None:
             await self._read_part(p, target[p.out + (Ellipsis,)])
 
-        await run_bounded(
-            chunk_parts(index, self._chunk_shape, self._shape), one,
-            budget=self._budget, cost=self._chunk_nbytes,
-        )
+        await run_bounded(parts, one, budget=self._budget, cost=self._chunk_nbytes,
+                          max_tasks=self._async_tasks(_ASYNC_READ_BYTES))
         return out
+
+    def _async_tasks(self, nbytes: int) -> int:
+        """Chunk operations in flight on the generic async path: enough to hide
+        remote latency, but no more than ~``nbytes`` of chunks (more only
+        thrashes caches and the pools: 64 x 4 MiB reads in flight were 1.6x
+        slower than 8 on the local file store)."""
+        return max(_SYNC_TASKS, min(MAX_TASKS, nbytes // max(1, self._chunk_nbytes)))
+
+    async def _prepare(self, p: ChunkPart) -> BlockingRead | None:
+        """The store's prepared whole-value read of ``p``'s chunk, if it has one."""
+        if self._shard is not None and not p.full:
+            return None  # partial shard reads fetch byte ranges
+        return await self.kvstore._prepare_read(self.kvstore._full(self.chunk_key(p.cell)))
 
     async def _fetch(self, key: str) -> tuple[ReadResult, np.ndarray | None]:
         """Read a chunk's bytes, or its decoded array from the cache pool."""
@@ -353,6 +412,7 @@ class ChunkedArray(ArrayDriver):
         await run_bounded(
             chunk_parts(index, self._chunk_shape, self._shape), one,
             budget=self._budget, cost=2 * self._chunk_nbytes,
+            max_tasks=self._async_tasks(_ASYNC_WRITE_BYTES),
         )
 
     def _in_bounds(self, cell: tuple[int, ...]) -> tuple[slice, ...]:

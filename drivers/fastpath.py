@@ -1,14 +1,15 @@
 """Batched chunk I/O for stores whose operations are cheap blocking calls.
 
 On this kind of machine an asyncio -> thread-pool -> asyncio round trip costs
-~100 us, more than reading and decoding a small chunk. Stores that expose
-blocking twins of their backend hooks (``_read_sync(full_key, byte_range,
-if_not_equal)``, ``_write_sync(full_key, value, if_equal)``,
-``_delete_sync(full_key, if_equal)`` with the semantics of ``_read``/``_write``/
-``_delete`` — the local file store does) get whole batches of chunks read,
-decoded and copied (or encoded and written) in ONE pool call. Stores without
-them (and wrapper views such as transactions) take the generic async path; the
-results and guarantees are identical.
+~100 us, more than reading and decoding a small chunk. Stores with blocking I/O
+hooks (``KvStore.blocking_io``: ``_read_blocking``/``_write_blocking``/
+``_delete_blocking``, the semantics of ``_read``/``_write``/``_delete`` — the
+local file store has them) get whole batches of chunks read, decoded and copied
+(or encoded and written) in ONE pool call. Stores that can split a read into
+loop-side resolution and blocking data I/O (``KvStore._prepare_read``: the
+versioned store over the file store) get each chunk read, checked and decoded
+in one pool call (:func:`read_prepared_batch`). Every other store takes the generic
+async path; the results and guarantees are identical.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from tensorstore_py.drivers.codecs.sharding import MISSING
@@ -28,7 +29,9 @@ from tensorstore_py.errors import ConditionFailedError, DataCorruptionError
 if TYPE_CHECKING:
     from tensorstore_py.drivers.engine import ChunkedArray
 
-__all__ = ["batches", "has_sync_io", "read_batch", "write_batch"]
+__all__ = ["batches", "has_sync_io", "read_batch", "read_prepared_batch", "write_batch"]
+
+T = TypeVar("T")
 
 BATCH_BYTES = 1 << 20
 BATCH_PARTS = 256
@@ -36,15 +39,15 @@ MAX_RMW_ATTEMPTS = 200
 
 
 def has_sync_io(kv: KvStore) -> bool:
-    t = type(kv)
-    return all(callable(getattr(t, n, None)) for n in ("_read_sync", "_write_sync", "_delete_sync"))
+    """True when ``kv`` implements the blocking I/O hooks (see KvStore.blocking_io)."""
+    return bool(getattr(kv, "blocking_io", False))
 
 
-def batches(parts: Iterable[ChunkPart], chunk_nbytes: int, *,
-            target: int = BATCH_BYTES, max_parts: int = BATCH_PARTS) -> Iterator[list[ChunkPart]]:
-    """Consecutive parts grouped to ~``target`` bytes of chunk data (at least one each)."""
+def batches(parts: Iterable[T], chunk_nbytes: int, *,
+            target: int = BATCH_BYTES, max_parts: int = BATCH_PARTS) -> Iterator[list[T]]:
+    """Consecutive parts (of ``chunk_nbytes`` each) grouped to ~``target`` bytes (at least one each)."""
     per = max(1, min(max_parts, target // max(1, chunk_nbytes)))
-    batch: list[ChunkPart] = []
+    batch: list[T] = []
     for p in parts:
         batch.append(p)
         if len(batch) >= per:
@@ -63,11 +66,23 @@ def read_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], out: np.ndarr
         if arr._shard is not None and not p.full:
             _read_sharded(arr, kv, key, full, p, dest)
             continue
-        res = kv._read_sync(full, None, None)
+        res = kv._read_blocking(full, None, None)
         if res.state == "missing":
             dest[...] = arr._fill_arr
         else:
             arr._decode_into(res.value, key, p, dest)
+
+
+def read_prepared_batch(arr: ChunkedArray, prepared: list[tuple[ChunkPart, Any]], out: np.ndarray) -> None:
+    """Run prepared whole-chunk reads (``KvStore._prepare_read``) and decode
+    each into ``out`` (blocking)."""
+    for p, reader in prepared:
+        dest = out[p.out + (Ellipsis,)]
+        res = reader()
+        if res.state == "missing":
+            dest[...] = arr._fill_arr
+        else:
+            arr._decode_into(res.value, arr.chunk_key(p.cell), p, dest)
 
 
 def _read_sharded(arr: ChunkedArray, kv: Any, key: str, full: str, p: ChunkPart, dest: np.ndarray) -> None:
@@ -75,7 +90,7 @@ def _read_sharded(arr: ChunkedArray, kv: Any, key: str, full: str, p: ChunkPart,
     assert sh is not None
     inner = list(chunk_parts(p.chunk, sh.chunk_shape, sh.shard_shape))
     for _attempt in range(5):
-        ires = kv._read_sync(full, sh.index_range(), None)
+        ires = kv._read_blocking(full, sh.index_range(), None)
         if ires.state == "missing":
             dest[...] = arr._fill_arr
             return
@@ -89,7 +104,7 @@ def _read_sharded(arr: ChunkedArray, kv: Any, key: str, full: str, p: ChunkPart,
                 present.append((ip, int(off), int(n)))
         changed = False
         for ip, off, n in present:
-            res = kv._read_sync(full, ByteRange(off, off + n), None)
+            res = kv._read_blocking(full, ByteRange(off, off + n), None)
             if res.state == "missing" or res.generation != ires.generation:
                 changed = True  # rewritten between the index and the data: again
                 break
@@ -115,9 +130,9 @@ def store_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], encoded: lis
     for p, enc in zip(parts, encoded):
         full = kv.path + arr.chunk_key(p.cell)
         if enc is None:
-            kv._delete_sync(full, None)
+            kv._delete_blocking(full, None)
         else:
-            kv._write_sync(full, enc, None)
+            kv._write_blocking(full, enc, None)
 
 
 def write_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], value: np.ndarray) -> None:
@@ -131,14 +146,14 @@ def write_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], value: np.nd
             store_batch(arr, kv, [p], [arr._encode_full(p, src)])
             continue
         for attempt in range(MAX_RMW_ATTEMPTS):
-            res = kv._read_sync(full, None, None)
+            res = kv._read_blocking(full, None, None)
             enc = arr._modify(res, key, p, src)
             try:
                 if enc is None:
                     if not res.generation.is_no_value:
-                        kv._delete_sync(full, res.generation)
+                        kv._delete_blocking(full, res.generation)
                 else:
-                    kv._write_sync(full, enc, res.generation)
+                    kv._write_blocking(full, enc, res.generation)
                 break
             except ConditionFailedError:
                 time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 6))))

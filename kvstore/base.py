@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
 
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from tensorstore_py.kvstore.transaction import Transaction
 
 __all__ = [
+    "BlockingRead",
     "Buffer",
     "ByteRange",
     "Generation",
@@ -57,6 +58,8 @@ __all__ = [
 
 Buffer = Union[bytes, bytearray, memoryview]
 ReadState = Literal["value", "missing", "unchanged"]
+#: a prepared whole-value read (see :meth:`KvStore._prepare_read`)
+BlockingRead = Callable[[], "ReadResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +379,41 @@ class KvStore(ABC):
         """This store's part in ``txn``: stores with their own atomic multi-key
         commits (the versioned store) return a ``transaction.Participant``;
         None (the default) means the generic one-key participant."""
+        return None
+
+    # -- optional blocking-I/O hooks ------------------------------------------
+    # Stores whose operations are cheap blocking calls that are safe on any pool
+    # thread (the local file store) set ``blocking_io`` and implement the three
+    # ``*_blocking`` twins with exactly the semantics of ``_read``/``_write``/
+    # ``_delete`` (full keys). Array drivers then batch many chunk operations,
+    # I/O and codec work together, into one pool call: on a small machine an
+    # event loop -> pool -> event loop round trip costs ~100 us and, worse,
+    # separates reading a chunk from decoding it (cold caches).
+    #: True when the ``*_blocking`` hooks below are implemented
+    blocking_io: ClassVar[bool] = False
+
+    def _read_blocking(
+        self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None
+    ) -> ReadResult:
+        raise UnsupportedError(f"{self.driver} store: no blocking read")
+
+    def _write_blocking(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
+        raise UnsupportedError(f"{self.driver} store: no blocking write")
+
+    def _delete_blocking(self, key: str, if_equal: Generation | None) -> None:
+        raise UnsupportedError(f"{self.driver} store: no blocking delete")
+
+    async def _prepare_read(self, key: str) -> BlockingRead | None:
+        """Resolve everything a whole-value read of full ``key`` needs on the
+        event loop, and return a blocking callable doing the rest (data I/O,
+        checksums) on a pool thread, returning what ``_read(key, None, None)``
+        would; or None when the store has no such split (the default: then use
+        ``_read``). The callable must be safe to run on any thread, once, soon.
+
+        Adapters whose data lives in a ``blocking_io`` store (the versioned
+        store) implement it so that drivers read and decode a chunk in one
+        pool call.
+        """
         return None
 
     # -- backend hooks ------------------------------------------------------

@@ -274,6 +274,20 @@ class FileKvStore(KvStore):
             )
         return _submit(self._write_sync, full, value, if_equal)
 
+    # -- blocking-I/O hooks (KvStore.blocking_io) -------------------------------
+    blocking_io = True
+
+    def _read_blocking(
+        self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None
+    ) -> ReadResult:
+        return self._read_sync(key, byte_range, if_not_equal)
+
+    def _write_blocking(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
+        return self._write_sync(key, value, if_equal)
+
+    def _delete_blocking(self, key: str, if_equal: Generation | None) -> None:
+        self._delete_sync(key, if_equal)
+
     # -- reads -----------------------------------------------------------------
     async def _read(
         self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None

@@ -65,6 +65,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
 from tensorstore_py.kvstore.base import (
+    BlockingRead,
     Buffer,
     ByteRange,
     Generation,
@@ -496,6 +497,10 @@ class TransactionalKvStore(KvStore):
 
     async def _read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
         return await self._participant.read(key, byte_range, if_not_equal)
+
+    async def _prepare_read(self, key: str) -> BlockingRead | None:
+        prepare = getattr(self._participant, "prepare_read", None)
+        return None if prepare is None else await prepare(key)
 
     async def _write(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
         self.txn._claim_writer(self._participant, self._rel(key))

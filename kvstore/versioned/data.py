@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tensorstore_py.kvstore.base import Buffer, ByteRange, Generation, ReadResult
+from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, ReadResult
 from tensorstore_py.kvstore.versioned.format import (
     Entry,
     InlineEntry,
@@ -22,10 +22,13 @@ from tensorstore_py.kvstore.versioned.format import (
     new_stamp,
 )
 
-from tensorstore_py.errors import ChecksumError, DataCorruptionError
-from tensorstore_py.future import run_cpu
+from tensorstore_py.errors import ChecksumError, ConditionFailedError, DataCorruptionError
+from tensorstore_py.future import run_cpu, run_io
 
-__all__ = ["INLINE_MAX", "LARGE_MIN", "STAGING_MAX", "Pending", "Staged", "make_entry", "pack", "read_entry"]
+__all__ = [
+    "INLINE_MAX", "LARGE_MIN", "STAGING_MAX", "Pending", "Staged",
+    "blocking_reader", "make_entry", "pack", "read_entry",
+]
 
 INLINE_MAX = 128
 LARGE_MIN = 256 * 1024
@@ -59,30 +62,69 @@ async def make_entry(root: Any, value: Buffer) -> Entry | Pending:
     if n < LARGE_MIN:
         return Pending(stamp, bytes(value))
     # large values: checksum off the loop (crc32c releases the GIL), then write alone
-    crc = await run_cpu(_crc_of, value)
     name = new_name("data")
+    base = root.base
+    if base.blocking_io:
+        # checksum and create in ONE pool call (one thread hop, warm caches)
+        try:
+            crc = await run_io(_crc_and_create, base, base._full(name), value)
+        except OSError:  # transient: write_new retries (create-only, so idempotent)
+            crc = await run_cpu(_crc_of, value)
+            await root.write_new(name, value)
+        return RefEntry(stamp, name, 0, n, crc)
+    crc = await run_cpu(_crc_of, value)
     await root.write_new(name, value)
     return RefEntry(stamp, name, 0, n, crc)
 
 
+def _crc_and_create(base: Any, full: str, value: Buffer) -> int:
+    """crc32c of ``value``, then create data object ``full`` holding it (blocking)."""
+    crc = crc32c(value)
+    try:
+        base._write_blocking(full, value, Generation.NO_VALUE)
+    except ConditionFailedError:
+        pass  # names are fresh and never reused: it exists only if we wrote it
+    return crc
+
+
 async def pack(root: Any, items: list[Pending]) -> list[RefEntry]:
     """Write ``items`` packed into as few data objects as possible; their entries."""
+    # checksums and the concatenation (up to PACK_MAX bytes) run on the CPU pool:
+    # crc32c releases the GIL, and the loop stays free for other requests
+    values = [p.value for p in items]
+    if sum(len(v) for v in values) < LARGE_MIN:
+        groups, crcs, objects = _pack_objects(values)  # cheaper than a thread hop
+    else:
+        groups, crcs, objects = await run_cpu(_pack_objects, values)
     out: list[RefEntry] = []
-    objects: list[tuple[str, bytes]] = []
-    i = 0
-    while i < len(items):
-        name = new_name("data")
-        parts: list[bytes] = []
-        size = 0
-        while i < len(items) and (not parts or size + len(items[i].value) <= PACK_MAX):
-            p = items[i]
-            out.append(RefEntry(p.stamp, name, size, len(p.value), crc32c(p.value)))
-            parts.append(p.value)
-            size += len(p.value)
-            i += 1
-        objects.append((name, b"".join(parts)))
+    it = iter(crcs)
+    for (name, _data), group in zip(objects, groups):
+        offset = 0
+        for i in group:
+            n = len(items[i].value)
+            out.append(RefEntry(items[i].stamp, name, offset, n, next(it)))
+            offset += n
     await root.write_all(objects)
     return out
+
+
+def _pack_objects(values: list[bytes]) -> tuple[list[list[int]], list[int], list[tuple[str, bytes]]]:
+    """Group ``values`` into objects of at most PACK_MAX bytes (at least one value
+    each): (indices per object, crc32c per value, (name, bytes) per object)."""
+    groups: list[list[int]] = []
+    objects: list[tuple[str, bytes]] = []
+    crcs = [crc32c(v) for v in values]
+    i = 0
+    while i < len(values):
+        group: list[int] = []
+        size = 0
+        while i < len(values) and (not group or size + len(values[i]) <= PACK_MAX):
+            group.append(i)
+            size += len(values[i])
+            i += 1
+        groups.append(group)
+        objects.append((new_name("data"), b"".join(values[j] for j in group)))
+    return groups, crcs, objects
 
 
 def staged_generation(staged: Staged) -> Generation:
@@ -96,6 +138,54 @@ def _sub_range(length: int, byte_range: ByteRange) -> tuple[int, int]:
     start = min(byte_range.start, length)
     stop = length if byte_range.stop is None else min(byte_range.stop, length)
     return start, max(start, stop)
+
+
+def _checked(root: Any, key: str, entry: RefEntry, res: ReadResult, start: int, stop: int,
+             whole: bool, crc: int | None) -> ReadResult:
+    """``res`` (bytes [start, stop) of ``entry``'s value) checked for presence,
+    length and, for a whole value, crc32c (``crc``: precomputed, or None)."""
+    if res.state != "value":
+        raise DataCorruptionError(
+            f"versioned store {root.base!r}: key {key!r}: data object {entry.object!r} is missing"
+        )
+    value = res.value
+    if len(value) != stop - start:
+        raise DataCorruptionError(
+            f"versioned store {root.base!r}: key {key!r}: data object {entry.object!r} is truncated "
+            f"(expected {stop - start} bytes at offset {entry.offset + start}, got {len(value)})"
+        )
+    if whole:
+        if crc is None:
+            crc = crc32c(value)
+        if crc != entry.crc:
+            raise ChecksumError(
+                f"versioned store {root.base!r}: key {key!r}: crc32c mismatch in data object "
+                f"{entry.object!r} at offset {entry.offset} (stored {entry.crc:#010x}, computed {crc:#010x})"
+            )
+    return ReadResult("value", value, Generation(entry.stamp))
+
+
+def blocking_reader(root: Any, key: str, entry: Staged) -> BlockingRead | None:
+    """A blocking whole-value read of ``entry`` (data I/O and crc32c check, for
+    a pool thread), or None when the base store has no blocking I/O."""
+    if entry is None:
+        return ReadResult.missing
+    if isinstance(entry, (InlineEntry, Pending)):
+        res = ReadResult("value", entry.value, Generation(entry.stamp))
+        return lambda: res
+    base = root.base
+    if not base.blocking_io:
+        return None
+    if entry.length == 0:
+        empty = ReadResult("value", b"", Generation(entry.stamp))
+        return lambda: empty
+    full = base._full(entry.object)
+    rng = ByteRange(entry.offset, entry.offset + entry.length)
+
+    def run() -> ReadResult:
+        return _checked(root, key, entry, base._read_blocking(full, rng, None), 0, entry.length, True, None)
+
+    return run
 
 
 async def read_entry(
@@ -116,26 +206,17 @@ async def read_entry(
         return ReadResult("value", value if byte_range is None else bytes(byte_range.apply(value)), gen)
     if byte_range is None:
         start, stop = 0, entry.length
+        if stop >= LARGE_MIN and root.base.blocking_io:
+            # read and checksum in one pool call: one thread hop, warm caches
+            reader = blocking_reader(root, key, entry)
+            assert reader is not None
+            return await run_io(reader)
     else:
         start, stop = _sub_range(entry.length, byte_range)
     if stop == start:
         return ReadResult("value", b"", gen)
     res = await root.base.read(entry.object, byte_range=ByteRange(entry.offset + start, entry.offset + stop))
-    if res.state != "value":
-        raise DataCorruptionError(
-            f"versioned store {root.base!r}: key {key!r}: data object {entry.object!r} is missing"
-        )
-    value = res.value
-    if len(value) != stop - start:
-        raise DataCorruptionError(
-            f"versioned store {root.base!r}: key {key!r}: data object {entry.object!r} is truncated "
-            f"(expected {stop - start} bytes at offset {entry.offset + start}, got {len(value)})"
-        )
-    if byte_range is None:
-        crc = await run_cpu(_crc_of, value) if len(value) >= LARGE_MIN else crc32c(value)
-        if crc != entry.crc:
-            raise ChecksumError(
-                f"versioned store {root.base!r}: key {key!r}: crc32c mismatch in data object "
-                f"{entry.object!r} at offset {entry.offset} (stored {entry.crc:#010x}, computed {crc:#010x})"
-            )
-    return ReadResult("value", value, gen)
+    crc = None
+    if byte_range is None and res.state == "value" and len(res.value) == stop - start >= LARGE_MIN:
+        crc = await run_cpu(_crc_of, res.value)  # off the loop: crc32c releases the GIL
+    return _checked(root, key, entry, res, start, stop, byte_range is None, crc)

@@ -34,9 +34,15 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tensorstore_py.kvstore.base import Buffer, ByteRange, Generation, KvStore, ReadResult
+from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, KvStore, ReadResult
 from tensorstore_py.kvstore.transaction import CommitInfo
-from tensorstore_py.kvstore.versioned.data import Pending, make_entry, pack, read_entry
+from tensorstore_py.kvstore.versioned.data import (
+    Pending,
+    blocking_reader,
+    make_entry,
+    pack,
+    read_entry,
+)
 from tensorstore_py.kvstore.versioned.format import (
     CommitRecord,
     Entry,
@@ -218,6 +224,15 @@ class VersionedKvStore(KvStore):
         rec = await self._record()
         entry = await self._root.lookup(rec.root if rec else None, key)
         return await read_entry(self._root, key, entry, byte_range, if_not_equal)
+
+    async def _prepare_read(self, key: str) -> BlockingRead | None:
+        # resolve the newest version and the key's entry now (on the loop);
+        # data objects are immutable, so the I/O may run a moment later
+        if not self.base.blocking_io:
+            return None  # nothing to gain: the data I/O is async anyway
+        rec = await self._record()
+        entry = await self._root.lookup(rec.root if rec else None, key)
+        return blocking_reader(self._root, key, entry)
 
     async def _list(self, prefix: str) -> list[str]:
         rec = await self._record()

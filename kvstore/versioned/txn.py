@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from tensorstore_py.kvstore.base import Buffer, ByteRange, Generation, ReadResult
+from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, ReadResult
 from tensorstore_py.kvstore.transaction import CommitInfo, Participant
 from tensorstore_py.kvstore.versioned.data import (
     STAGING_MAX,
     Pending,
     Staged,
+    blocking_reader,
     make_entry,
     pack,
     read_entry,
@@ -101,6 +102,12 @@ class VersionedParticipant(Participant):
 
     async def read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
         return await read_entry(self.root, key, await self._current(key), byte_range, if_not_equal)
+
+    async def prepare_read(self, key: str) -> BlockingRead | None:
+        """A blocking whole-value read of ``key`` as this transaction sees it (or None)."""
+        if not self.root.base.blocking_io:
+            return None
+        return blocking_reader(self.root, key, await self._current(key))
 
     async def write(self, key: str, value: Buffer | None, if_equal: Generation | None) -> Generation | None:
         if if_equal is not None:

@@ -1,0 +1,122 @@
+"""The blocking-I/O hooks (KvStore.blocking_io, KvStore._prepare_read) and the
+array paths that use them: same values and the same checks as the async path."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from tensorstore_py.drivers.fastpath import has_sync_io
+from tensorstore_py.drivers.open import build_metadata
+from tensorstore_py.kvstore.fault import FaultKvStore
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.fsspec_store import FsspecKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
+from tensorstore_py.kvstore.registry import open_kvstore
+from tensorstore_py.kvstore.versioned import VersionedKvStore
+from test_driver_helpers import open_sync, read, write
+
+import tensorstore_py as tsp
+from tensorstore_py.errors import ChecksumError, DataCorruptionError
+from tensorstore_py.future import run_sync, spawn
+
+T = 60
+
+
+def test_only_stores_with_the_hooks_take_the_batched_path(tmp_path):
+    f = FileKvStore(path=str(tmp_path))
+    assert has_sync_io(f) and has_sync_io(f.with_path("sub"))
+    assert not has_sync_io(FaultKvStore(f))
+    assert not has_sync_io(MemoryKvStore())
+    # fsspec has private blocking helpers with other signatures: not the hooks
+    assert not has_sync_io(FsspecKvStore(url="memory://blocking-io-test/"))
+    assert not has_sync_io(VersionedKvStore(f))
+
+
+def test_prepared_read_of_the_versioned_store(tmp_path):
+    kv = VersionedKvStore(FileKvStore(path=str(tmp_path)))
+    big = os.urandom(300_000)
+    kv.write("big", big).result(T)
+    kv.write("small", b"s" * 1000).result(T)
+    kv.write("tiny", b"t").result(T)
+    for key, want in (("big", big), ("small", b"s" * 1000), ("tiny", b"t")):
+        reader = spawn(kv._prepare_read(key)).result(T)
+        assert reader is not None
+        res = reader()
+        assert res.state == "value" and bytes(res.value) == want
+        assert res.generation == kv.read(key).result(T).generation
+    missing = spawn(kv._prepare_read("nope")).result(T)
+    assert missing is not None and missing().state == "missing"
+    # over a store without blocking I/O there is nothing to prepare
+    assert spawn(VersionedKvStore(MemoryKvStore())._prepare_read("big")).result(T) is None
+
+
+def test_large_values_are_checked_on_the_one_hop_path(tmp_path):
+    raw = FileKvStore(path=str(tmp_path))
+    kv = VersionedKvStore(raw)
+    big = os.urandom(400_000)
+    kv.write("big", big).result(T)
+    assert bytes(kv.read("big").result(T).value) == big
+    assert bytes(kv.read("big", byte_range=slice(10, 20)).result(T).value) == big[10:20]
+    obj = next(n for n in raw.list("data/").result(T))
+    blob = bytearray(bytes(raw.read(obj).result(T).value))
+    blob[123_456] ^= 0x40
+    raw.write(obj, bytes(blob)).result(T)
+    with pytest.raises(ChecksumError, match=f"'big'.*{obj}"):
+        kv.read("big").result(T)
+    with pytest.raises(ChecksumError, match=f"'big'.*{obj}"):
+        spawn(kv._prepare_read("big")).result(T)()
+    raw.write(obj, bytes(blob[:1000])).result(T)
+    with pytest.raises(DataCorruptionError, match="truncated"):
+        kv.read("big").result(T)
+    raw.delete(obj).result(T)
+    with pytest.raises(DataCorruptionError, match="missing"):
+        kv.read("big").result(T)
+
+
+def _array(kv, **kw):
+    m = build_metadata("zarr3", shape=[64, 96], dtype="float32", chunks=[32, 32], **kw)
+    return open_sync({"driver": "zarr3", "kvstore": kv, "metadata": m}, create=True)
+
+
+@pytest.mark.parametrize("shards", [None, [64, 96]])
+def test_zarr3_over_versioned_file_matches_numpy(tmp_path, shards):
+    kv = run_sync(open_kvstore("versioned+file://" + str(tmp_path) + "/"))
+    a = _array(kv, **({"shards": shards} if shards else {}))
+    x = np.random.default_rng(1).standard_normal((64, 96), dtype=np.float32)
+    assert (read(a) == 0).all()  # missing chunks read as the fill value
+    write(a, x[:32, :64], (slice(0, 32), slice(0, 64)))
+    got = read(a)
+    assert np.array_equal(got[:32, :64], x[:32, :64]) and (got[32:] == 0).all() and (got[:, 64:] == 0).all()
+    write(a, x)
+    assert np.array_equal(read(a), x)
+    # strided and partial regions (partial shards go through byte ranges)
+    assert np.array_equal(read(a, (slice(3, 61, 5), slice(7, 90, 3))), x[3:61:5, 7:90:3])
+
+
+def test_zarr3_read_over_versioned_file_detects_corruption(tmp_path):
+    raw = FileKvStore(path=str(tmp_path))
+    kv = VersionedKvStore(raw)
+    a = _array(kv)
+    x = np.random.default_rng(2).standard_normal((64, 96), dtype=np.float32)
+    write(a, x)  # 4 KiB chunks: packed into data objects
+    for obj in raw.list("data/").result(T):  # flip a bit in every value
+        blob = bytearray(bytes(raw.read(obj).result(T).value))
+        for i in range(len(blob) - 1, 0, -4096):
+            blob[i] ^= 0x01
+        raw.write(obj, bytes(blob)).result(T)
+    with pytest.raises(ChecksumError, match="crc32c mismatch in data object 'data/"):
+        read(a)
+
+
+def test_zarr3_in_a_transaction_reads_its_own_writes(tmp_path):
+    kv = VersionedKvStore(FileKvStore(path=str(tmp_path)))
+    a = _array(kv)
+    x = np.arange(64 * 96, dtype=np.float32).reshape(64, 96)
+    with tsp.Transaction() as txn:
+        t = a.with_kvstore(a.kvstore.with_transaction(txn))
+        write(t, x)
+        assert np.array_equal(read(t), x)
+        assert (read(a) == 0).all()  # not visible outside before the commit
+    assert np.array_equal(read(a), x)
