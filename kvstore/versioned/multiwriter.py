@@ -30,7 +30,7 @@ from tensorstore_py.kvstore.versioned.format import (
     frame,
     unframe,
 )
-from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
+from tensorstore_py.kvstore.versioned.root import VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
 
 from tensorstore_py import errors as _errors
@@ -266,7 +266,7 @@ async def _gather_fragments(root: VersionedRoot, txn: Transaction, deadline: flo
 async def _coordinate(
     root: VersionedRoot, txn: Transaction, base: int, own: list[Change], deadline: float
 ) -> CommitInfo:
-    from tensorstore_py.kvstore.versioned.txn import check_conflicts
+    from tensorstore_py.kvstore.versioned.txn import commit_changes
 
     txn_id = txn.txn_id
     assert txn_id is not None
@@ -290,20 +290,8 @@ async def _coordinate(
         parts = [(0, own)] + [(i, ch) for i, (_, ch) in loaded]
         low = min([base] + [b for _, (b, _) in loaded])
         changes = merge_fragments(parts)
-        ours = {k for k, _ in changes}
-        checked = low
-
-        async def plan(parent: CommitRecord | None) -> Plan:
-            nonlocal checked
-            n = parent.version if parent else 0
-            if n > checked:
-                await check_conflicts(root, ours, checked, n)
-                checked = n
-            return Plan(changes, kind="data", message=txn.message, metadata=txn.metadata,
-                        txn_id=txn_id, write_id=txn.write_id)
-
-        rec = await root.commit(plan)
-        assert rec is not None
+        # conflicts are checked from the oldest version any participant read
+        rec = await commit_changes(root, changes, low, txn)
     except TensorStoreError as e:
         await _publish_result(root, txn, {"version": None, "write_id": None, "time": time.time(),
                                           "error": type(e).__name__, "message": str(e)})
