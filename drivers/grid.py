@@ -70,14 +70,15 @@ def chunk_parts(
     index: tuple[slice, ...], chunk_shape: tuple[int, ...], shape: tuple[int, ...]
 ) -> Iterator[ChunkPart]:
     """Every chunk the request touches, in C order of the chunk grid."""
-    per_dim = [dim_parts(s, c, e) for s, c, e in zip(index, chunk_shape, shape)]
+    # plain tuples transposed by zip(): small chunks make this a hot loop
+    per_dim = [[(p.cell, p.chunk, p.out, p.full) for p in dim_parts(s, c, e)]
+               for s, c, e in zip(index, chunk_shape, shape)]
+    if not per_dim:  # a 0-d array: one chunk
+        yield ChunkPart((), (), (), True)
+        return
     for combo in itertools.product(*per_dim):
-        yield ChunkPart(
-            tuple(p.cell for p in combo),
-            tuple(p.chunk for p in combo),
-            tuple(p.out for p in combo),
-            all(p.full for p in combo),
-        )
+        cell, chunk, out, full = zip(*combo)
+        yield ChunkPart(cell, chunk, out, all(full))
 
 
 def count_chunks(index: tuple[slice, ...], chunk_shape: tuple[int, ...], shape: tuple[int, ...]) -> int:

@@ -288,6 +288,46 @@ class FileKvStore(KvStore):
     def _delete_blocking(self, key: str, if_equal: Generation | None) -> None:
         self._delete_sync(key, if_equal)
 
+    def _read_into_blocking(self, path: str, dest: np.ndarray) -> int:
+        """Read the whole value at ``path`` into ``dest`` when it has exactly
+        ``dest.nbytes`` bytes (a lean whole-value ``_read_blocking`` for callers
+        that know the size, e.g. raw array chunks: no buffer allocation, no
+        generation object).
+
+        Returns the value's size, or -1 when the key is missing (absent, or a
+        directory, as in ``_read_sync``). ``dest`` (a C-contiguous uint8 array:
+        ml_dtypes arrays export no buffer) is written
+        only when the size matches; the caller handles any other size (e.g.
+        with ``_read_blocking``). Raises StorageError if the file shrinks while
+        being read, like ``_read_sync``.
+        """
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return -1
+        except OSError as e:
+            raise StorageError(f"file kvstore: reading {path!r}: {e}") from e
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                return -1
+            n = st.st_size
+            if n != dest.nbytes:
+                return n
+            got = os.preadv(fd, (dest,), 0)
+            if got != n:  # a short read: go on until EOF, as _read_sync does
+                mv = memoryview(dest).cast("B")
+                while 0 < got < n:
+                    k = os.preadv(fd, (mv[got:],), got)
+                    if k == 0:
+                        break
+                    got += k
+                if got != n:
+                    raise StorageError(f"file kvstore: {path!r} shrank while being read")
+            return n
+        finally:
+            os.close(fd)
+
     # -- reads -----------------------------------------------------------------
     async def _read(
         self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None

@@ -120,3 +120,37 @@ def test_zarr3_in_a_transaction_reads_its_own_writes(tmp_path):
         assert np.array_equal(read(t), x)
         assert (read(a) == 0).all()  # not visible outside before the commit
     assert np.array_equal(read(a), x)
+
+
+def _raw_array(tmp_path, shape=(10, 12), chunks=(4, 4), fill=-1.0):
+    url = f"file://{tmp_path}/raw/"
+    a = tsp.open(url, create=True, dtype="float32", shape=list(shape), chunks=list(chunks),
+                 fill_value=fill).result(T)
+    x = np.arange(np.prod(shape), dtype="float32").reshape(shape)
+    a.write(x).result(T)
+    return a, x, tmp_path / "raw"
+
+
+def test_raw_fast_path_reads_exact_values_ragged_and_strided(tmp_path):
+    a, x, _ = _raw_array(tmp_path)
+    np.testing.assert_array_equal(a.read().result(T), x)
+    np.testing.assert_array_equal(a[1:9:3, ::-2].read().result(T), x[1:9:3, ::-2])
+    # a whole chunk that is contiguous in the output (one chunk row of a 1-row read)
+    np.testing.assert_array_equal(a[4:8, 0:4].read().result(T), x[4:8, 0:4])
+
+
+def test_raw_fast_path_missing_chunk_reads_fill_value(tmp_path):
+    a, x, root = _raw_array(tmp_path)
+    os.remove(root / "c" / "1" / "1")  # chunk rows 4..7, cols 4..7
+    got = a.read().result(T)
+    want = x.copy()
+    want[4:8, 4:8] = -1.0
+    np.testing.assert_array_equal(got, want)
+
+
+def test_raw_fast_path_wrong_size_chunk_is_corruption_naming_the_key(tmp_path):
+    a, _x, root = _raw_array(tmp_path)
+    path = root / "c" / "0" / "1"
+    path.write_bytes(path.read_bytes()[:-4])  # truncated raw chunk
+    with pytest.raises(DataCorruptionError, match="c/0/1"):
+        a.read().result(T)
