@@ -16,8 +16,9 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
-
 from tensorstore_py.kvstore.base import KvStore
+
+from tensorstore_py.errors import UnsupportedError
 
 __all__ = ["ArrayDriver", "Index"]
 
@@ -37,6 +38,8 @@ class ArrayDriver(ABC):
     #: spec name: "zarr3" or "zarr"
     driver: str
     kvstore: KvStore
+    #: the key (relative to ``kvstore``) of the metadata document
+    metadata_key: str
 
     @property
     @abstractmethod
@@ -93,3 +96,23 @@ class ArrayDriver(ABC):
     @abstractmethod
     def with_kvstore(self, kvstore: KvStore) -> ArrayDriver:
         """The same array over another view of its store (e.g. a transaction)."""
+
+    # -- stored chunks (for tools that check or copy them; optional) ----------------
+    def chunk_key(self, cell: tuple[int, ...]) -> str:
+        """The key (relative to ``kvstore``) of the write chunk at grid ``cell``."""
+        raise UnsupportedError(f"{type(self).__name__}: chunk_key is not supported")
+
+    def decode_chunk(self, key: str, data: Any) -> np.ndarray:
+        """Decode the stored bytes of one write chunk; CPU only, no I/O.
+
+        Returns an array of ``write_chunk_shape`` and ``dtype`` for well-formed
+        data; raises DataCorruptionError (or ValueError from a codec library)
+        naming ``key`` for bytes that do not decode.
+        """
+        raise UnsupportedError(f"{type(self).__name__}: decode_chunk is not supported")
+
+    @property
+    def raw_chunk_nbytes(self) -> int | None:
+        """Stored size of every write chunk when chunks are stored raw (no codec
+        changes the bytes, so the size alone checks a chunk), else None."""
+        return None

@@ -144,6 +144,16 @@ class TensorStore:
         return self._driver.kvstore
 
     @property
+    def driver(self) -> ArrayDriver:
+        """The open array under this view (the whole stored array, ignoring the view's transform).
+
+        Its public :class:`~tensorstore_py.drivers.base.ArrayDriver` contract gives
+        the chunk grid, chunk keys and chunk decoding that tools checking or
+        copying stored chunks need.
+        """
+        return self._driver
+
+    @property
     def base(self) -> TensorStore:
         """The whole stored array (identity view)."""
         return TensorStore(self._driver, None, self._context)

@@ -31,10 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, KvStore, ReadResult
+from tensorstore_py.kvstore.base import (
+    BlockingRead,
+    Buffer,
+    ByteRange,
+    Generation,
+    KvStore,
+    ReadResult,
+)
 from tensorstore_py.kvstore.transaction import CommitInfo
 from tensorstore_py.kvstore.versioned.data import (
     Pending,
@@ -44,10 +52,20 @@ from tensorstore_py.kvstore.versioned.data import (
     read_entry,
 )
 from tensorstore_py.kvstore.versioned.format import (
+    FORMAT,
     CommitRecord,
     Entry,
     ranges_add,
     ranges_contain,
+)
+from tensorstore_py.kvstore.versioned.info import (
+    CommitDetails,
+    EntryInfo,
+    Span,
+    details,
+    entry_info,
+    read_formats,
+    read_spans,
 )
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot, get_root
 
@@ -62,7 +80,7 @@ from tensorstore_py.future import Future, spawn
 if TYPE_CHECKING:
     from tensorstore_py.kvstore.transaction import Transaction
 
-__all__ = ["VersionInfo", "VersionedKvStore"]
+__all__ = ["CommitDetails", "EntryInfo", "VersionInfo", "VersionedKvStore"]
 
 #: most operations in one group commit
 MAX_BATCH = 65536
@@ -101,6 +119,8 @@ class VersionedKvStore(KvStore):
     """A versioned, transactional view of ``base`` (see the module docstring)."""
 
     driver = "versioned"
+    #: the on-storage format this code reads and writes (docs/FORMAT.md)
+    FORMAT: int = FORMAT
 
     def __init__(
         self, base: KvStore, *, path: str = "", version: int | None = None, tag: str | None = None
@@ -119,6 +139,8 @@ class VersionedKvStore(KvStore):
         self.tag_name = tag
         self.read_only = version is not None or tag is not None
         self._root: VersionedRoot = get_root(base)
+        # a pinned version is checked (exists, not deleted) once, on first use
+        self._checked = False
 
     # -- spec / URL ------------------------------------------------------------------
     @classmethod
@@ -156,6 +178,7 @@ class VersionedKvStore(KvStore):
             self.version = tags[self.tag_name]
         if self.version is not None:
             await self._check_version(self.version)
+        self._checked = True
 
     async def _check_version(self, version: int) -> None:
         rec = await self._root.read_record(version)
@@ -206,7 +229,13 @@ class VersionedKvStore(KvStore):
         return (self.base._identity(), self.path, self.version)
 
     def snapshot(self, version: int | str) -> VersionedKvStore:
-        """A read-only view of ``version`` (an int, or a tag name resolved on first use)."""
+        """A read-only view of ``version`` (an int, or a tag name resolved on first use).
+
+        The version is checked on the snapshot's first use: every operation on a
+        snapshot of a version that does not exist or was deleted raises
+        :class:`~tensorstore_py.errors.NotFoundError`, even while its data has not
+        been garbage-collected yet (as ``KvStore.open`` of ``...@N`` does).
+        """
         if isinstance(version, str):
             out = VersionedKvStore(self.base, path=self.path, tag=version)
         else:
@@ -215,7 +244,7 @@ class VersionedKvStore(KvStore):
 
     # -- reads -------------------------------------------------------------------------
     async def _record(self) -> CommitRecord | None:
-        if self.tag_name is not None and self.version is None:
+        if not self._checked and (self.tag_name is not None or self.version is not None):
             await self._resolve_snapshot()
         v = self.version if self.version is not None else await self._root.newest()
         return await self._root.record_at(v)
@@ -299,6 +328,114 @@ class VersionedKvStore(KvStore):
         async def run() -> dict[str, int]:
             rec = await self._root.record_at(await self._root.newest())
             return dict(rec.tags) if rec else {}
+
+        return spawn(run())
+
+    # -- index reads (public, read-only) ---------------------------------------------------
+    async def _tree_at(self, version: int | None) -> CommitRecord | None:
+        if version is None:
+            return await self._record()
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise InvalidArgumentError(f"{self!r}: version must be an int >= 0, got {version!r}")
+        if version == 0:
+            return None  # the empty state before the first commit
+        await self._check_version(version)
+        return await self._root.record_at(version)
+
+    def entries(self, prefix: str = "", *, version: int | None = None) -> Future[list[EntryInfo]]:
+        """The index entry of every key under ``prefix``, sorted by key, from the index alone.
+
+        Keys are relative to this store's path. ``version`` (default: this
+        snapshot's, or the newest; 0 is the empty state) must exist and not be deleted
+        (:class:`~tensorstore_py.errors.NotFoundError`). No value is read.
+        """
+
+        async def run() -> list[EntryInfo]:
+            rec = await self._tree_at(version)
+            n = len(self.path)
+            found = await self._root.scan(rec.root if rec else None, self.path + prefix)
+            return [entry_info(k[n:], e) for k, e in found]
+
+        return spawn(run())
+
+    def stat(self, keys: Sequence[str], *, version: int | None = None) -> Future[list[EntryInfo | None]]:
+        """The index entry of each of ``keys`` (None where absent), in order; no value is read."""
+
+        async def run() -> list[EntryInfo | None]:
+            rec = await self._tree_at(version)
+            tree = rec.root if rec else None
+            found = await asyncio.gather(*(self._root.lookup(tree, self.path + k) for k in keys))
+            return [None if e is None else entry_info(k, e) for k, e in zip(keys, found)]
+
+        return spawn(run())
+
+    def commit_details(self, version: int) -> Future[CommitDetails]:
+        """The commit record of ``version``, deleted or not (NotFoundError if it never existed)."""
+
+        async def run() -> CommitDetails:
+            rec = await self._root.read_record(version) if version >= 1 else None
+            if rec is None:
+                raise NotFoundError(f"versioned store over {self.base!r}: version {version} does not exist")
+            newest = await self._root.record_at(await self._root.newest())
+            return details(rec, deleted=newest is not None and ranges_contain(newest.deleted, version))
+
+        return spawn(run())
+
+    def changed_keys(self, version: int) -> Future[list[str]]:
+        """The keys (under this store's path, relative to it) that commit ``version`` wrote or deleted.
+
+        May read one extra object; raises DataCorruptionError if that object
+        of a deleted version was already collected.
+        """
+
+        async def run() -> list[str]:
+            rec = await self._root.record_at(version)
+            if rec is None:
+                return []
+            n = len(self.path)
+            return [k[n:] for k in await self._root.changed_keys(rec) if k.startswith(self.path)]
+
+        return spawn(run())
+
+    def copy_to(self, dst: KvStore, *, on_bytes: Callable[[int], None] | None = None) -> Future[None]:
+        """Copy this store's whole history (every retained version) to the empty store ``dst``.
+
+        The objects are copied byte for byte and checked on the way (see
+        :mod:`~tensorstore_py.kvstore.versioned.replicate`); ``on_bytes`` is called
+        with the size of each object copied. Opening ``dst`` as a versioned store
+        afterwards gives the same versions, tags and values.
+        """
+        from tensorstore_py.kvstore.versioned.replicate import copy_store
+
+        return spawn(copy_store(self.base, dst, on_bytes or (lambda _n: None)))
+
+    def stored_formats(self) -> Future[dict[str, int]]:
+        """Commit record name -> its ``format`` number, for the first and the newest record.
+
+        Reads only record envelopes, so a store written by a newer format than
+        :attr:`FORMAT` can be recognised (and refused with a clear message)
+        before anything decodes it. Damaged or missing records are skipped.
+        """
+        return spawn(read_formats(self.base))
+
+    def read_spans(self, spans: Sequence[Span], *, coalesce_gap: int = 4096) -> Future[list[Any]]:
+        """The bytes ``[start, stop)`` of each ``(key, start, stop)`` span, in order.
+
+        Reads as an independent reader of docs/FORMAT.md §6.4 would: every key is
+        looked up in the (cached) index of this snapshot's version (default: the
+        newest, resolved once for all spans, so the result is consistent), and
+        the spans inside one data object are fetched with one coalesced
+        ``read_ranges`` of the base store, so many small values packed into few
+        objects cost few requests. A span covering a whole value is checked
+        against the value's crc32c (ChecksumError). A missing key raises
+        NotFoundError; a missing or truncated data object DataCorruptionError.
+        Not retried beyond what the base store retries.
+        """
+
+        async def run() -> list[Any]:
+            rec = await self._record()
+            return await read_spans(self._root, rec.root if rec else None, self.path, spans,
+                                    where=repr(self), coalesce_gap=coalesce_gap)
 
         return spawn(run())
 

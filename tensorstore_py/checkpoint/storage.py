@@ -33,15 +33,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crc32c import crc32c as crc32c_fn
-
-from tensorstore_py.errors import ChecksumError, DataCorruptionError, NotFoundError
-from tensorstore_py.future import run_cpu
+from tensorstore_py.errors import DataCorruptionError, NotFoundError
 from tensorstore_py.kvstore.base import ByteRange, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.gc import reclaim as gc_reclaim
-from tensorstore_py.kvstore.versioned.format import InlineEntry, RefEntry
 
 __all__ = ["FORMAT", "StepInfo", "StepStore", "step_dir"]
 
@@ -185,47 +181,13 @@ async def read_spans(view: KvStore, spans: list[Span], *, coalesce_gap: int = 40
     """
     if not (isinstance(view, VersionedKvStore) and view.version is not None):
         return await asyncio.gather(*(_read_one(view, *span) for span in spans))
-    root = view._root
-    rec = await root.record_at(view.version)
-    if rec is None:
-        raise NotFoundError(f"{view!r}: version {view.version} does not exist")
-    entries = await asyncio.gather(*(root.lookup(rec.root, view.path + s[0]) for s in spans))
-    out: list[Any] = [b""] * len(spans)
-    by_object: dict[str, list[int]] = {}
-    for i, ((key, a, b, _whole), e) in enumerate(zip(spans, entries)):
-        if e is None:
-            raise DataCorruptionError(f"checkpoint key {view.path + key!r} is missing from {view!r}")
-        if isinstance(e, InlineEntry):
-            out[i] = memoryview(e.value)[a:b]
-        else:
-            if b > e.length:
-                raise DataCorruptionError(
-                    f"checkpoint key {view.path + key!r}: {e.length} bytes stored, {b} expected"
-                )
-            by_object.setdefault(e.object, []).append(i)
-
-    async def one_object(obj: str, idx: list[int]) -> None:
-        ranges = [ByteRange(entries[i].offset + spans[i][1], entries[i].offset + spans[i][2])  # type: ignore[union-attr]
-                  for i in idx]
-        res = await view.base.read_ranges(obj, ranges, coalesce_gap=coalesce_gap)
-        if res.state != "value":
-            raise DataCorruptionError(f"{view!r}: data object {obj!r} is missing")
-        for i, buf in zip(idx, res.values):
-            key, a, b, _whole = spans[i]
-            e = entries[i]
-            if len(buf) != b - a:
-                raise DataCorruptionError(f"{view!r}: data object {obj!r} is truncated (key {key!r})")
-            if a == 0 and b == e.length:  # type: ignore[union-attr]
-                crc = int(await run_cpu(crc32c_fn, buf)) if len(buf) >= 1 << 20 else crc32c_fn(buf)
-                if crc != e.crc:  # type: ignore[union-attr]
-                    raise ChecksumError(
-                        f"checkpoint key {view.path + key!r}: crc32c mismatch in data object {obj!r} "
-                        f"(stored {e.crc:#010x}, computed {crc:#010x})"  # type: ignore[union-attr]
-                    )
-            out[i] = buf
-
-    await asyncio.gather(*(one_object(o, idx) for o, idx in by_object.items()))
-    return out
+    # check the pinned version first (NotFoundError if it was deleted), so that a
+    # NotFoundError below can only mean a key the manifest names is gone
+    await view.stat([])
+    try:
+        return await view.read_spans([(k, a, b) for k, a, b, _whole in spans], coalesce_gap=coalesce_gap)
+    except NotFoundError as e:
+        raise DataCorruptionError(f"checkpoint: {e}") from None
 
 
 async def _read_one(view: KvStore, key: str, a: int, b: int, whole: bool) -> Any:

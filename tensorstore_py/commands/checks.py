@@ -21,7 +21,6 @@ anything is wrong, with one :class:`Problem` per finding.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import math
 import time
@@ -181,9 +180,7 @@ async def _verify_versioned(
 async def _retained(t: Target) -> list[int]:
     """Versions not deleted, oldest first, up to the pinned one."""
     assert t.head is not None and t.version is not None
-    rec = await t.head._root.record_at(await t.head.newest_version())
-    deleted = rec.deleted if rec else []
-    return [v for v in range(1, t.version + 1) if not any(a <= v <= b for a, b in deleted)]
+    return [i.version for i in await t.head.versions() if i.version <= t.version]
 
 
 async def _verify_step(t: Target, s: int, report: VerifyReport) -> None:
@@ -253,11 +250,9 @@ async def check_array(
         problems.append(Problem("metadata", f"array {name}: {e}", array=name, version=version))
         return
     report.arrays += 1
-    drv = ts._driver  # the chunk grid and codec are driver facts, not view facts
-    codec = drv._codec
+    drv = ts.driver  # the chunk grid and codec are driver facts, not view facts
     # raw chunks (stored bytes == the C-order array bytes) are checked by size alone
-    raw_nbytes = (math.prod(drv.write_chunk_shape) * drv.dtype.itemsize
-                  if getattr(codec, "raw", False) else None)
+    raw_nbytes = drv.raw_chunk_nbytes
     if expect:
         found = {"shape": list(ts.shape), "dtype": _v3_name(ts.dtype),
                  "chunk_shape": list(drv.write_chunk_shape)}
@@ -306,7 +301,7 @@ async def check_array(
                                                 array=name, chunk=key, version=version))
                     return
                 nbytes = len(memoryview(res.value).cast("B"))
-                arr = await run_cpu(functools.partial(codec.decode, key=key), res.value)
+                arr = await run_cpu(drv.decode_chunk, key, res.value)
             except (TensorStoreError, ValueError, OSError) as e:
                 what = str(e) if repr(key) in str(e) else f"chunk {key!r}: {e}"
                 kind = _kind(e)

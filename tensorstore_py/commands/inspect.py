@@ -16,6 +16,7 @@ from tensorstore_py.commands.target import Target, key_sizes, list_arrays, resol
 from tensorstore_py.errors import InvalidArgumentError, NotFoundError, UnsupportedError
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned.info import CommitDetails
 
 __all__ = ["codec_names", "diff", "history", "info", "ls", "open_array"]
 
@@ -126,29 +127,27 @@ async def _arrays(t: Target) -> list[dict[str, Any]]:
 async def _version_rows(t: Target, *, retained_only: bool) -> list[dict[str, Any]]:
     """One row per commit record (retained ones, or all of them with a 'deleted' flag)."""
     assert isinstance(t.head, VersionedKvStore)
-    root = t.head._root
-    newest = await t.head.newest_version()
+    head = t.head
+    newest = await head.newest_version()
     last = t.version or newest
-    head_rec = await root.record_at(newest) if newest else None
-    deleted = head_rec.deleted if head_rec else []
+    retained = {i.version for i in await head.versions()}
     tags_by_v: dict[int, list[str]] = {}
-    for name, v in (head_rec.tags if head_rec else {}).items():
+    for name, v in (await head.tags()).items():
         tags_by_v.setdefault(v, []).append(name)
 
     def is_deleted(v: int) -> bool:
-        return any(a <= v <= b for a, b in deleted)
+        return v not in retained
 
     versions = [v for v in range(1, last + 1) if not (retained_only and is_deleted(v))]
     sem = asyncio.Semaphore(32)
 
     async def row(v: int) -> dict[str, Any]:
         async with sem:
-            rec = await root.record_at(v)
-            nchanged = len(rec.changes) if rec.changes is not None else None
-            written = await _bytes_written(root, rec) if not is_deleted(v) else None
+            rec = await head.commit_details(v)
+            written = await _bytes_written(head, rec) if not is_deleted(v) else None
         return {
             "version": v, "time": rec.time, "write_id": rec.write_id, "message": rec.message,
-            "kind": rec.kind, "keys": rec.count, "keys_changed": nchanged,
+            "kind": rec.kind, "keys": rec.key_count, "keys_changed": rec.changed_count,
             "bytes_written": written, "tags": sorted(tags_by_v.get(v, [])),
             "deleted": is_deleted(v), "txn_id": rec.txn_id, "metadata": rec.metadata,
         }
@@ -156,19 +155,14 @@ async def _version_rows(t: Target, *, retained_only: bool) -> list[dict[str, Any
     return list(await asyncio.gather(*(row(v) for v in versions)))
 
 
-async def _bytes_written(root: Any, rec: Any) -> int | None:
+async def _bytes_written(head: VersionedKvStore, rec: CommitDetails) -> int | None:
     """Bytes of the values this commit wrote (deletes count 0)."""
-    from tensorstore_py.kvstore.versioned.format import InlineEntry
-
     if rec.kind != "data":
         return 0
-    keys = await root.changed_keys(rec)
+    keys = await head.changed_keys(rec.version)
     if len(keys) > 4096:
         return None  # too costly for a listing; ``info`` gives sizes
-    entries = await asyncio.gather(*(root.lookup(rec.root, k) for k in keys))
-    return sum(
-        (len(e.value) if isinstance(e, InlineEntry) else e.length) for e in entries if e is not None
-    )
+    return sum(e.size for e in await head.stat(keys, version=rec.version) if e is not None)
 
 
 # -- info ---------------------------------------------------------------------------
@@ -218,16 +212,9 @@ async def history(url: str) -> dict[str, Any]:
 
 # -- diff ------------------------------------------------------------------------------
 async def _entries(vs: VersionedKvStore, version: int, prefix: str) -> dict[str, tuple[int, int]]:
-    """key -> (length, crc32c or -1 for inline) at ``version`` under ``prefix``."""
-    from tensorstore_py.kvstore.versioned.format import InlineEntry, crc32c
-
-    rec = await vs._root.record_at(version)
-    found = await vs._root.scan(rec.root if rec else None, vs.path + prefix)
-    n = len(vs.path + prefix)
-    return {
-        k[n:]: ((len(e.value), crc32c(e.value)) if isinstance(e, InlineEntry) else (e.length, e.crc))
-        for k, e in found
-    }
+    """key -> (length, crc32c) at ``version`` under ``prefix``."""
+    n = len(prefix)
+    return {e.key[n:]: (e.size, e.crc32c) for e in await vs.entries(prefix, version=version)}
 
 
 def _compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[str]]:

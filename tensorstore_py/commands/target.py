@@ -96,37 +96,12 @@ async def open_url(url: str) -> KvStore:
 
 async def _check_format(base: KvStore, url: str) -> None:
     """Refuse, with an actionable message, a store written by a newer format."""
-    from tensorstore_py.kvstore.versioned.format import (
-        FORMAT,
-        MAGIC_COMMIT,
-        MAGIC_HINT,
-        commit_name,
-        unframe,
-    )
-
-    names = [_FIRST_COMMIT]
-    try:
-        res = await base.read("latest")
-        if res.state == "value":
-            body = unframe(MAGIC_HINT, res.value, "latest")
-            v = body.get("version") if isinstance(body, dict) else None
-            if isinstance(v, int) and v > 1:
-                names.append(commit_name(v))
-    except DataCorruptionError:
-        pass  # the hint is only a hint; verify reports it
-    for name in names:
-        res = await base.read(name)
-        if res.state != "value":
-            continue
-        try:
-            body = unframe(MAGIC_COMMIT, res.value, name)
-        except DataCorruptionError:
-            continue  # corruption is verify's business, not a format question
-        fmt = body.get("format") if isinstance(body, dict) else None
-        if isinstance(fmt, int) and fmt > FORMAT:
+    fmt_of = await VersionedKvStore(base).stored_formats()
+    for name, fmt in fmt_of.items():
+        if fmt > VersionedKvStore.FORMAT:
             raise UnsupportedError(
                 f"{url}: versioned store written with format {fmt} ({name}); this tensorstore_py "
-                f"reads format {FORMAT}: upgrade tensorstore_py (pip install -U tensorstore_py)"
+                f"reads format {VersionedKvStore.FORMAT}: upgrade tensorstore_py (pip install -U tensorstore_py)"
             )
 
 
@@ -223,14 +198,7 @@ async def key_sizes(target: Target, prefix: str) -> dict[str, int] | None:
     """
     store = target.store
     if isinstance(store, VersionedKvStore):
-        from tensorstore_py.kvstore.versioned.format import InlineEntry
-
-        rec = await store._record()
-        entries = await store._root.scan(rec.root if rec else None, store.path + prefix)
-        n = len(store.path)
-        return {
-            k[n:]: (len(e.value) if isinstance(e, InlineEntry) else e.length) for k, e in entries
-        }
+        return {e.key: e.size for e in await store.entries(prefix)}
     if store.driver == "file":
         keys = await store.list(prefix)
         out = {}

@@ -1,0 +1,123 @@
+"""Byte-for-byte copy of a versioned store's objects to another (empty) store.
+
+Every object a retained version references is copied as stored (index nodes,
+change lists, data objects), checked on the way: index nodes by their crc32c,
+each referenced value in a data object by its crc32c. Objects are created with
+create-only writes (an existing object at the destination fails the copy with
+ConditionFailedError), and commit records are written last, oldest first, so the
+destination shows no version before everything that version references is there.
+Not atomic: an interrupted copy leaves unreferenced objects (collected by gc)
+and possibly a prefix of the versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.versioned.format import (
+    MAGIC_CHANGES,
+    MAGIC_HINT,
+    CommitRecord,
+    commit_name,
+    crc32c,
+    frame,
+    unframe,
+)
+from tensorstore_py.kvstore.versioned.root import get_root
+from tensorstore_py.kvstore.versioned.tree import Inner, decode_node
+
+from tensorstore_py.errors import ConditionFailedError, DataCorruptionError
+from tensorstore_py.future import run_cpu
+
+__all__ = ["copy_store"]
+
+
+async def _create(dst: KvStore, name: str, data: Any) -> None:
+    try:
+        await dst.write(name, data, if_equal=Generation.NO_VALUE)
+    except ConditionFailedError:
+        raise ConditionFailedError(
+            f"copy: {name!r} already exists at the destination {dst!r}; copy into an empty location"
+        ) from None
+
+
+async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) -> None:
+    """See :meth:`VersionedKvStore.copy_to`."""
+    newest = await get_root(base).newest()
+    records: list[tuple[int, bytes, CommitRecord]] = []
+    for v in range(1, newest + 1):
+        res = await base.read(commit_name(v))
+        if res.state != "value":
+            raise DataCorruptionError(f"copy: commit record {commit_name(v)!r} is missing at the source")
+        raw = bytes(res.value)
+        records.append((v, raw, CommitRecord.decode(raw, commit_name(v))))
+    deleted = records[-1][2].deleted if records else []
+    retained = [r for v, _, r in records if not any(a <= v <= b for a, b in deleted)]
+    seen: set[str] = set()
+    values: dict[str, list[tuple[int, int, int, str]]] = {}
+    sem = asyncio.Semaphore(32)
+
+    async def node(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        async with sem:
+            res = await base.read(name)
+        if res.state != "value":
+            raise DataCorruptionError(f"copy: index node {name!r} is missing at the source")
+        n = decode_node(res.value, name)  # verifies magic + crc32c
+        if isinstance(n, Inner):
+            await asyncio.gather(*(node(c) for c in n.children))
+        else:
+            for k, e in zip(n.keys, n.entries):
+                if hasattr(e, "object"):
+                    values.setdefault(e.object, []).append((e.offset, e.length, e.crc, k))
+        async with sem:
+            await _create(out, name, res.value)
+        count(len(res.value))
+
+    for rec in retained:
+        if rec.root is not None:
+            await node(rec.root)
+    for _, _, rec in records:
+        if rec.changes_ref is not None and rec.changes_ref not in seen:
+            seen.add(rec.changes_ref)
+            res = await base.read(rec.changes_ref)
+            if res.state == "value":  # a deleted version's may be collected
+                unframe(MAGIC_CHANGES, res.value, rec.changes_ref)
+                await _create(out, rec.changes_ref, res.value)
+                count(len(res.value))
+    data_sem = asyncio.Semaphore(4)
+
+    async def data(obj: str, entries: list[tuple[int, int, int, str]]) -> None:
+        async with data_sem:
+            res = await base.read(obj)
+            if res.state != "value":
+                raise DataCorruptionError(f"copy: data object {obj!r} is missing at the source "
+                                          f"(key {entries[0][3]!r})")
+            bad = await run_cpu(_bad_value, res.value, entries)
+            if bad is not None:
+                raise DataCorruptionError(f"copy: data object {obj!r}: {bad}")
+            await _create(out, obj, res.value)
+        count(len(res.value))
+
+    await asyncio.gather(*(data(o, e) for o, e in sorted(values.items())))
+    for v, raw, _ in records:  # the commit points last, oldest first
+        await _create(out, commit_name(v), raw)
+        count(len(raw))
+    if newest:
+        await out.write("latest", frame(MAGIC_HINT, {"version": newest}))
+
+
+def _bad_value(data: Any, entries: list[tuple[int, int, int, str]]) -> str | None:
+    mv = memoryview(data).cast("B")
+    for off, length, crc, key in entries:
+        if off + length > len(mv):
+            return f"key {key!r}: value [{off}, {off + length}) lies past the end ({len(mv)} bytes)"
+        found = crc32c(mv[off:off + length])
+        if found != crc:
+            return f"key {key!r}: crc32c mismatch at offset {off} (stored {crc:#010x}, computed {found:#010x})"
+    return None
