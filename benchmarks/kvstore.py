@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-
 from tensorstore_py.kvstore.file import FileKvStore
 
 MiB = 1 << 20
@@ -96,7 +95,7 @@ def main() -> None:
         total = dict.fromkeys((name for name, _ in pairs), 0.0)
         for i, (k, v) in enumerate(zip(keys, values, strict=True)):
             for name, fn in pairs if i % 2 == 0 else pairs[::-1]:
-                total[name] += _timed(lambda fn=fn: fn(k, v))
+                total[name] += _timed(lambda fn=fn, k=k, v=v: fn(k, v))
         return total
 
     def file_write_concurrent() -> None:

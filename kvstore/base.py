@@ -28,7 +28,7 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from tensorstore_py.errors import (
     ConditionFailedError,
@@ -56,7 +56,7 @@ __all__ = [
     "validate_prefix",
 ]
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 ReadState = Literal["value", "missing", "unchanged"]
 #: a prepared whole-value read (see :meth:`KvStore._prepare_read`)
 BlockingRead = Callable[[], "ReadResult"]

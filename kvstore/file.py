@@ -39,14 +39,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
-
-from tensorstore_py.errors import (
-    InvalidArgumentError,
-    InvalidKeyError,
-    InvalidSpecError,
-    StorageError,
-)
-from tensorstore_py.future import Future, in_loop_thread, io_pool, run_io
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
@@ -56,6 +48,14 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     condition_failed,
 )
+
+from tensorstore_py.errors import (
+    InvalidArgumentError,
+    InvalidKeyError,
+    InvalidSpecError,
+    StorageError,
+)
+from tensorstore_py.future import Future, in_loop_thread, io_pool, run_io
 
 __all__ = ["FileKvStore", "aligned_empty"]
 

@@ -29,8 +29,6 @@ import json
 import posixpath
 from typing import Any
 
-from tensorstore_py.errors import InvalidSpecError, StorageError, UnsupportedError
-from tensorstore_py.future import run_io
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
@@ -38,6 +36,9 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
+
+from tensorstore_py.errors import InvalidSpecError, StorageError, UnsupportedError
+from tensorstore_py.future import run_io
 
 __all__ = ["FsspecKvStore"]
 

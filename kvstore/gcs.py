@@ -72,15 +72,6 @@ from urllib.parse import quote, urlencode
 
 import crc32c as _crc32c
 import yarl
-
-from tensorstore_py.errors import (
-    ChecksumError,
-    ConditionFailedError,
-    InvalidSpecError,
-    NotFoundError,
-    StorageError,
-)
-from tensorstore_py.future import run_cpu
 from tensorstore_py.kvstore._gcs_auth import CredentialsMode, GcsAuth, require_google_auth
 from tensorstore_py.kvstore._retry import (
     RetryPolicy,
@@ -98,6 +89,15 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     validate_key,
 )
+
+from tensorstore_py.errors import (
+    ChecksumError,
+    ConditionFailedError,
+    InvalidSpecError,
+    NotFoundError,
+    StorageError,
+)
+from tensorstore_py.future import run_cpu
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_ENDPOINT", "GcsKvStore", "GcsSpec", "validate_bucket"]
 

@@ -12,7 +12,6 @@ import time
 import weakref
 from typing import Any
 
-from tensorstore_py.errors import InvalidSpecError
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
@@ -22,6 +21,8 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     condition_failed,
 )
+
+from tensorstore_py.errors import InvalidSpecError
 
 __all__ = ["MemoryKvStore"]
 
@@ -40,7 +41,7 @@ class _Data:
 
 
 # Named stores stay reachable by spec while any store object refers to them.
-_by_name: "weakref.WeakValueDictionary[str, _Data]" = weakref.WeakValueDictionary()
+_by_name: weakref.WeakValueDictionary[str, _Data] = weakref.WeakValueDictionary()
 
 
 class MemoryKvStore(KvStore):

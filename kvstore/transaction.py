@@ -149,7 +149,7 @@ class Participant(ABC):
     @abstractmethod
     async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo: ...
 
-    def abort(self) -> None:
+    def abort(self) -> None:  # noqa: B027 (an optional hook: nothing to drop by default)
         """Drop staged state (written data objects become garbage)."""
 
 

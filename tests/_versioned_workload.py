@@ -75,7 +75,7 @@ def commit_multi(kv: KvStore, counter: int, parts: int) -> None:
             write_counter(kv.with_transaction(txn), shard_keys(p), counter,
                           extra="extra" if p == 0 else None)
             txn.commit().result(T)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(p,)) for p in range(parts)]

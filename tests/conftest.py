@@ -75,7 +75,7 @@ def serve_app() -> Iterator[Callable[[web.Application], BackgroundServer]]:
 # One fake-gcs-server process for the whole pytest run; each test makes its own
 # bucket with ``gcs_emulator.create_bucket()``.
 
-from typing import TYPE_CHECKING  # noqa: E402
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tensorstore_py.testing.gcs_server import GcsEmulator

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from tensorstore_py.kvstore.file import META_DIR, FileKvStore
 
 import tensorstore_py as tsp
-from tensorstore_py.kvstore.file import META_DIR, FileKvStore
 from tensorstore_py.testing.kvstore import KvStoreConformance, cas_increment_worker
 
 

@@ -123,7 +123,7 @@ def _threads(kv: VersionedKvStore, n: int, body: Any, **kw: Any) -> list[Any]:
         try:
             body(i, v)
             out[i] = txn.commit().result(T)
-        except Exception as e:  # noqa: BLE001 - returned for assertions
+        except Exception as e:
             out[i] = e
 
     ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]

@@ -246,7 +246,7 @@ def test_read_increment_write_threads_exactly_n(tmp_path: Any) -> None:
                         break
                     except ConflictError:
                         continue
-        except Exception as e:  # noqa: BLE001 - reported below
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=worker) for _ in range(4)]

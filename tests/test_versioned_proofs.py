@@ -48,7 +48,7 @@ def _incrementer(root: str, key: str, n: int, out: Any) -> None:
                 except ConflictError:
                     conflicts += 1
         out.put(conflicts)
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
+    except BaseException as e:
         out.put(f"{type(e).__name__}: {e}")
     out.close()
     out.join_thread()  # flush before the hard exit

@@ -384,7 +384,7 @@ class VersionedRoot:
     async def _write_hint(self) -> None:
         try:
             await self.base.write(HINT_NAME, frame(MAGIC_HINT, {"version": self.known}))
-        except Exception:  # noqa: BLE001, S110 - the hint is best effort by design
+        except Exception:
             pass
         finally:
             self._hint_task = None

@@ -190,7 +190,8 @@ async def open_leaf(kv: KvStore, leaf: Mapping[str, Any]) -> Any:
     from tensorstore_py.drivers.zarr3 import Zarr3Array
     from tensorstore_py.errors import DataCorruptionError
     from tensorstore_py.kvstore.base import Generation
-    from tensorstore_py.tensorstore import TensorStore, open as ts_open
+    from tensorstore_py.tensorstore import TensorStore
+    from tensorstore_py.tensorstore import open as ts_open
 
     if (await kv.read("zarr.json")).state == "value":
         return await ts_open({"driver": "zarr3", "kvstore": kv})

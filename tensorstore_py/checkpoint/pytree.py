@@ -140,7 +140,7 @@ def _sorted_keys(d: dict[Any, Any]) -> list[Any]:
 def _is_leaf_for_jax(tu: Any, x: Any) -> bool:
     try:
         return bool(tu.all_leaves([x]))
-    except Exception:  # noqa: BLE001 (an object JAX can not flatten is a leaf)
+    except Exception:
         return True
 
 

@@ -132,7 +132,7 @@ def _storable(dtype: np.dtype) -> bool:
     try:
         dtype_to_v3(dtype)
         return True
-    except Exception:  # noqa: BLE001 (any refusal means: not storable)
+    except Exception:
         return False
 
 
@@ -311,7 +311,7 @@ async def run_save(
         if on_commit is not None:
             try:
                 await on_commit(info)
-            except Exception as e:  # noqa: BLE001 (the step is committed whatever happens here)
+            except Exception as e:
                 error = e
         if n > 1:
             await run_io(coordinator.publish, f"{namespace}/done", "ok" if error is None else repr(error))

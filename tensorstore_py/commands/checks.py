@@ -330,5 +330,5 @@ def _v3_name(dt: np.dtype) -> str:
 
     try:
         return str(dtype_to_v3(dt))
-    except Exception:  # noqa: BLE001 - a dtype without a v3 name just compares unequal
+    except Exception:
         return str(dt)

@@ -90,7 +90,7 @@ class FaultProxy:
                     asyncio.start_server(self._handle, "127.0.0.1", 0)
                 )
                 self.port = self._server.sockets[0].getsockname()[1]
-            except BaseException as e:  # noqa: BLE001 - re-raised by start()
+            except BaseException as e:
                 failure.append(e)
                 ready.set()
                 return

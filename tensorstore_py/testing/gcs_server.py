@@ -104,7 +104,7 @@ class GcsEmulator:
         binary = find_binary()
         self._tmp = tempfile.TemporaryDirectory(prefix="fake-gcs-")
         # stays open for the server's lifetime; closed in stop()
-        self._log = open(os.path.join(self._tmp.name, "server.log"), "wb")  # noqa: SIM115
+        self._log = open(os.path.join(self._tmp.name, "server.log"), "wb")
         last_error = ""
         # The port is free when chosen but could be taken before the server binds it.
         for _try in range(3):
