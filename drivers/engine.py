@@ -146,12 +146,30 @@ class ChunkedArray(ArrayDriver):
     def chunk_key(self, cell: tuple[int, ...]) -> str:
         """The kvstore key of the chunk at grid position ``cell``."""
 
+    @classmethod
     @abstractmethod
+    def from_metadata(
+        cls, meta: dict[str, Any], kvstore: KvStore, generation: Generation, *,
+        cache_pool: CachePool | None = None, budget: ByteBudget | None = None,
+    ) -> ChunkedArray:
+        """A driver of this format for the parsed ``meta`` over ``kvstore``."""
+
     def _reopen(self, metadata: dict[str, Any], kvstore: KvStore, generation: Generation) -> ChunkedArray:
         """A driver of the same format for ``metadata`` over ``kvstore``."""
+        return type(self).from_metadata(metadata, kvstore, generation,
+                                        cache_pool=self._cache, budget=self._budget)
 
-    @abstractmethod
-    def _metadata_with_shape(self, metadata: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]: ...
+    def _metadata_with_shape(self, metadata: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]:
+        return {**metadata, "shape": list(shape)}
+
+    def decode_chunk(self, key: str, data: Any) -> np.ndarray:
+        return self._codec.decode(data, key=key)  # type: ignore[no-any-return]
+
+    @property
+    def raw_chunk_nbytes(self) -> int | None:
+        if not getattr(self._codec, "raw", False):
+            return None
+        return int(np.prod(self.write_chunk_shape, dtype=np.int64)) * self.dtype.itemsize
 
     @abstractmethod
     def _encode_metadata(self, metadata: dict[str, Any]) -> bytes: ...

@@ -228,22 +228,6 @@ class Zarr2Array(ChunkedArray):
     def chunk_key(self, cell: tuple[int, ...]) -> str:
         return self._sep.join(map(str, cell)) if cell else "0"
 
-    def decode_chunk(self, key: str, data: Any) -> np.ndarray:
-        return self._codec.decode(data, key=key)
-
-    @property
-    def raw_chunk_nbytes(self) -> int | None:
-        if not getattr(self._codec, "raw", False):
-            return None
-        return math.prod(self.write_chunk_shape) * self.dtype.itemsize
-
-    def _reopen(self, metadata: dict[str, Any], kvstore: KvStore, generation: Generation) -> Zarr2Array:
-        return Zarr2Array.from_metadata(metadata, kvstore, generation,
-                                        cache_pool=self._cache, budget=self._budget)
-
-    def _metadata_with_shape(self, metadata: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]:
-        return {**metadata, "shape": list(shape)}
-
     def _encode_metadata(self, metadata: dict[str, Any]) -> bytes:
         return encode_metadata(metadata)
 

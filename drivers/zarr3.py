@@ -9,7 +9,6 @@ Metadata fields (zarr v3 core spec): ``zarr_format`` (3), ``node_type``
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import numpy as np
@@ -226,22 +225,6 @@ class Zarr3Array(ChunkedArray):
         if self._key_name == "default":
             return self._sep.join(("c", *map(str, cell)))
         return self._sep.join(map(str, cell)) if cell else "0"
-
-    def decode_chunk(self, key: str, data: Any) -> np.ndarray:
-        return self._codec.decode(data, key=key)
-
-    @property
-    def raw_chunk_nbytes(self) -> int | None:
-        if not getattr(self._codec, "raw", False):
-            return None
-        return math.prod(self.write_chunk_shape) * self.dtype.itemsize
-
-    def _reopen(self, metadata: dict[str, Any], kvstore: KvStore, generation: Generation) -> Zarr3Array:
-        return Zarr3Array.from_metadata(metadata, kvstore, generation,
-                                        cache_pool=self._cache, budget=self._budget)
-
-    def _metadata_with_shape(self, metadata: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]:
-        return {**metadata, "shape": list(shape)}
 
     def _encode_metadata(self, metadata: dict[str, Any]) -> bytes:
         return encode_metadata(metadata)
