@@ -130,13 +130,17 @@ class ByteRange:
             return ByteRange(start, stop)
         raise InvalidArgumentError(f"byte range must be a slice or ByteRange, got {r!r}")
 
+    def clip(self, size: int) -> tuple[int, int]:
+        """``(start, stop)`` of this range in a value of ``size`` bytes (clipped)."""
+        if self.start < 0:
+            return max(0, size + self.start), size
+        stop = size if self.stop is None else min(self.stop, size)
+        return min(self.start, size), stop
+
     def apply(self, data: Buffer) -> Buffer:
         """This range of ``data`` (clipped), without copying memoryviews."""
-        n = len(data)
-        if self.start < 0:
-            return data[max(0, n + self.start):]
-        stop = n if self.stop is None else min(self.stop, n)
-        return data[min(self.start, n):stop]
+        start, stop = self.clip(len(data))
+        return data[start:stop]
 
 
 @dataclass(frozen=True, slots=True)

@@ -353,13 +353,7 @@ class FileKvStore(KvStore):
             if if_not_equal is not None and if_not_equal == gen:
                 return ReadResult("unchanged", b"", gen)
             size = st.st_size
-            if byte_range is None:
-                start, stop = 0, size
-            elif byte_range.start < 0:
-                start, stop = max(0, size + byte_range.start), size
-            else:
-                start = min(byte_range.start, size)
-                stop = size if byte_range.stop is None else min(byte_range.stop, size)
+            start, stop = (0, size) if byte_range is None else byte_range.clip(size)
             n = stop - start
             buf = aligned_empty(n)
             mv = memoryview(buf)

@@ -165,13 +165,7 @@ class FsspecKvStore(KvStore):
             if if_not_equal is not None and gen == if_not_equal:
                 return ReadResult("unchanged", b"", gen)
             size = int(info.get("size") or 0)
-            if byte_range is None:
-                start, stop = 0, size
-            elif byte_range.start < 0:
-                start, stop = max(0, size + byte_range.start), size
-            else:
-                start = min(byte_range.start, size)
-                stop = size if byte_range.stop is None else min(byte_range.stop, size)
+            start, stop = (0, size) if byte_range is None else byte_range.clip(size)
             try:
                 data = self.fs.cat_file(p, start=start, end=stop) if stop > start else b""
             except FileNotFoundError:
