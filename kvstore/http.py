@@ -304,11 +304,9 @@ class HttpKvStore(KvStore):
         ):
             # HTTP can not ask for zero bytes: check existence with HEAD
             return await self._head_empty(url, if_not_equal)
-        headers: dict[str, str] = {}
+        headers = _if_none_match(if_not_equal)
         if byte_range is not None:
             headers["Range"] = _range_header(byte_range)
-        if if_not_equal is not None and if_not_equal.token.startswith(b"e:"):
-            headers["If-None-Match"] = if_not_equal.token[2:].decode("latin-1")
         resp = await self._request("GET", url, headers)
         if resp.status in _MISSING_STATUS:
             return ReadResult.missing()
@@ -333,10 +331,7 @@ class HttpKvStore(KvStore):
         )
 
     async def _head_empty(self, url: str, if_not_equal: Generation | None) -> ReadResult:
-        headers: dict[str, str] = {}
-        if if_not_equal is not None and if_not_equal.token.startswith(b"e:"):
-            headers["If-None-Match"] = if_not_equal.token[2:].decode("latin-1")
-        resp = await self._request("HEAD", url, headers)
+        resp = await self._request("HEAD", url, _if_none_match(if_not_equal))
         if resp.status in _MISSING_STATUS:
             return ReadResult.missing()
         if resp.status == 304:
@@ -360,6 +355,13 @@ class HttpKvStore(KvStore):
             f"list of {prefix!r}: HTTP can not enumerate keys ({self.base_url}{self.path}); "
             "read known keys instead"
         )
+
+
+def _if_none_match(if_not_equal: Generation | None) -> dict[str, str]:
+    """Revalidation headers: only ETag generations ("e:" tokens) can be sent."""
+    if if_not_equal is not None and if_not_equal.token.startswith(b"e:"):
+        return {"If-None-Match": if_not_equal.token[2:].decode("latin-1")}
+    return {}
 
 
 def _range_header(r: ByteRange) -> str:
