@@ -160,20 +160,26 @@ class ShardingCodec(ArrayBytesCodec):
 
         Returns an empty buffer when every inner chunk is missing.
         """
-        parts: list[Buffer] = []
-        idx = np.full(self.cps + (2,), MISSING, dtype=np.uint64)
-        offset = self.index_nbytes if self.index_location == "start" else 0
-        flat = idx.reshape(-1, 2)
+        encoded: list[tuple[int, Buffer]] = []
         for i, (_cell, sl) in enumerate(self.cells):
             chunk = np.ascontiguousarray(a[sl])
-            if is_fill(chunk, self.fill):
-                continue
-            enc = memoryview(self.inner.encode(chunk)).cast("B")
+            if not is_fill(chunk, self.fill):
+                encoded.append((i, memoryview(self.inner.encode(chunk)).cast("B")))
+        return self._assemble(encoded)
+
+    def _assemble(self, encoded: list[tuple[int, Buffer]]) -> Buffer:
+        """The shard bytes for encoded inner chunks ``(cell number, bytes)`` in
+        cell order, with the index; b"" when there are none."""
+        if not encoded:
+            return b""
+        idx = np.full(self.cps + (2,), MISSING, dtype=np.uint64)
+        flat = idx.reshape(-1, 2)
+        offset = self.index_nbytes if self.index_location == "start" else 0
+        parts: list[Buffer] = []
+        for i, enc in encoded:
             flat[i] = (offset, len(enc))
             offset += len(enc)
             parts.append(enc)
-        if not parts:
-            return b""
         index = memoryview(self.index.encode(idx)).cast("B")
         if self.index_location == "start":
             parts.insert(0, index)
@@ -202,10 +208,7 @@ class ShardingCodec(ArrayBytesCodec):
                                     shard_size=len(mv)).reshape(-1, 2).tolist()
         touched = {ip.cell: ip for ip in chunk_parts(region, self.chunk_shape, self.shard_shape)}
         missing = int(MISSING)
-        parts: list[Buffer] = []
-        new_idx = np.full(self.cps + (2,), MISSING, dtype=np.uint64)
-        flat = new_idx.reshape(-1, 2)
-        offset = self.index_nbytes if self.index_location == "start" else 0
+        encoded: list[tuple[int, Buffer]] = []
         for i, (cell, _sl) in enumerate(self.cells):
             ip = touched.get(cell)
             present = idx is not None and idx[i][0] != missing
@@ -225,17 +228,8 @@ class ShardingCodec(ArrayBytesCodec):
                 if is_fill(arr, self.fill):
                     continue
                 enc = memoryview(self.inner.encode(arr)).cast("B")
-            flat[i] = (offset, len(enc))
-            offset += len(enc)
-            parts.append(enc)
-        if not parts:
-            return b""
-        index = memoryview(self.index.encode(new_idx)).cast("B")
-        if self.index_location == "start":
-            parts.insert(0, index)
-        else:
-            parts.append(index)
-        return b"".join(parts)
+            encoded.append((i, enc))
+        return self._assemble(encoded)
 
     def decode(self, buf: Buffer, shape: tuple[int, ...], dtype: np.dtype, *, key: str,
                out: np.ndarray | None = None) -> np.ndarray:
