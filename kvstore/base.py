@@ -37,7 +37,7 @@ from tensorstore_py.errors import (
     ReadOnlyError,
     UnsupportedError,
 )
-from tensorstore_py.future import Future, spawn
+from tensorstore_py.future import Future, spawn, submit_blocking
 
 if TYPE_CHECKING:
     from tensorstore_py.kvstore.transaction import Transaction
@@ -309,7 +309,10 @@ class KvStore(ABC):
         has ``state == "unchanged"`` and no value (cache revalidation).
         """
         full = self._full(key)
-        return spawn(self._read(full, ByteRange.of(byte_range), if_not_equal))
+        rng = ByteRange.of(byte_range)
+        if self.blocking_io:
+            return submit_blocking(self._read_blocking, full, rng, if_not_equal)
+        return spawn(self._read(full, rng, if_not_equal))
 
     def read_ranges(
         self,
@@ -342,12 +345,16 @@ class KvStore(ABC):
             raise InvalidArgumentError(
                 f"value for key {key!r} must be bytes-like, got {type(value).__name__}"
             )
+        if self.blocking_io:
+            return submit_blocking(self._write_blocking, full, value, if_equal)
         return spawn(self._write(full, value, if_equal))
 
     def delete(self, key: str, *, if_equal: Generation | None = None) -> Future[None]:
         """Delete ``key`` (a missing key is not an error unless ``if_equal`` is set)."""
         full = self._full(key)
         self._check_writable("delete", key)
+        if self.blocking_io:
+            return submit_blocking(self._delete_blocking, full, if_equal)
         return spawn(self._delete(full, if_equal))
 
     def delete_range(self, prefix: str = "") -> Future[None]:
@@ -389,8 +396,10 @@ class KvStore(ABC):
     # Stores whose operations are cheap blocking calls that are safe on any pool
     # thread (the local file store) set ``blocking_io`` and implement the three
     # ``*_blocking`` twins with exactly the semantics of ``_read``/``_write``/
-    # ``_delete`` (full keys). Array drivers then batch many chunk operations,
-    # I/O and codec work together, into one pool call: on a small machine an
+    # ``_delete`` (full keys). The public read/write/delete then run them straight
+    # on the I/O pool (``future.submit_blocking``: one thread hop), and array
+    # drivers batch many chunk operations, I/O and codec work together, into
+    # one pool call: on a small machine an
     # event loop -> pool -> event loop round trip costs ~100 us and, worse,
     # separates reading a chunk from decoding it (cold caches).
     #: True when the ``*_blocking`` hooks below are implemented

@@ -27,15 +27,12 @@ a write is in flight) live in a hidden ``.__tsp__`` folder beside the keys;
 
 from __future__ import annotations
 
-import concurrent.futures
 import fcntl
 import os
 import stat
 import struct
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -50,12 +47,11 @@ from tensorstore_py.kvstore.base import (
 )
 
 from tensorstore_py.errors import (
-    InvalidArgumentError,
     InvalidKeyError,
     InvalidSpecError,
     StorageError,
 )
-from tensorstore_py.future import Future, in_loop_thread, io_pool, run_io
+from tensorstore_py.future import run_io
 
 __all__ = ["FileKvStore", "aligned_empty"]
 
@@ -146,58 +142,6 @@ class _DirLock:
         os.close(self.fd)
 
 
-class _Job:
-    """A blocking call queued on the I/O pool that its first waiter may run itself."""
-
-    __slots__ = ("fn", "args", "cf", "_lock", "_claimed")
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.fn = fn
-        self.args = args
-        self.cf: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._lock = threading.Lock()
-        self._claimed = False
-
-    def run(self) -> None:
-        """Run the call unless someone else already has (or it was cancelled)."""
-        with self._lock:
-            if self._claimed:
-                return
-            self._claimed = True
-        if not self.cf.set_running_or_notify_cancel():
-            return
-        try:
-            result = self.fn(*self.args)
-        except BaseException as e:  # delivered to the waiter
-            self.cf.set_exception(e)
-        else:
-            self.cf.set_result(result)
-        finally:
-            self.args = ()
-
-
-class _JobFuture(Future[T]):
-    """A Future whose ``result()`` (without timeout, off the loop) runs a job that
-    no pool thread has started yet in the calling thread."""
-
-    __slots__ = ("_job",)
-
-    def __init__(self, job: _Job) -> None:
-        super().__init__(job.cf)
-        self._job = job
-
-    def result(self, timeout: float | None = None) -> T:
-        if timeout is None and not in_loop_thread():
-            self._job.run()  # a no-op when a pool thread took it first
-        return super().result(timeout)
-
-
-def _submit(fn: Callable[..., T], *args: Any) -> Future[T]:
-    job = _Job(fn, args)
-    io_pool().submit(job.run)
-    return _JobFuture(job)
-
-
 class FileKvStore(KvStore):
     """Keys are files under the absolute directory ``path``."""
 
@@ -243,36 +187,6 @@ class FileKvStore(KvStore):
         if f"/{META_DIR}/" in f"/{key}/":
             raise InvalidKeyError(f"file kvstore: key {key!r} names the reserved folder {META_DIR!r}")
         return full
-
-    # -- fast path ----------------------------------------------------------------
-    # The public read and write queue their blocking body straight on the I/O pool
-    # (one thread hop instead of caller -> loop -> pool -> loop -> caller: 20 us
-    # instead of 145 us per call here, ~30 % of a 4 MiB page-cache read), and a
-    # caller that blocks in .result() before a pool thread has started the job runs
-    # it itself: on a busy machine every hand-off waits for a CPU, which made
-    # sequential reads 2-4x slower than plain os reads. Coroutines that await the
-    # Future are woken through asyncio.wrap_future as usual.
-    def read(
-        self,
-        key: str,
-        *,
-        byte_range: slice | ByteRange | None = None,
-        if_not_equal: Generation | None = None,
-    ) -> Future[ReadResult]:
-        full = self._full(key)
-        rng = ByteRange.of(byte_range)
-        return _submit(self._read_sync, full, rng, if_not_equal)
-
-    def write(
-        self, key: str, value: Buffer, *, if_equal: Generation | None = None
-    ) -> Future[Generation]:
-        full = self._full(key)
-        self._check_writable("write", key)
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError(
-                f"value for key {key!r} must be bytes-like, got {type(value).__name__}"
-            )
-        return _submit(self._write_sync, full, value, if_equal)
 
     # -- blocking-I/O hooks (KvStore.blocking_io) -------------------------------
     blocking_io = True
