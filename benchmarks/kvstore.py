@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
 from tensorstore_py.kvstore.file import FileKvStore
 
 MiB = 1 << 20

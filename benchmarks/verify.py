@@ -30,7 +30,7 @@ import numpy as np
 
 import tensorstore_py as tsp
 from tensorstore_py.commands.checks import verify
-from tensorstore_py.future import spawn
+from tensorstore_py.core.future import spawn
 
 GiB = 1 << 30
 LEAF_BYTES = 256 << 20

@@ -35,14 +35,14 @@ import time
 from typing import Any
 
 import numpy as np
+
+import tensorstore_py as tsp
+from tensorstore_py.core.future import spawn
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.format import InlineEntry, RefEntry, new_stamp
 from tensorstore_py.kvstore.versioned.multiwriter import encode_fragment, fragment_name
 from tensorstore_py.kvstore.versioned.root import Plan
-
-import tensorstore_py as tsp
-from tensorstore_py.future import spawn
 
 MiB = 1 << 20
 

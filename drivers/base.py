@@ -16,9 +16,9 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
-from tensorstore_py.kvstore.base import KvStore
 
-from tensorstore_py.errors import UnsupportedError
+from tensorstore_py.core.errors import UnsupportedError
+from tensorstore_py.kvstore.base import KvStore
 
 __all__ = ["ArrayDriver", "Index"]
 

@@ -18,9 +18,9 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 import numpy as np
-from tensorstore_py.kvstore.base import Generation
 
-from tensorstore_py.errors import InvalidArgumentError
+from tensorstore_py.core.errors import InvalidArgumentError
+from tensorstore_py.kvstore.base import Generation
 
 __all__ = ["CachePool"]
 

@@ -17,7 +17,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from tensorstore_py.errors import InvalidSpecError, UnsupportedError
+from tensorstore_py.core.errors import InvalidSpecError, UnsupportedError
 
 __all__ = [
     "dtype_from_v2",

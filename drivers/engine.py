@@ -35,22 +35,22 @@ from abc import abstractmethod
 from typing import Any
 
 import numpy as np
-from tensorstore_py.drivers import fastpath
-from tensorstore_py.drivers.base import ArrayDriver, Index
-from tensorstore_py.drivers.budget import DEFAULT_BYTES_IN_FLIGHT, MAX_TASKS, ByteBudget, run_bounded
-from tensorstore_py.drivers.cache import CachePool
-from tensorstore_py.drivers.codecs.sharding import MISSING, ShardingCodec, is_fill
-from tensorstore_py.drivers.fastpath import has_sync_io
-from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
-from tensorstore_py.kvstore.base import BlockingRead, ByteRange, Generation, KvStore, ReadResult
 
-from tensorstore_py.errors import (
+from tensorstore_py.core.budget import DEFAULT_BYTES_IN_FLIGHT, MAX_TASKS, ByteBudget, run_bounded
+from tensorstore_py.core.errors import (
     ConditionFailedError,
     DataCorruptionError,
     InvalidArgumentError,
     ReadOnlyError,
 )
-from tensorstore_py.future import run_cpu, run_io
+from tensorstore_py.core.pools import run_cpu, run_io
+from tensorstore_py.drivers import fastpath
+from tensorstore_py.drivers.base import ArrayDriver, Index
+from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.codecs.sharding import MISSING, ShardingCodec, is_fill
+from tensorstore_py.drivers.fastpath import has_sync_io
+from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
+from tensorstore_py.kvstore.base import BlockingRead, ByteRange, Generation, KvStore, ReadResult
 
 __all__ = ["ChunkCodec", "ChunkedArray"]
 
@@ -517,7 +517,7 @@ class ChunkedArray(ArrayDriver):
         for _attempt in range(_MAX_RMW_ATTEMPTS):
             res = await self.kvstore.read(self.metadata_key)
             if res.state == "missing":
-                from tensorstore_py.errors import NotFoundError
+                from tensorstore_py.core.errors import NotFoundError
 
                 raise NotFoundError(f"resize: {self.metadata_key!r} is gone from {self.kvstore!r}")
             current = self._decode_metadata(res.value)

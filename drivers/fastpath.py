@@ -20,12 +20,12 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+
+from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError
 from tensorstore_py.drivers.codecs.sharding import MISSING
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.kvstore.base import ByteRange, KvStore
-from tensorstore_py.kvstore.file import aligned_empty
-
-from tensorstore_py.errors import ConditionFailedError, DataCorruptionError
 
 if TYPE_CHECKING:
     from tensorstore_py.drivers.engine import ChunkedArray

@@ -13,10 +13,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from tensorstore_py.core.budget import DEFAULT_BYTES_IN_FLIGHT, ByteBudget
+from tensorstore_py.core.errors import (
+    ConditionFailedError,
+    InvalidArgumentError,
+    InvalidSpecError,
+    NotFoundError,
+)
 from tensorstore_py.drivers import zarr2 as _z2
 from tensorstore_py.drivers import zarr3 as _z3
 from tensorstore_py.drivers.base import ArrayDriver
-from tensorstore_py.drivers.budget import DEFAULT_BYTES_IN_FLIGHT, ByteBudget
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.dtypes import (
     dtype_from_v2,
@@ -30,13 +37,6 @@ from tensorstore_py.drivers.dtypes import (
 )
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
-
-from tensorstore_py.errors import (
-    ConditionFailedError,
-    InvalidArgumentError,
-    InvalidSpecError,
-    NotFoundError,
-)
 
 __all__ = ["build_metadata", "default_chunks", "open_driver"]
 

@@ -14,7 +14,9 @@ from typing import Any
 
 import numcodecs
 import numpy as np
-from tensorstore_py.drivers.budget import ByteBudget
+
+from tensorstore_py.core.budget import ByteBudget
+from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.codecs._limits import check_size
 from tensorstore_py.drivers.codecs.blosc_codec import blosc_decode
@@ -23,8 +25,6 @@ from tensorstore_py.drivers.codecs.zstd_codec import zstd_decode
 from tensorstore_py.drivers.dtypes import dtype_from_v2, fill_from_v2
 from tensorstore_py.drivers.engine import ChunkedArray
 from tensorstore_py.kvstore.base import Buffer, Generation, KvStore
-
-from tensorstore_py.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
 
 __all__ = ["Parsed2", "Zarr2Array", "default_metadata2", "normalize_field2"]
 

@@ -12,14 +12,14 @@ import json
 from typing import Any
 
 import numpy as np
-from tensorstore_py.drivers.budget import ByteBudget
+
+from tensorstore_py.core.budget import ByteBudget
+from tensorstore_py.core.errors import InvalidSpecError
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.dtypes import dtype_from_v3, fill_from_json, fill_to_json
 from tensorstore_py.drivers.engine import ChunkedArray
 from tensorstore_py.kvstore.base import Generation, KvStore
-
-from tensorstore_py.errors import InvalidSpecError
 
 __all__ = ["Zarr3Array", "default_metadata", "normalize_field", "parse_metadata"]
 

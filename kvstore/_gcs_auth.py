@@ -12,8 +12,8 @@ import logging
 import threading
 from typing import Any, Literal
 
-from tensorstore_py.errors import StorageError
-from tensorstore_py.future import run_io
+from tensorstore_py.core.errors import StorageError
+from tensorstore_py.core.pools import run_io
 
 __all__ = ["CredentialsMode", "GcsAuth", "require_google_auth"]
 

@@ -1,22 +1,16 @@
-"""HTTP plumbing shared by the remote stores (gcs, http): retries, sessions.
+"""HTTP plumbing shared by the remote stores (gcs, http): what is transient, sessions.
 
-**Retries** with jittered exponential backoff.
-
-Only *transient* failures are retried: HTTP 408/429/5xx answers (raised by the
+**Retries** (the loop and policy are :mod:`tensorstore_py.core.retry`): only *transient* failures are retried: HTTP 408/429/5xx answers (raised by the
 backend as :class:`TransientHttpError`), connection resets, dropped or truncated
 responses and timeouts. Everything else (404, 412, other 4xx, checksum errors,
 bad arguments) propagates at once. When the attempts are used up the last
 failure is raised as :class:`~tensorstore_py.errors.StorageError`, naming what
 was being done, how many attempts were made and the last cause.
 
-Backoff is "full jitter" (a uniform delay in ``[0, min(max_delay,
-initial_delay * 2**n))``), which spreads out clients that failed together.
-See https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/.
-
 Note for callers: a request whose response was lost may still have taken effect
 on the server. Retrying is harmless for reads and plain overwrites; a retried
 *conditional* write can come back as "precondition failed" although the first
-attempt landed. :func:`with_retries` passes the attempt number to ``fn`` so the
+attempt landed. ``with_retries`` passes the attempt number to ``fn`` so the
 caller can tell a first-attempt failure from a possibly-landed retry.
 
 **Sessions**: :func:`client_session` gives one shared ``aiohttp.ClientSession``
@@ -32,24 +26,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
-import random
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from tensorstore_py.errors import InvalidSpecError, StorageError
+from typing import Any
 
 __all__ = [
-    "DEFAULT_RETRY_POLICY",
-    "RetryPolicy",
     "TransientHttpError",
     "client_session",
     "is_retryable_status",
     "is_transient",
-    "with_retries",
 ]
-
-T = TypeVar("T")
 
 #: HTTP statuses worth retrying: timeout, too many requests, server errors.
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -86,104 +70,6 @@ def is_transient(exc: BaseException) -> bool:
     # ClientPayloadError a body cut short. A ClientResponseError (an HTTP status) is
     # decided by the backend, which raises TransientHttpError for retryable ones.
     return isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError))
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How often and how patiently to retry.
-
-    ``max_attempts`` counts the first try: 1 disables retries.
-    """
-
-    max_attempts: int = 10
-    initial_delay: float = 0.05
-    max_delay: float = 10.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise InvalidSpecError(
-                f"retries: max_attempts must be an int >= 1, got {self.max_attempts!r}"
-            )
-        if not isinstance(self.initial_delay, (int, float)) or self.initial_delay < 0:
-            raise InvalidSpecError(
-                f"retries: initial_delay must be >= 0, got {self.initial_delay!r}"
-            )
-        if not isinstance(self.max_delay, (int, float)) or self.max_delay < self.initial_delay:
-            raise InvalidSpecError(
-                f"retries: max_delay must be >= initial_delay ({self.initial_delay}), "
-                f"got {self.max_delay!r}"
-            )
-
-    def delay(self, retry: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait before retry number ``retry`` (1 = the first retry)."""
-        cap = min(self.max_delay, self.initial_delay * (2.0 ** (retry - 1)))
-        return (rng or _rng).uniform(0.0, cap)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "max_attempts": self.max_attempts,
-            "initial_delay": self.initial_delay,
-            "max_delay": self.max_delay,
-        }
-
-    @classmethod
-    def from_json(cls, value: Mapping[str, Any] | None) -> RetryPolicy:
-        """Parse ``{"max_attempts": n, "initial_delay": s, "max_delay": s}`` (all optional)."""
-        if value is None:
-            return DEFAULT_RETRY_POLICY
-        if not isinstance(value, Mapping):
-            raise InvalidSpecError(
-                f"retries must be an object like {{'max_attempts': 10}}, got {value!r}"
-            )
-        unknown = set(value) - {"max_attempts", "initial_delay", "max_delay"}
-        if unknown:
-            raise InvalidSpecError(f"retries: unknown fields {sorted(unknown)}")
-        d = DEFAULT_RETRY_POLICY
-        initial = value.get("initial_delay", d.initial_delay)
-        return cls(
-            max_attempts=value.get("max_attempts", d.max_attempts),
-            initial_delay=initial,
-            max_delay=value.get("max_delay", max(d.max_delay, initial)),
-        )
-
-
-DEFAULT_RETRY_POLICY = RetryPolicy()
-_rng = random.Random()
-
-
-async def with_retries(
-    fn: Callable[[int], Awaitable[T]],
-    *,
-    what: str,
-    policy: RetryPolicy = DEFAULT_RETRY_POLICY,
-    retry_on: Callable[[BaseException], bool] = is_transient,
-) -> T:
-    """Run ``fn(attempt)`` (attempt = 1, 2, ...) until it succeeds or fails for good.
-
-    Failures for which ``retry_on`` is false propagate unchanged. Transient ones
-    are retried after a jittered, exponentially growing delay (at least the
-    server's Retry-After hint, capped at ``policy.max_delay``); after
-    ``policy.max_attempts`` attempts a :class:`StorageError` naming ``what`` is
-    raised from the last failure.
-    """
-    attempt = 1
-    while True:
-        try:
-            return await fn(attempt)
-        except Exception as e:
-            if not retry_on(e):
-                raise
-            if attempt >= policy.max_attempts:
-                raise StorageError(
-                    f"{what}: failed after {attempt} attempt(s); last error: "
-                    f"{type(e).__name__}: {e}"
-                ) from e
-            delay = policy.delay(attempt)
-            hint = getattr(e, "retry_after", None)
-            if hint is not None:
-                delay = min(policy.max_delay, max(delay, hint))
-            await asyncio.sleep(delay)
-            attempt += 1
 
 
 # -- one aiohttp session per event loop ---------------------------------------------

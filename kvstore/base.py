@@ -1,8 +1,9 @@
 """The kvstore contract: bytes by key, with honest conditions.
 
 This module holds the contract and nothing else: the abstract :class:`KvStore`,
-:class:`ReadResult`, :class:`Generation` and :class:`ByteRange`. Each backend is
-one module beside it.
+:class:`ReadResult` and :class:`Generation`, and the key rules. The byte-range
+value types (:class:`ByteRange`, ``Buffer``) come from ``tensorstore_py.core.ranges``
+and are re-exported here. Each backend is one module beside it.
 
 Guarantees every store gives (a store that can not give one raises
 :class:`~tensorstore_py.errors.UnsupportedError` naming the operation):
@@ -30,14 +31,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from tensorstore_py.errors import (
+from tensorstore_py.core.errors import (
     ConditionFailedError,
     InvalidArgumentError,
     InvalidKeyError,
     ReadOnlyError,
     UnsupportedError,
 )
-from tensorstore_py.future import Future, spawn, submit_blocking
+from tensorstore_py.core.future import Future, spawn, submit_blocking
+from tensorstore_py.core.ranges import Buffer, ByteRange, coalesce
 
 if TYPE_CHECKING:
     from tensorstore_py.kvstore.transaction import Transaction
@@ -56,7 +58,6 @@ __all__ = [
     "validate_prefix",
 ]
 
-Buffer = bytes | bytearray | memoryview
 ReadState = Literal["value", "missing", "unchanged"]
 #: a prepared whole-value read (see :meth:`KvStore._prepare_read`)
 BlockingRead = Callable[[], "ReadResult"]
@@ -85,62 +86,6 @@ class Generation:
 
 
 Generation.NO_VALUE = Generation(b"")
-
-
-@dataclass(frozen=True, slots=True)
-class ByteRange:
-    """Bytes ``[start, stop)`` of a value; ``start < 0`` with ``stop=None`` is a suffix.
-
-    ``ByteRange(2, 10)`` is bytes 2..9, ``ByteRange(5)`` is from byte 5 to the end,
-    ``ByteRange(-16)`` is the last 16 bytes. A range that extends past the end of
-    the value is clipped; one that starts past the end reads as empty.
-    """
-
-    start: int = 0
-    stop: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.start < 0 and self.stop is not None:
-            raise InvalidArgumentError(
-                f"byte range: a suffix (negative start {self.start}) takes no stop, got {self.stop}"
-            )
-        if self.stop is not None and self.stop < self.start:
-            raise InvalidArgumentError(
-                f"byte range: stop {self.stop} is before start {self.start}"
-            )
-
-    @staticmethod
-    def of(r: slice | ByteRange | None) -> ByteRange | None:
-        """Normalise ``slice(a, b)``, ``slice(-n, None)`` or a ByteRange; None = whole."""
-        if r is None or isinstance(r, ByteRange):
-            return r
-        if isinstance(r, slice):
-            if r.step not in (None, 1):
-                raise InvalidArgumentError(f"byte range: step must be 1, got {r.step}")
-            start = 0 if r.start is None else int(r.start)
-            stop = None if r.stop is None else int(r.stop)
-            if start < 0 and stop is not None:
-                raise InvalidArgumentError(
-                    f"byte range {r}: a suffix range is slice(-n, None)"
-                )
-            if stop is not None and stop < 0:
-                raise InvalidArgumentError(f"byte range {r}: negative stop")
-            if start == 0 and stop is None:
-                return None
-            return ByteRange(start, stop)
-        raise InvalidArgumentError(f"byte range must be a slice or ByteRange, got {r!r}")
-
-    def clip(self, size: int) -> tuple[int, int]:
-        """``(start, stop)`` of this range in a value of ``size`` bytes (clipped)."""
-        if self.start < 0:
-            return max(0, size + self.start), size
-        stop = size if self.stop is None else min(self.stop, size)
-        return min(self.start, size), stop
-
-    def apply(self, data: Buffer) -> Buffer:
-        """This range of ``data`` (clipped), without copying memoryviews."""
-        start, stop = self.clip(len(data))
-        return data[start:stop]
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,7 +406,7 @@ class KvStore(ABC):
     async def _read_ranges(
         self, key: str, ranges: list[ByteRange], gap: int
     ) -> RangesResult:
-        groups = _coalesce(ranges, gap)
+        groups = coalesce(ranges, gap)
         for _attempt in range(_MAX_RANGES_ATTEMPTS):
             results = await asyncio.gather(
                 *(self._read(key, g_range, None) for g_range, _members in groups)
@@ -491,35 +436,6 @@ class KvStore(ABC):
     def _check_writable(self, op: str, key: str) -> None:
         if self.read_only:
             raise ReadOnlyError(f"{op} of {key!r}: {self!r} is read-only")
-
-
-def _coalesce(
-    ranges: list[ByteRange], gap: int
-) -> list[tuple[ByteRange, list[int]]]:
-    """Group ranges into requests: bounded ranges closer than ``gap`` merge."""
-    groups: list[tuple[ByteRange, list[int]]] = []
-    bounded = sorted(
-        (i for i, r in enumerate(ranges) if r.start >= 0 and r.stop is not None),
-        key=lambda i: ranges[i].start,
-    )
-    cur_start = cur_stop = -1
-    members: list[int] = []
-    for i in bounded:
-        r = ranges[i]
-        assert r.stop is not None
-        if members and r.start <= cur_stop + gap:
-            cur_stop = max(cur_stop, r.stop)
-            members.append(i)
-        else:
-            if members:
-                groups.append((ByteRange(cur_start, cur_stop), members))
-            cur_start, cur_stop, members = r.start, r.stop, [i]
-    if members:
-        groups.append((ByteRange(cur_start, cur_stop), members))
-    for i, r in enumerate(ranges):
-        if not (r.start >= 0 and r.stop is not None):
-            groups.append((r, [i]))
-    return groups
 
 
 def condition_failed(store: KvStore, key: str, expected: Generation | None, found: Generation) -> ConditionFailedError:

@@ -35,6 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tensorstore_py.core import errors as _errors
+from tensorstore_py.core.errors import InvalidSpecError, StorageError
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
@@ -42,9 +44,6 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
-
-from tensorstore_py import errors as _errors
-from tensorstore_py.errors import InvalidSpecError, StorageError
 
 __all__ = ["FaultEvent", "FaultKvStore", "FaultRule", "OPS"]
 

@@ -29,6 +29,8 @@ import json
 import posixpath
 from typing import Any
 
+from tensorstore_py.core.errors import InvalidSpecError, StorageError, UnsupportedError
+from tensorstore_py.core.pools import run_io
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
@@ -36,9 +38,6 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
-
-from tensorstore_py.errors import InvalidSpecError, StorageError, UnsupportedError
-from tensorstore_py.future import run_io
 
 __all__ = ["FsspecKvStore"]
 

@@ -72,13 +72,22 @@ from urllib.parse import quote, urlencode
 
 import crc32c as _crc32c
 import yarl
+
+from tensorstore_py.core.errors import (
+    ChecksumError,
+    ConditionFailedError,
+    InvalidSpecError,
+    NotFoundError,
+    StorageError,
+)
+from tensorstore_py.core.pools import run_cpu
+from tensorstore_py.core.retry import RetryPolicy, with_retries
 from tensorstore_py.kvstore._gcs_auth import CredentialsMode, GcsAuth, require_google_auth
 from tensorstore_py.kvstore._retry import (
-    RetryPolicy,
     TransientHttpError,
     client_session,
     is_retryable_status,
-    with_retries,
+    is_transient,
 )
 from tensorstore_py.kvstore.base import (
     Buffer,
@@ -89,15 +98,6 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     validate_key,
 )
-
-from tensorstore_py.errors import (
-    ChecksumError,
-    ConditionFailedError,
-    InvalidSpecError,
-    NotFoundError,
-    StorageError,
-)
-from tensorstore_py.future import run_cpu
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_ENDPOINT", "GcsKvStore", "GcsSpec", "validate_bucket"]
 
@@ -392,7 +392,7 @@ class GcsKvStore(KvStore):
                         )
                     return _Response(status, resp.headers, body, n)
 
-        return await with_retries(attempt, what=what, policy=self.retry_policy)
+        return await with_retries(attempt, what=what, policy=self.retry_policy, retry_on=is_transient)
 
     def _fail(self, what: str, resp: _Response) -> StorageError:
         return StorageError(f"gcs {what}: HTTP {resp.status}: {resp.message()}")

@@ -43,6 +43,8 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import aiohttp
+
+from tensorstore_py.core.errors import InvalidSpecError, StorageError, UnsupportedError
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
@@ -50,8 +52,6 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
-
-from tensorstore_py.errors import InvalidSpecError, StorageError, UnsupportedError
 
 __all__ = ["HttpKvStore", "loop_session", "RETRYABLE_STATUS"]
 

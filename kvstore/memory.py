@@ -12,6 +12,7 @@ import time
 import weakref
 from typing import Any
 
+from tensorstore_py.core.errors import InvalidSpecError
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
@@ -21,8 +22,6 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     condition_failed,
 )
-
-from tensorstore_py.errors import InvalidSpecError
 
 __all__ = ["MemoryKvStore"]
 

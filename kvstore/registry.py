@@ -20,9 +20,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from tensorstore_py.core.errors import InvalidSpecError
 from tensorstore_py.kvstore.base import KvStore
-
-from tensorstore_py.errors import InvalidSpecError
 
 __all__ = ["open_kvstore", "spec_from_url", "known_drivers", "register_driver"]
 

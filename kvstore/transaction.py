@@ -64,6 +64,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
+from tensorstore_py.core.errors import (
+    ConditionFailedError,
+    ConflictError,
+    InvalidArgumentError,
+    UnsupportedError,
+)
+from tensorstore_py.core.future import Future, get_loop, spawn
 from tensorstore_py.kvstore.base import (
     BlockingRead,
     Buffer,
@@ -73,14 +80,6 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     condition_failed,
 )
-
-from tensorstore_py.errors import (
-    ConditionFailedError,
-    ConflictError,
-    InvalidArgumentError,
-    UnsupportedError,
-)
-from tensorstore_py.future import Future, get_loop, spawn
 
 __all__ = ["CommitInfo", "Coordinator", "Participant", "Transaction", "TransactionalKvStore"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from tensorstore_py import errors
-from tensorstore_py.errors import (
+from tensorstore_py.core.errors import (
     ChecksumError,
     ConditionFailedError,
     ConflictError,
@@ -26,7 +26,7 @@ from tensorstore_py.errors import (
     TensorStoreError,
     UnsupportedError,
 )
-from tensorstore_py.future import Future
+from tensorstore_py.core.future import Future
 from tensorstore_py.kvstore.base import ByteRange, Generation, KvStore, ReadResult
 
 __version__ = "0.1.0"

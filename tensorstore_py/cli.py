@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- running -----------------------------------------------------------------------------
 def _run(coro: Any) -> Any:
-    from tensorstore_py.future import spawn
+    from tensorstore_py.core.future import spawn
 
     return spawn(coro).result()
 

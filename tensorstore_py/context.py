@@ -21,7 +21,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from tensorstore_py.errors import InvalidSpecError
+from tensorstore_py.core.errors import InvalidSpecError
 
 __all__ = ["Context"]
 

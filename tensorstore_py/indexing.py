@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.errors import (
+from tensorstore_py.core.errors import (
     InvalidArgumentError,
     InvalidSpecError,
     OutOfRangeError,

@@ -4,7 +4,7 @@ A :class:`TensorStore` is an open array driver plus an
 :class:`~tensorstore_py.indexing.IndexTransform`. Indexing, ``transpose``,
 ``translate_*`` and ``label`` build new views without I/O; ``read`` and
 ``write`` turn the view into one strided box per stored dimension and return
-a :class:`~tensorstore_py.future.Future`. See docs/ARRAYS.md.
+a :class:`~tensorstore_py.Future`. See docs/ARRAYS.md.
 
 Guarantees (from the driver contract): a write never tears a chunk: each
 stored chunk is replaced atomically, partial-chunk writes are read-modify-write
@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tensorstore_py.context import Context, default_context
-from tensorstore_py.errors import (
+from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.errors import (
     InvalidArgumentError,
     InvalidSpecError,
     NotFoundError,
     UnsupportedError,
 )
-from tensorstore_py.future import Future, ready, spawn
+from tensorstore_py.core.future import Future, ready, spawn
 from tensorstore_py.indexing import DimSelector, IndexDomain, IndexTransform, Plan
 
 if TYPE_CHECKING:
@@ -426,15 +427,13 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised C-order array; page-aligned when large.
 
     The kernel copies file data into page-aligned buffers several times faster
-    than into malloc'ed ones (see kvstore/file.py), and chunks that map 1:1
+    than into malloc'ed ones (see core/buffers.py), and chunks that map 1:1
     onto the result are read straight into it.
     """
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if n < _ALIGN_MIN_BYTES:
         return np.empty(shape, dtype)
-    from tensorstore_py.kvstore.file import aligned_empty
-
-    return aligned_empty(n).view(dtype).reshape(shape)
+    return aligned_empty(shape, dtype)
 
 
 def _shape_probe(ts: TensorStore) -> np.ndarray:

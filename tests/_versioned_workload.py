@@ -19,13 +19,12 @@ import threading
 import time
 from typing import Any
 
+import tensorstore_py as tsp
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned import root as _root_module
-
-import tensorstore_py as tsp
 
 T = 60
 #: value sizes by ``j % 4``: inline, packed, alone (>= 256 KiB), packed

@@ -14,8 +14,8 @@ from tensorstore_py.cli import main
 from tensorstore_py.commands import checks, export, inspect, maintenance
 from tensorstore_py.commands.errors import describe
 from tensorstore_py.commands.output import format_table, human_size
+from tensorstore_py.core.future import spawn
 from tensorstore_py.errors import InvalidArgumentError, NotFoundError, StorageError
-from tensorstore_py.future import spawn
 
 T = 60
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tensorstore_py.kvstore.versioned.format import MAGIC_COMMIT, unframe
 
 import tensorstore_py as tsp
+from tensorstore_py.kvstore.versioned.format import MAGIC_COMMIT, unframe
 
 T = 120
 

@@ -7,19 +7,19 @@ import os
 
 import numpy as np
 import pytest
+from test_driver_helpers import open_sync, read, write
+
+import tensorstore_py as tsp
+from tensorstore_py.core.future import run_sync, spawn
 from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.open import build_metadata
+from tensorstore_py.errors import ChecksumError, DataCorruptionError
 from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.fsspec_store import FsspecKvStore
 from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
-from test_driver_helpers import open_sync, read, write
-
-import tensorstore_py as tsp
-from tensorstore_py.errors import ChecksumError, DataCorruptionError
-from tensorstore_py.future import run_sync, spawn
 
 T = 60
 

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tensorstore_py.drivers.budget import ByteBudget, run_bounded
+from test_driver_helpers import CountingKvStore, full, open_sync, read, write
+
+from tensorstore_py.core.budget import ByteBudget, run_bounded
+from tensorstore_py.core.future import run_sync
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.grid import chunk_parts, out_shape
 from tensorstore_py.drivers.open import build_metadata, default_chunks
+from tensorstore_py.errors import InvalidArgumentError
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.memory import MemoryKvStore
-from test_driver_helpers import CountingKvStore, full, open_sync, read, write
-
-from tensorstore_py.errors import InvalidArgumentError
-from tensorstore_py.future import run_sync
 
 
 @st.composite
@@ -124,7 +124,7 @@ def test_two_processes_writing_disjoint_parts_of_one_chunk(tmp_path):
     script = textwrap.dedent(f"""
         import sys, numpy as np
         from tensorstore_py.drivers.open import open_driver
-        from tensorstore_py.future import run_sync
+        from tensorstore_py.core.future import run_sync
         k = int(sys.argv[1])
         a = run_sync(open_driver({{"driver": "zarr3", "kvstore": {url!r}}}))
         for j in range(40):
@@ -176,7 +176,7 @@ def test_large_write_memory_stays_bounded(tmp_path):
     script = textwrap.dedent(f"""
         import resource, numpy as np
         from tensorstore_py.drivers.open import open_driver, build_metadata
-        from tensorstore_py.future import run_sync
+        from tensorstore_py.core.future import run_sync
         m = build_metadata("zarr3", shape=[256, 1024, 1024], dtype="uint8", chunks=[16, 512, 512],
                            compression="zstd")
         a = run_sync(open_driver({{"driver": "zarr3", "kvstore": {{"driver": "file", "path": {str(tmp_path / 'a')!r}, "sync": False}},
@@ -223,9 +223,8 @@ def test_default_chunks():
 
 
 def test_partial_writes_inside_a_transaction(tmp_path):
-    from tensorstore_py.kvstore.registry import open_kvstore
-
     import tensorstore_py as tsp
+    from tensorstore_py.kvstore.registry import open_kvstore
 
     kv = run_sync(open_kvstore("versioned+file://" + str(tmp_path) + "/"))
     m = build_metadata("zarr3", shape=[8, 8], dtype="int32", chunks=[4, 4], shards=[8, 8])

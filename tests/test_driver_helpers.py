@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from tensorstore_py.core.future import run_sync
 from tensorstore_py.drivers.open import open_driver
 from tensorstore_py.kvstore.base import KvStore
-
-from tensorstore_py.future import run_sync
 
 
 class CountingKvStore(KvStore):

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
-from tensorstore_py.drivers.open import build_metadata
-from tensorstore_py.kvstore.file import FileKvStore
-from tensorstore_py.kvstore.memory import MemoryKvStore
 from test_driver_helpers import CountingKvStore, open_sync, read, write
 
+from tensorstore_py.drivers.open import build_metadata
 from tensorstore_py.errors import ChecksumError, DataCorruptionError
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
 
 SHAPE = (45, 37)
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
-from tensorstore_py.drivers.open import build_metadata
 from test_driver_helpers import open_sync, read, write
 
+from tensorstore_py.drivers.open import build_metadata
 from tensorstore_py.errors import (
     DataCorruptionError,
     InvalidSpecError,
@@ -130,7 +130,7 @@ def test_attrs_untouched_and_errors(tmp_path):
     b = open_sync({"driver": "zarr", "kvstore": "file://" + str(p),
                    "metadata": {"dtype": "<i4", "chunks": list(CHUNKS)}}, create=True)
     assert b.shape == SHAPE
-    run_resize = __import__("tensorstore_py.future", fromlist=["run_sync"]).run_sync
+    run_resize = __import__("tensorstore_py.core.future", fromlist=["run_sync"]).run_sync
     c = run_resize(a.resize((10, 17)))
     assert c.shape == (10, 17)
     assert zarr.open_array(str(p), mode="r").shape == (10, 17)

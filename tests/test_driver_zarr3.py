@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
-from tensorstore_py.drivers.open import build_metadata
 from test_driver_helpers import open_sync, read, write
 
+from tensorstore_py.core.future import run_sync
+from tensorstore_py.drivers.open import build_metadata
 from tensorstore_py.errors import (
     ChecksumError,
     DataCorruptionError,
@@ -21,7 +22,6 @@ from tensorstore_py.errors import (
     NotFoundError,
     UnsupportedError,
 )
-from tensorstore_py.future import run_sync
 
 SHAPE = (23, 18)  # ragged edge chunks with 8x5 chunks
 CHUNKS = (8, 5)

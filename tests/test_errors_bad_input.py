@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tensorstore_py.kvstore import registry
-from tensorstore_py.kvstore.file import FileKvStore
-from tensorstore_py.kvstore.memory import MemoryKvStore
 
 import tensorstore_py as tsp
 from tensorstore_py.errors import InvalidArgumentError, InvalidKeyError, InvalidSpecError
+from tensorstore_py.kvstore import registry
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
 
 TRAVERSAL = ["../x", "a/../../x", "..", "a/..", "./a", "a/./b", "/etc/passwd", "//x"]
 MALFORMED = ["", "a", "a/b"]

@@ -13,17 +13,9 @@ from pathlib import Path
 import pytest
 
 import tensorstore_py as tsp
+from tensorstore_py.core.future import Future, get_loop, in_loop_thread, ready, run_sync, spawn
+from tensorstore_py.core.pools import run_cpu, run_io
 from tensorstore_py.errors import DeadlineExceededError, LoopError
-from tensorstore_py.future import (
-    Future,
-    get_loop,
-    in_loop_thread,
-    ready,
-    run_cpu,
-    run_io,
-    run_sync,
-    spawn,
-)
 
 
 async def _value(v: object, delay: float = 0.0) -> object:

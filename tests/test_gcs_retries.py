@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tensorstore_py.kvstore._retry import RetryPolicy, TransientHttpError, with_retries
-from tensorstore_py.kvstore.gcs import GcsKvStore
 
 import tensorstore_py as tsp
+from tensorstore_py.core.retry import RetryPolicy, with_retries
 from tensorstore_py.errors import ConditionFailedError, StorageError
+from tensorstore_py.kvstore._retry import TransientHttpError, is_transient
+from tensorstore_py.kvstore.gcs import GcsKvStore
 from tensorstore_py.testing.fault_proxy import FAULT_KINDS, FaultProxy
 from tensorstore_py.testing.gcs_server import GcsEmulator
 from tensorstore_py.testing.kvstore import cas_increment
@@ -45,7 +46,7 @@ def test_with_retries_retries_only_transient_failures() -> None:
         return "ok"
 
     policy = RetryPolicy(max_attempts=5, initial_delay=0.001, max_delay=0.01)
-    assert asyncio.run(with_retries(flaky, what="flaky op", policy=policy)) == "ok"
+    assert asyncio.run(with_retries(flaky, what="flaky op", policy=policy, retry_on=is_transient)) == "ok"
     assert calls == [1, 2, 3]
 
     calls.clear()
@@ -55,7 +56,7 @@ def test_with_retries_retries_only_transient_failures() -> None:
         raise ValueError("a bug, not a hiccup")
 
     with pytest.raises(ValueError):
-        asyncio.run(with_retries(broken, what="broken op", policy=policy))
+        asyncio.run(with_retries(broken, what="broken op", policy=policy, retry_on=is_transient))
     assert calls == [1]
 
     calls.clear()
@@ -65,7 +66,7 @@ def test_with_retries_retries_only_transient_failures() -> None:
         raise ConnectionResetError("reset by peer")
 
     with pytest.raises(StorageError, match=r"down op: failed after 5 attempt") as info:
-        asyncio.run(with_retries(down, what="down op", policy=policy))
+        asyncio.run(with_retries(down, what="down op", policy=policy, retry_on=is_transient))
     assert isinstance(info.value.__cause__, ConnectionResetError)
     assert calls == [1, 2, 3, 4, 5]
 

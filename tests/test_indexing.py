@@ -15,11 +15,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tensorstore as ts
-from tensorstore_py.drivers.base import ArrayDriver
-from tensorstore_py.kvstore.memory import MemoryKvStore
 
+from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.errors import InvalidArgumentError, OutOfRangeError, UnsupportedError
 from tensorstore_py.indexing import IndexTransform
+from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.tensorstore import TensorStore
 
 

@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-from tensorstore_py.kvstore.fault import FaultKvStore, FaultRule
-from tensorstore_py.kvstore.file import FileKvStore
-from tensorstore_py.kvstore.memory import MemoryKvStore
 
 import tensorstore_py as tsp
 from tensorstore_py.errors import ConditionFailedError, InvalidSpecError, StorageError
+from tensorstore_py.kvstore.fault import FaultKvStore, FaultRule
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.testing.kvstore import KvStoreConformance
 
 

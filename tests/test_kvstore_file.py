@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from tensorstore_py.kvstore.file import META_DIR, FileKvStore
 
 import tensorstore_py as tsp
+from tensorstore_py.kvstore.file import META_DIR, FileKvStore
 from tensorstore_py.testing.kvstore import KvStoreConformance, cas_increment_worker
 
 
@@ -153,7 +153,7 @@ def test_futures_from_every_waiting_style(tmp_path: Path) -> None:
     import asyncio
     import threading
 
-    from tensorstore_py.future import spawn
+    from tensorstore_py.core.future import spawn
 
     kv = FileKvStore(path=str(tmp_path), sync=False)
     assert not kv.write("a", b"1").result(timeout=10).is_no_value

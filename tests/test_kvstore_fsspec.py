@@ -7,10 +7,10 @@ from pathlib import Path
 
 import fsspec
 import pytest
-from tensorstore_py.kvstore.fsspec_store import FsspecKvStore
 
 import tensorstore_py as tsp
 from tensorstore_py.errors import InvalidSpecError, UnsupportedError
+from tensorstore_py.kvstore.fsspec_store import FsspecKvStore
 from tensorstore_py.testing.kvstore import KvStoreConformance
 
 

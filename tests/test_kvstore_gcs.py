@@ -13,8 +13,6 @@ from typing import Any
 import crc32c
 import pytest
 from aiohttp import web
-from tensorstore_py.kvstore.gcs import GcsKvStore
-from tensorstore_py.kvstore.registry import spec_from_url
 
 import tensorstore_py as tsp
 from tensorstore_py.errors import (
@@ -23,6 +21,8 @@ from tensorstore_py.errors import (
     InvalidSpecError,
     NotFoundError,
 )
+from tensorstore_py.kvstore.gcs import GcsKvStore
+from tensorstore_py.kvstore.registry import spec_from_url
 from tensorstore_py.testing.fault_proxy import FaultProxy
 from tensorstore_py.testing.gcs_server import GcsEmulator
 from tensorstore_py.testing.kvstore import KvStoreConformance, cas_increment
@@ -109,7 +109,7 @@ def test_stale_cas_message_names_expected_and_found(kv: GcsKvStore) -> None:
 def test_generation_is_the_object_generation(kv: GcsKvStore) -> None:
     g = kv.write("obj", b"abc").result(T)
     assert g.token.isdigit()
-    from tensorstore_py.future import run_sync
+    from tensorstore_py.core.future import run_sync
 
     meta = run_sync(kv._stat("obj"), T)
     assert meta is not None and meta["generation"] == g.token.decode()

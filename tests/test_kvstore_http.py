@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from tensorstore_py.kvstore.http import HttpKvStore
 
 import tensorstore_py as tsp
 from tensorstore_py.errors import InvalidSpecError, StorageError
+from tensorstore_py.kvstore.http import HttpKvStore
 from tensorstore_py.testing.kvstore import ReadOnlyKvStoreConformance
 
 FILES: dict[str, bytes] = {

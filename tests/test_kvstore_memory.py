@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from tensorstore_py.kvstore.memory import MemoryKvStore
 
 import tensorstore_py as tsp
+from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.testing.kvstore import KvStoreConformance
 
 

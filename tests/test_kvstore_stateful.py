@@ -15,10 +15,10 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from tensorstore_py.kvstore.file import FileKvStore
-from tensorstore_py.kvstore.memory import MemoryKvStore
 
 import tensorstore_py as tsp
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
 
 # Leaves only: either top-level "p"/"q" or "<dir>/<name>" under a/ or b/, so a
 # key is never also a directory on the file store.

@@ -10,17 +10,17 @@ import time
 from typing import Any
 
 import pytest
-from tensorstore_py.kvstore.file import FileKvStore
-from tensorstore_py.kvstore.memory import MemoryKvStore
-from tensorstore_py.kvstore.versioned import VersionedKvStore
-from tensorstore_py.kvstore.versioned.format import InlineEntry, RefEntry, new_stamp
-from tensorstore_py.kvstore.versioned.multiwriter import encode_fragment, fragment_name
 
 import tensorstore_py as tsp
 from tensorstore_py.errors import (
     ConflictError,
     InvalidArgumentError,
 )
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
+from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned.format import InlineEntry, RefEntry, new_stamp
+from tensorstore_py.kvstore.versioned.multiwriter import encode_fragment, fragment_name
 
 T = 120
 

@@ -8,12 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tensorstore_py.kvstore.fault import FaultKvStore
-from tensorstore_py.kvstore.file import FileKvStore
-from tensorstore_py.kvstore.memory import MemoryKvStore
-from tensorstore_py.kvstore.versioned import VersionedKvStore
 
 import tensorstore_py as tsp
+from tensorstore_py.core.future import spawn
 from tensorstore_py.errors import (
     ConditionFailedError,
     ConflictError,
@@ -21,7 +18,10 @@ from tensorstore_py.errors import (
     StorageError,
     UnsupportedError,
 )
-from tensorstore_py.future import spawn
+from tensorstore_py.kvstore.fault import FaultKvStore
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
+from tensorstore_py.kvstore.versioned import VersionedKvStore
 
 T = 60
 

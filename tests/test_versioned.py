@@ -9,16 +9,9 @@ from typing import Any
 
 import msgpack
 import pytest
-from tensorstore_py.kvstore.fault import FaultKvStore
-from tensorstore_py.kvstore.file import FileKvStore
-from tensorstore_py.kvstore.memory import MemoryKvStore
-from tensorstore_py.kvstore.registry import spec_from_url
-from tensorstore_py.kvstore.versioned import VersionedKvStore, VersionInfo
-from tensorstore_py.kvstore.versioned.format import InlineEntry, commit_name, frame, new_stamp
-from tensorstore_py.kvstore.versioned.root import Plan, get_root
-from tensorstore_py.kvstore.versioned.tree import MAX_FANOUT
 
 import tensorstore_py as tsp
+from tensorstore_py.core.future import spawn
 from tensorstore_py.errors import (
     ChecksumError,
     ConditionFailedError,
@@ -27,7 +20,14 @@ from tensorstore_py.errors import (
     NotFoundError,
     ReadOnlyError,
 )
-from tensorstore_py.future import spawn
+from tensorstore_py.kvstore.fault import FaultKvStore
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
+from tensorstore_py.kvstore.registry import spec_from_url
+from tensorstore_py.kvstore.versioned import VersionedKvStore, VersionInfo
+from tensorstore_py.kvstore.versioned.format import InlineEntry, commit_name, frame, new_stamp
+from tensorstore_py.kvstore.versioned.root import Plan, get_root
+from tensorstore_py.kvstore.versioned.tree import MAX_FANOUT
 
 T = 60
 

@@ -23,6 +23,7 @@ from _versioned_workload import (
     sample_versions,
     writes_until_commit_record,
 )
+
 from tensorstore_py.kvstore.versioned.verify import verify
 
 T = 60

@@ -14,6 +14,9 @@ from _versioned_workload import (
     run_writer,
     writes_until_commit_record,
 )
+
+import tensorstore_py as tsp
+from tensorstore_py.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
@@ -21,9 +24,6 @@ from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.gc import gc, reclaim
 from tensorstore_py.kvstore.versioned.verify import verify
-
-import tensorstore_py as tsp
-from tensorstore_py.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
 
 T = 60
 

@@ -10,14 +10,6 @@ from typing import Any
 
 import pytest
 from _versioned_workload import check_version, commit_single, single_keys, write_counter
-from tensorstore_py.kvstore.base import KvStore
-from tensorstore_py.kvstore.fault import FaultKvStore
-from tensorstore_py.kvstore.file import FileKvStore
-from tensorstore_py.kvstore.memory import MemoryKvStore
-from tensorstore_py.kvstore.versioned import VersionedKvStore
-from tensorstore_py.kvstore.versioned import root as root_module
-from tensorstore_py.kvstore.versioned.format import MAGIC_NODE, CommitRecord, commit_name, frame
-from tensorstore_py.kvstore.versioned.verify import verify
 
 import tensorstore_py as tsp
 from tensorstore_py.errors import (
@@ -26,6 +18,14 @@ from tensorstore_py.errors import (
     DataCorruptionError,
     TensorStoreError,
 )
+from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.fault import FaultKvStore
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
+from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned import root as root_module
+from tensorstore_py.kvstore.versioned.format import MAGIC_NODE, CommitRecord, commit_name, frame
+from tensorstore_py.kvstore.versioned.verify import verify
 
 T = 60
 _fork = multiprocessing.get_context("fork")

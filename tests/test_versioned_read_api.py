@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+from tensorstore_py.errors import ChecksumError, NotFoundError
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.format import crc32c
 from tensorstore_py.kvstore.versioned.info import CommitDetails, EntryInfo
-
-from tensorstore_py.errors import ChecksumError, NotFoundError
 
 T = 30
 

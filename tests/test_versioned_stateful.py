@@ -15,12 +15,12 @@ from typing import Any
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from tensorstore_py.kvstore.memory import MemoryKvStore
-from tensorstore_py.kvstore.versioned import VersionedKvStore
-from tensorstore_py.kvstore.versioned.verify import verify
 
 import tensorstore_py as tsp
 from tensorstore_py.errors import ConflictError
+from tensorstore_py.kvstore.memory import MemoryKvStore
+from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned.verify import verify
 
 T = 30
 KEYS = st.sampled_from(["a", "b", "c", "d/e", "d/f"])

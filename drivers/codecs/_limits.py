@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tensorstore_py.errors import DataCorruptionError
+from tensorstore_py.core.errors import DataCorruptionError
 
 
 def check_size(codec: str, key: str, found: int, size: int | None, limit: int) -> None:

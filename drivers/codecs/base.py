@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
+
 from tensorstore_py.kvstore.base import Buffer
 
 __all__ = ["ArrayArrayCodec", "ArrayBytesCodec", "BytesBytesCodec", "Codec"]

@@ -6,11 +6,11 @@ from typing import Any
 
 import numcodecs.blosc as _blosc
 from numcodecs import Blosc
+
+from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs._limits import check_size
 from tensorstore_py.drivers.codecs.base import BytesBytesCodec
 from tensorstore_py.kvstore.base import Buffer
-
-from tensorstore_py.errors import DataCorruptionError, InvalidSpecError
 
 _SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
 _CNAMES = ("blosclz", "lz4", "lz4hc", "zlib", "zstd", "snappy")

@@ -6,10 +6,10 @@ import sys
 from typing import Any
 
 import numpy as np
+
+from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs.base import ArrayBytesCodec
 from tensorstore_py.kvstore.base import Buffer
-
-from tensorstore_py.errors import DataCorruptionError, InvalidSpecError
 
 
 class BytesCodec(ArrayBytesCodec):

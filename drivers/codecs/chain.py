@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
 from tensorstore_py.drivers.codecs.base import (
     ArrayArrayCodec,
     ArrayBytesCodec,
@@ -19,8 +21,6 @@ from tensorstore_py.drivers.codecs.gzip_codec import GzipCodec
 from tensorstore_py.drivers.codecs.transpose import TransposeCodec
 from tensorstore_py.drivers.codecs.zstd_codec import ZstdCodec
 from tensorstore_py.kvstore.base import Buffer
-
-from tensorstore_py.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
 
 __all__ = ["CodecChain"]
 

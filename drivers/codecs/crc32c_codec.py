@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import crc32c as _crc
+
+from tensorstore_py.core.errors import ChecksumError, DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs.base import BytesBytesCodec
 from tensorstore_py.kvstore.base import Buffer
-
-from tensorstore_py.errors import ChecksumError, DataCorruptionError, InvalidSpecError
 
 
 class Crc32cCodec(BytesBytesCodec):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs._limits import check_size
 from tensorstore_py.drivers.codecs.base import BytesBytesCodec
 from tensorstore_py.kvstore.base import Buffer
-
-from tensorstore_py.errors import DataCorruptionError, InvalidSpecError
 
 
 def inflate(buf: Buffer, *, wbits: int, codec: str, key: str, size: int | None, limit: int) -> bytes:

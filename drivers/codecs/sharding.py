@@ -15,10 +15,10 @@ import itertools
 from typing import Any
 
 import numpy as np
+
+from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs.base import ArrayBytesCodec
 from tensorstore_py.kvstore.base import Buffer, ByteRange
-
-from tensorstore_py.errors import DataCorruptionError, InvalidSpecError
 
 MISSING = np.uint64(2**64 - 1)
 # An index larger than this (16 bytes per entry) is refused before any read.

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from tensorstore_py.drivers.codecs.base import ArrayArrayCodec
 
-from tensorstore_py.errors import InvalidSpecError
+from tensorstore_py.core.errors import InvalidSpecError
+from tensorstore_py.drivers.codecs.base import ArrayArrayCodec
 
 
 class TransposeCodec(ArrayArrayCodec):

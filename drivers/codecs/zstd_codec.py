@@ -6,11 +6,11 @@ from typing import Any
 
 import numcodecs.zstd as _nz
 from numcodecs import Zstd
+
+from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs._limits import check_size
 from tensorstore_py.drivers.codecs.base import BytesBytesCodec
 from tensorstore_py.kvstore.base import Buffer
-
-from tensorstore_py.errors import DataCorruptionError, InvalidSpecError
 
 _MAGIC = b"\x28\xb5\x2f\xfd"
 

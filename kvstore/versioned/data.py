@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tensorstore_py.core.errors import ChecksumError, ConditionFailedError, DataCorruptionError
+from tensorstore_py.core.pools import run_cpu, run_io
 from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, ReadResult
 from tensorstore_py.kvstore.versioned.format import (
     Entry,
@@ -21,9 +23,6 @@ from tensorstore_py.kvstore.versioned.format import (
     new_name,
     new_stamp,
 )
-
-from tensorstore_py.errors import ChecksumError, ConditionFailedError, DataCorruptionError
-from tensorstore_py.future import run_cpu, run_io
 
 __all__ = [
     "INLINE_MAX", "LARGE_MIN", "STAGING_MAX", "Pending", "Staged",

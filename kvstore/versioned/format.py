@@ -18,7 +18,7 @@ from typing import Any
 import crc32c as _crc32c
 import msgpack
 
-from tensorstore_py.errors import ChecksumError, DataCorruptionError, InvalidArgumentError
+from tensorstore_py.core.errors import ChecksumError, DataCorruptionError, InvalidArgumentError
 
 __all__ = [
     "FORMAT",

@@ -71,6 +71,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError
+from tensorstore_py.core.future import Future, spawn
 from tensorstore_py.kvstore.base import KeyInfo, KvStore
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_FRAGMENT,
@@ -83,9 +85,6 @@ from tensorstore_py.kvstore.versioned.format import (
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Node, walk
 from tensorstore_py.kvstore.versioned.verify import base_of
-
-from tensorstore_py.errors import DataCorruptionError, InvalidArgumentError
-from tensorstore_py.future import Future, spawn
 
 __all__ = ["DEFAULT_GRACE", "GcReport", "gc", "reclaim"]
 

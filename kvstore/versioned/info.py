@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tensorstore_py.core.errors import ChecksumError, DataCorruptionError, NotFoundError
+from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import ByteRange, Generation, KvStore
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_COMMIT,
@@ -26,9 +28,6 @@ from tensorstore_py.kvstore.versioned.format import (
     unframe,
 )
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
-
-from tensorstore_py.errors import ChecksumError, DataCorruptionError, NotFoundError
-from tensorstore_py.future import run_cpu
 
 __all__ = ["CommitDetails", "EntryInfo", "Span", "entry_info", "read_formats", "read_spans"]
 

@@ -19,6 +19,15 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
+from tensorstore_py.core import errors as _errors
+from tensorstore_py.core.errors import (
+    ConditionFailedError,
+    DataCorruptionError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    TensorStoreError,
+)
+from tensorstore_py.core.pools import run_io
 from tensorstore_py.kvstore.base import Generation
 from tensorstore_py.kvstore.transaction import CommitInfo
 from tensorstore_py.kvstore.versioned.format import (
@@ -32,16 +41,6 @@ from tensorstore_py.kvstore.versioned.format import (
 )
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
-
-from tensorstore_py import errors as _errors
-from tensorstore_py.errors import (
-    ConditionFailedError,
-    DataCorruptionError,
-    DeadlineExceededError,
-    InvalidArgumentError,
-    TensorStoreError,
-)
-from tensorstore_py.future import run_io
 
 if TYPE_CHECKING:
     from tensorstore_py.kvstore.transaction import Transaction

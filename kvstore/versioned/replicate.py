@@ -16,6 +16,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError
+from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_CHANGES,
@@ -28,9 +30,6 @@ from tensorstore_py.kvstore.versioned.format import (
 )
 from tensorstore_py.kvstore.versioned.root import get_root
 from tensorstore_py.kvstore.versioned.tree import Inner, decode_node
-
-from tensorstore_py.errors import ConditionFailedError, DataCorruptionError
-from tensorstore_py.future import run_cpu
 
 __all__ = ["copy_store"]
 

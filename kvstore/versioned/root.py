@@ -25,6 +25,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tensorstore_py.core.errors import (
+    ConditionFailedError,
+    DataCorruptionError,
+    DeadlineExceededError,
+    StorageError,
+)
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.versioned.format import (
     HINT_NAME,
@@ -47,13 +53,6 @@ from tensorstore_py.kvstore.versioned.tree import (
     decode_node,
     lookup,
     scan,
-)
-
-from tensorstore_py.errors import (
-    ConditionFailedError,
-    DataCorruptionError,
-    DeadlineExceededError,
-    StorageError,
 )
 
 __all__ = ["Plan", "VersionedRoot", "get_root"]
@@ -273,7 +272,7 @@ class VersionedRoot:
             return None
         rec = await self.read_record(version)
         if rec is None:
-            from tensorstore_py.errors import NotFoundError
+            from tensorstore_py.core.errors import NotFoundError
 
             raise NotFoundError(f"versioned store {self.base!r}: version {version} does not exist")
         return rec

@@ -35,6 +35,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tensorstore_py.core.errors import (
+    ConditionFailedError,
+    InvalidArgumentError,
+    InvalidSpecError,
+    NotFoundError,
+)
+from tensorstore_py.core.future import Future, spawn
 from tensorstore_py.kvstore.base import (
     BlockingRead,
     Buffer,
@@ -68,14 +75,6 @@ from tensorstore_py.kvstore.versioned.info import (
     read_spans,
 )
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot, get_root
-
-from tensorstore_py.errors import (
-    ConditionFailedError,
-    InvalidArgumentError,
-    InvalidSpecError,
-    NotFoundError,
-)
-from tensorstore_py.future import Future, spawn
 
 if TYPE_CHECKING:
     from tensorstore_py.kvstore.transaction import Transaction

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_NODE,
     Entry,
@@ -25,8 +26,6 @@ from tensorstore_py.kvstore.versioned.format import (
     new_name,
     unframe,
 )
-
-from tensorstore_py.errors import DataCorruptionError, InvalidArgumentError
 
 __all__ = ["Inner", "Leaf", "Node", "NodeCache", "TreeWriter", "decode_node", "lookup", "scan", "walk"]
 

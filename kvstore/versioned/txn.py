@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from tensorstore_py.core.errors import ConditionFailedError, ConflictError, DataCorruptionError
 from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, ReadResult
 from tensorstore_py.kvstore.transaction import CommitInfo, Participant
 from tensorstore_py.kvstore.versioned.data import (
@@ -27,8 +28,6 @@ from tensorstore_py.kvstore.versioned.data import (
 from tensorstore_py.kvstore.versioned.format import CommitRecord
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
-
-from tensorstore_py.errors import ConditionFailedError, ConflictError, DataCorruptionError
 
 if TYPE_CHECKING:
     from tensorstore_py.kvstore.transaction import Transaction

@@ -37,6 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import crc32c as _crc32c_lib
+
+from tensorstore_py.core.errors import DataCorruptionError
+from tensorstore_py.core.future import Future, spawn
+from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_CHANGES,
@@ -50,9 +54,6 @@ from tensorstore_py.kvstore.versioned.format import (
 )
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Inner, Leaf, Node, decode_node
-
-from tensorstore_py.errors import DataCorruptionError
-from tensorstore_py.future import Future, run_cpu, spawn
 
 __all__ = ["Problem", "base_of", "verify"]
 
@@ -106,7 +107,7 @@ def verify(store: KvStore, *, progress: Progress | None = None) -> Future[list[P
 
 
 def _exc_kind(e: DataCorruptionError) -> str:
-    from tensorstore_py.errors import ChecksumError
+    from tensorstore_py.core.errors import ChecksumError
 
     return "checksum" if isinstance(e, ChecksumError) else "corrupt"
 

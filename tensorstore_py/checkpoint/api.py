@@ -11,8 +11,8 @@ from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.restoring import ReadStats, restore_step
 from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator, run_save, snapshot
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key
-from tensorstore_py.errors import ConditionFailedError, InvalidArgumentError
-from tensorstore_py.future import Future, run_sync, spawn
+from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
+from tensorstore_py.core.future import Future, run_sync, spawn
 from tensorstore_py.kvstore.base import KvStore
 
 __all__ = ["Root", "RootLike", "leaf_paths", "open_array", "open_leaf", "open_root", "restore", "save"]
@@ -165,7 +165,7 @@ def open_array(root: RootLike, path: str, *, step: int | None = None) -> Future[
 
     async def run() -> Any:
         from tensorstore_py.checkpoint.restoring import _open_step
-        from tensorstore_py.errors import NotFoundError
+        from tensorstore_py.core.errors import NotFoundError
 
         step_, manifest, view = await _open_step(store, step)
         leaves = [leaf for leaf in manifest["leaves"] if isinstance(leaf, dict) and "key" in leaf]
@@ -186,9 +186,9 @@ async def open_leaf(kv: KvStore, leaf: Mapping[str, Any]) -> Any:
     entry: raw little-endian chunks, default key encoding (layout.py).
     """
     from tensorstore_py.checkpoint.layout import zarr3_metadata
+    from tensorstore_py.core.errors import DataCorruptionError
     from tensorstore_py.drivers.dtypes import dtype_from_v3
     from tensorstore_py.drivers.zarr3 import Zarr3Array
-    from tensorstore_py.errors import DataCorruptionError
     from tensorstore_py.kvstore.base import Generation
     from tensorstore_py.tensorstore import TensorStore
     from tensorstore_py.tensorstore import open as ts_open

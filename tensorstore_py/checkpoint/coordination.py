@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from tensorstore_py.errors import DeadlineExceededError, InvalidArgumentError
+from tensorstore_py.core.errors import DeadlineExceededError, InvalidArgumentError
 
 __all__ = ["Coordinator", "JaxCoordinator", "SingleProcess"]
 

@@ -11,8 +11,8 @@ from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.restoring import ReadStats
 from tensorstore_py.checkpoint.saving import SaveOptions
 from tensorstore_py.checkpoint.storage import StepInfo
-from tensorstore_py.errors import InvalidArgumentError, NotFoundError
-from tensorstore_py.future import Future, ready, run_sync
+from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
+from tensorstore_py.core.future import Future, ready, run_sync
 
 __all__ = ["CheckpointManager"]
 

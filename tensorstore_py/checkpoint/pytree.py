@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tensorstore_py.errors import InvalidArgumentError, InvalidSpecError
+from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError
 
 __all__ = ["flatten", "flatten_target", "path_str", "unflatten"]
 

@@ -25,7 +25,6 @@ from tensorstore_py.checkpoint import jax_adapter, pytree
 from tensorstore_py.checkpoint.layout import (
     LeafLayout,
     Region,
-    aligned_empty,
     c_strides,
     chunk_key,
     chunks_overlapping,
@@ -34,8 +33,10 @@ from tensorstore_py.checkpoint.layout import (
 )
 from tensorstore_py.checkpoint.saving import ByteBudget, gather_all
 from tensorstore_py.checkpoint.storage import StepStore, read_spans, step_dir
-from tensorstore_py.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
-from tensorstore_py.future import run_cpu, run_sync
+from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
+from tensorstore_py.core.future import run_sync
+from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import KvStore
 
 __all__ = ["ReadStats", "read_regions", "restore_step"]

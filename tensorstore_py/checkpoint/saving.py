@@ -43,9 +43,9 @@ from tensorstore_py.checkpoint.layout import (
     zarr3_metadata,
 )
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
+from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
+from tensorstore_py.core.pools import run_io
 from tensorstore_py.drivers.dtypes import dtype_to_v3
-from tensorstore_py.errors import ConditionFailedError, InvalidArgumentError
-from tensorstore_py.future import run_io
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
 

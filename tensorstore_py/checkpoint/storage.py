@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensorstore_py.errors import DataCorruptionError, NotFoundError
+from tensorstore_py.core.errors import DataCorruptionError, NotFoundError
 from tensorstore_py.kvstore.base import ByteRange, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.kvstore.versioned import VersionedKvStore

@@ -33,7 +33,7 @@ from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.inspect import open_array
 from tensorstore_py.commands.problems import Problem, VerifyReport
 from tensorstore_py.commands.target import Target, key_sizes, list_arrays, resolve, step_prefix
-from tensorstore_py.errors import (
+from tensorstore_py.core.errors import (
     ChecksumError,
     DataCorruptionError,
     InvalidArgumentError,
@@ -42,7 +42,7 @@ from tensorstore_py.errors import (
     TensorStoreError,
     UnsupportedError,
 )
-from tensorstore_py.future import run_cpu
+from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import KvStore
 
 __all__ = ["check_array", "verify"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensorstore_py.commands.target import Target, checkpoint_format_version, step_prefix
-from tensorstore_py.errors import DataCorruptionError, NotFoundError, UnsupportedError
+from tensorstore_py.core.errors import DataCorruptionError, NotFoundError, UnsupportedError
 from tensorstore_py.kvstore.base import KvStore
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tensorstore_py.errors import (
+from tensorstore_py.core.errors import (
     ConditionFailedError,
     DataCorruptionError,
     DeadlineExceededError,

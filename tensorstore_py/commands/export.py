@@ -26,14 +26,14 @@ import numpy as np
 from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.inspect import open_array
 from tensorstore_py.commands.target import Target, list_arrays, open_url, resolve, step_prefix
-from tensorstore_py.errors import (
+from tensorstore_py.core.errors import (
     ConditionFailedError,
     DataCorruptionError,
     InvalidArgumentError,
     NotFoundError,
     UnsupportedError,
 )
-from tensorstore_py.future import run_cpu
+from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import Generation, KvStore
 
 __all__ = ["cat", "copy", "find_leaf", "parse_index"]

@@ -13,7 +13,7 @@ import numpy as np
 
 from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.target import Target, key_sizes, list_arrays, resolve, step_prefix
-from tensorstore_py.errors import InvalidArgumentError, NotFoundError, UnsupportedError
+from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError, UnsupportedError
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.info import CommitDetails

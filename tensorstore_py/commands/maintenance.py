@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from tensorstore_py.commands.target import resolve
-from tensorstore_py.errors import InvalidArgumentError, ReadOnlyError
+from tensorstore_py.core.errors import InvalidArgumentError, ReadOnlyError
 
 __all__ = ["gc", "parse_duration"]
 

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tensorstore_py.errors import (
+from tensorstore_py.core.errors import (
     DataCorruptionError,
     InvalidArgumentError,
     InvalidSpecError,

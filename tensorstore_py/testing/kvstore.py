@@ -48,13 +48,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tensorstore_py.errors import (
+from tensorstore_py.core.errors import (
     ConditionFailedError,
     InvalidKeyError,
     ReadOnlyError,
     UnsupportedError,
 )
-from tensorstore_py.future import Future
+from tensorstore_py.core.future import Future
 from tensorstore_py.kvstore.base import Generation, KvStore
 
 __all__ = [

@@ -19,7 +19,8 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
-from tensorstore_py.errors import DeadlineExceededError, LoopError
+from tensorstore_py.core.errors import DeadlineExceededError, LoopError
+from tensorstore_py.core.pools import io_pool
 
 __all__ = ["Future", "get_loop", "in_loop_thread", "ready", "spawn", "submit_blocking"]
 
@@ -198,43 +199,6 @@ def run_sync(aw: Awaitable[T], timeout: float | None = None) -> T:
     return spawn(_wrap()).result(timeout)
 
 
-# -- thread pools -------------------------------------------------------------
-# Blocking file I/O and GIL-releasing codec work run on pools, never on the loop.
-_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
-
-
-def _pool(name: str, workers: int) -> concurrent.futures.ThreadPoolExecutor:
-    pool = _pools.get(name)
-    if pool is None:
-        with _pools_lock:
-            pool = _pools.get(name)
-            if pool is None:
-                pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"tsp-{name}")
-                _pools[name] = pool
-    return pool
-
-
-def io_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """Threads for blocking I/O (file reads/writes, fsync)."""
-    return _pool("io", 32)
-
-
-def cpu_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """Threads for codec work (compressors release the GIL): one per core."""
-    return _pool("cpu", max(2, os.cpu_count() or 2))
-
-
-async def run_io(fn: Callable[..., T], *args: Any) -> T:
-    """Run blocking ``fn(*args)`` on the I/O pool from the loop."""
-    return await asyncio.get_running_loop().run_in_executor(io_pool(), fn, *args)
-
-
-async def run_cpu(fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn(*args)`` (GIL-releasing work) on the CPU pool from the loop."""
-    return await asyncio.get_running_loop().run_in_executor(cpu_pool(), fn, *args)
-
-
 class _Job:
     """A blocking call queued on the I/O pool that its first waiter may run itself."""
 
@@ -293,13 +257,3 @@ def submit_blocking(fn: Callable[..., T], *args: Any) -> Future[T]:
     job = _Job(fn, args)
     io_pool().submit(job.run)
     return _JobFuture(job)
-
-
-
-def _reset_pools_after_fork() -> None:
-    global _pools_lock
-    _pools.clear()  # the parent's worker threads do not exist in the child
-    _pools_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_pools_after_fork)

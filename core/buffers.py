@@ -1,0 +1,32 @@
+"""Page-aligned host buffers.
+
+The kernel copies file data into page-aligned buffers several times faster than
+into unaligned ones (measured here: 6.8 vs 1.6 GiB/s from the page cache), and
+``jax.device_put`` on CPU aliases such memory instead of copying it (0.2 s
+instead of 1.5-3.5 s for 1 GiB).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PAGE", "aligned_empty"]
+
+#: the alignment of every buffer made here
+PAGE = 4096
+
+
+def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
+    """An uninitialised C-order array of ``shape`` starting on a page boundary.
+
+    ``aligned_empty(n)`` is ``n`` bytes (uint8).
+    """
+    shape_t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    dt = np.dtype(dtype)
+    n = math.prod(shape_t) * dt.itemsize
+    raw = np.empty(n + PAGE, dtype=np.uint8)
+    off = (-raw.ctypes.data) % PAGE
+    return raw[off: off + n].view(dt).reshape(shape_t)
