@@ -31,8 +31,8 @@ from tensorstore_py.checkpoint.layout import (
     region_shape,
     span_in_chunk,
 )
-from tensorstore_py.checkpoint.saving import ByteBudget, gather_all
 from tensorstore_py.checkpoint.storage import StepStore, read_spans, step_dir
+from tensorstore_py.core.budget import ByteBudget, run_bounded
 from tensorstore_py.core.buffers import aligned_empty
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import run_sync
@@ -131,27 +131,23 @@ async def read_regions(
         origin = tuple(g * c for g, c in zip(cr.grid, cs))
         cr.span = span_in_chunk(union, origin, cs, cr.leaf.dtype.itemsize)
 
-    budget = ByteBudget(max_bytes_in_flight)
+    def size(crs: list[_ChunkRead]) -> int:
+        return sum(cr.span[1] - cr.span[0] for cr in crs)
 
     async def batch(crs: list[_ChunkRead]) -> None:
-        size = sum(cr.span[1] - cr.span[0] for cr in crs)
-        await budget.acquire(size)
-        try:
-            spans = []
-            for cr in crs:
-                full = math.prod(cr.leaf.chunk_shape) * cr.leaf.dtype.itemsize
-                spans.append((chunk_key(cr.leaf.key, cr.grid), cr.span[0], cr.span[1], cr.span == (0, full)))
-            bufs = await read_spans(data, spans)
-            stats.requests += 1
-            for cr, buf, (key, a, b, _w) in zip(crs, bufs, spans):
-                if len(buf) != b - a:
-                    raise DataCorruptionError(
-                        f"checkpoint chunk {key!r}: read {len(buf)} bytes, expected {b - a}"
-                    )
-                stats.bytes_read += len(buf)
-                await _deliver(cr, buf)
-        finally:
-            await budget.release(size)
+        spans = []
+        for cr in crs:
+            full = math.prod(cr.leaf.chunk_shape) * cr.leaf.dtype.itemsize
+            spans.append((chunk_key(cr.leaf.key, cr.grid), cr.span[0], cr.span[1], cr.span == (0, full)))
+        bufs = await read_spans(data, spans)
+        stats.requests += 1
+        for cr, buf, (key, a, b, _w) in zip(crs, bufs, spans):
+            if len(buf) != b - a:
+                raise DataCorruptionError(
+                    f"checkpoint chunk {key!r}: read {len(buf)} bytes, expected {b - a}"
+                )
+            stats.bytes_read += len(buf)
+            await _deliver(cr, buf)
 
     # batches of about a quarter of the budget: large enough to coalesce many small
     # chunks into few requests, small enough to keep several in flight
@@ -168,7 +164,7 @@ async def read_regions(
         acc += n
     if cur:
         batches.append(cur)
-    await gather_all([batch(b) for b in batches])
+    await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight), cost=size)
     return [r.out for r in reqs]  # type: ignore[misc]
 
 

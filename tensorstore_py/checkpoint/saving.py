@@ -19,7 +19,6 @@ Phases:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
@@ -43,6 +42,7 @@ from tensorstore_py.checkpoint.layout import (
     zarr3_metadata,
 )
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
+from tensorstore_py.core.budget import ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.drivers.dtypes import dtype_to_v3
@@ -71,26 +71,6 @@ class SaveOptions:
     max_bytes_in_flight: int = 1 << 30
     #: how long the processes of a multi-process save wait for each other
     commit_timeout: float = 600.0
-
-
-class ByteBudget:
-    """Admit work while fewer than ``limit`` bytes are in flight (one oversized item
-    is admitted alone so nothing starves)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = max(1, limit)
-        self.used = 0
-        self.cond = asyncio.Condition()
-
-    async def acquire(self, n: int) -> None:
-        async with self.cond:
-            await self.cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
-            self.used += n
-
-    async def release(self, n: int) -> None:
-        async with self.cond:
-            self.used -= n
-            self.cond.notify_all()
 
 
 @dataclass(slots=True)
@@ -217,33 +197,21 @@ def _bytes(a: np.ndarray) -> memoryview:
 
 
 async def _write_chunks(view: KvStore, snap: Snapshot, options: SaveOptions) -> None:
-    budget = ByteBudget(options.max_bytes_in_flight)
+    """Write the snapshot's chunks (and zarr.json documents) under the bytes-in-flight
+    budget, dropping each chunk's host copy as soon as it is stored."""
 
     async def one(c: _Chunk) -> None:
-        await budget.acquire(c.nbytes)
-        try:
-            assert c.data is not None
-            await view.write(c.key, _bytes(c.data))
-            c.data = None  # release the host copy as soon as it is stored
-        finally:
-            await budget.release(c.nbytes)
+        assert c.data is not None
+        await view.write(c.key, _bytes(c.data))
+        c.data = None  # release the host copy as soon as it is stored
 
     chunks, snap.chunks = snap.chunks, []
-    aws: list[Awaitable[Any]] = [one(c) for c in chunks]
-    aws += [view.write(k, json.dumps(doc).encode()) for k, doc in snap.zarr_json.items()]
-    await gather_all(aws)
-
-
-async def gather_all(aws: list[Awaitable[Any]]) -> list[Any]:
-    """Await all; on failure cancel the rest and raise the first error."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    for k, doc in snap.zarr_json.items():
+        body = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
+        chunks.append(_Chunk(k, body, body.nbytes))
+    await run_bounded(
+        chunks, one, budget=ByteBudget(options.max_bytes_in_flight), cost=lambda c: c.nbytes
+    )
 
 
 async def run_save(
