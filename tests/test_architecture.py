@@ -204,8 +204,6 @@ KNOWN_CYCLES: set[str] = {
     "tensorstore_py.kvstore.versioned.store <-> tensorstore_py.kvstore.versioned.verify",
     "tensorstore_py.drivers.codecs.chain <-> tensorstore_py.drivers.codecs.sharding",
     "tensorstore_py.drivers.engine <-> tensorstore_py.drivers.fastpath",
-    "tensorstore_py.checkpoint <-> tensorstore_py.checkpoint.api <-> tensorstore_py.checkpoint.manager <-> "
-    "tensorstore_py.checkpoint.restoring <-> tensorstore_py.checkpoint.saving",
 }
 KNOWN_LOCAL: set[str] = {
     'drivers/codecs/chain.py:function-local import of tensorstore_py.drivers.codecs.sharding (import it at the top)',
@@ -233,13 +231,6 @@ KNOWN_LOCAL: set[str] = {
     'kvstore/versioned/verify.py:function-local import of tensorstore_py.core.errors (import it at the top)',
     'kvstore/versioned/verify.py:function-local import of tensorstore_py.kvstore.versioned.store (import it at the top)',
     'tensorstore_py/__init__.py:function-local import of importlib, not an optional heavy dependency (import it at the top)',
-    'tensorstore_py/checkpoint/api.py:function-local import of tensorstore_py.checkpoint.layout (import it at the top)',
-    'tensorstore_py/checkpoint/api.py:function-local import of tensorstore_py.checkpoint.restoring (import it at the top)',
-    'tensorstore_py/checkpoint/api.py:function-local import of tensorstore_py.core.errors (import it at the top)',
-    'tensorstore_py/checkpoint/api.py:function-local import of tensorstore_py.drivers.dtypes (import it at the top)',
-    'tensorstore_py/checkpoint/api.py:function-local import of tensorstore_py.drivers.zarr3 (import it at the top)',
-    'tensorstore_py/checkpoint/api.py:function-local import of tensorstore_py.kvstore.base (import it at the top)',
-    'tensorstore_py/checkpoint/api.py:function-local import of tensorstore_py.tensorstore (import it at the top)',
     'tensorstore_py/checkpoint/jax_adapter.py:function-local import of jax needs a short comment saying why it is lazy',
     'tensorstore_py/cli.py:function-local import of numpy, not an optional heavy dependency (import it at the top)',
     'tensorstore_py/cli.py:function-local import of tensorstore_py (import it at the top)',

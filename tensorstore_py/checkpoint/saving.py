@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.checkpoint import jax_adapter, pytree
 from tensorstore_py.checkpoint.coordination import Coordinator, SingleProcess
+from tensorstore_py.checkpoint.jax_adapter import distributed_coordinator, host_shards, is_jax_array
 from tensorstore_py.checkpoint.layout import (
     DEFAULT_TARGET_CHUNK_BYTES,
     Region,
@@ -41,6 +41,7 @@ from tensorstore_py.checkpoint.layout import (
     host_copy,
     zarr3_metadata,
 )
+from tensorstore_py.checkpoint.pytree import flatten
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
 from tensorstore_py.core.budget import ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
@@ -125,7 +126,7 @@ def snapshot(
     (fully addressable, e.g. a step counter made with ``jnp.int32``) is taken
     to be the same on every process, like a numpy leaf, and process 0 writes it.
     """
-    pairs, structure = pytree.flatten(tree)
+    pairs, structure = flatten(tree)
     snap = Snapshot(structure=structure, leaves=[])
     for i, (path, leaf) in enumerate(pairs):
         entry: dict[str, Any] = {"path": path}
@@ -134,9 +135,9 @@ def snapshot(
             entry["value"] = _scalar_json(leaf)
             snap.leaves.append(entry)
             continue
-        process_local = jax_adapter.is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
-        if jax_adapter.is_jax_array(leaf) and not process_local:
-            shape, dtype, shard_shape, parts, sharding = jax_adapter.host_shards(leaf)
+        process_local = is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
+        if is_jax_array(leaf) and not process_local:
+            shape, dtype, shard_shape, parts, sharding = host_shards(leaf)
             entry["kind"] = "jax"
             if sharding is not None:
                 entry["sharding"] = sharding
@@ -300,4 +301,4 @@ async def _publish_failure(coordinator: Coordinator, txn: Transaction, error: Ba
 
 
 def default_coordinator() -> Coordinator:
-    return jax_adapter.distributed_coordinator() or SingleProcess()
+    return distributed_coordinator() or SingleProcess()
