@@ -9,6 +9,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from _versioned_workload import BASES, open_base
 
 import tensorstore_py as tsp
 from tensorstore_py.core.future import spawn
@@ -32,14 +33,9 @@ from tensorstore_py.kvstore.versioned.tree import MAX_FANOUT
 T = 60
 
 
-@pytest.fixture(params=["memory", "file", "gcs"])
+@pytest.fixture(params=BASES)
 def base(request: pytest.FixtureRequest, tmp_path: Any) -> tsp.KvStore:
-    if request.param == "memory":
-        return MemoryKvStore()
-    if request.param == "file":
-        return FileKvStore(path=str(tmp_path / "root"))
-    emu = request.getfixturevalue("gcs_emulator")
-    return tsp.KvStore.open(emu.spec(emu.create_bucket())).result(T)
+    return open_base(request, tmp_path)
 
 
 def vopen(base: tsp.KvStore, **kw: Any) -> VersionedKvStore:
