@@ -130,15 +130,6 @@ def staged_generation(staged: Staged) -> Generation:
     return Generation.NO_VALUE if staged is None else Generation(staged.stamp)
 
 
-def _sub_range(length: int, byte_range: ByteRange) -> tuple[int, int]:
-    """[start, stop) of ``byte_range`` within a value of ``length`` bytes (clipped)."""
-    if byte_range.start < 0:
-        return max(0, length + byte_range.start), length
-    start = min(byte_range.start, length)
-    stop = length if byte_range.stop is None else min(byte_range.stop, length)
-    return start, max(start, stop)
-
-
 def _checked(root: Any, key: str, entry: RefEntry, res: ReadResult, start: int, stop: int,
              whole: bool, crc: int | None) -> ReadResult:
     """``res`` (bytes [start, stop) of ``entry``'s value) checked for presence,
@@ -211,7 +202,7 @@ async def read_entry(
             assert reader is not None
             return await run_io(reader)
     else:
-        start, stop = _sub_range(entry.length, byte_range)
+        start, stop = byte_range.clip(entry.length)
     if stop == start:
         return ReadResult("value", b"", gen)
     res = await root.base.read(entry.object, byte_range=ByteRange(entry.offset + start, entry.offset + stop))
