@@ -55,7 +55,7 @@ from tensorstore_py.kvstore.versioned.tree import (
     scan,
 )
 
-__all__ = ["Plan", "VersionedRoot", "get_root"]
+__all__ = ["Plan", "VersionedRoot", "get_root", "probe_newest", "read_hint"]
 
 #: concurrent object writes of one commit
 WRITE_CONCURRENCY = 64
@@ -235,36 +235,13 @@ class VersionedRoot:
         return v == 0 or (await self.read_record(v)) is not None
 
     async def _find_newest(self) -> int:
-        lo = self.known
+        hint = 0
         if not self._hint_read:
             self._hint_read = True
-            h = await self._read_hint()
-            if h > lo and await self._exists(h):
-                lo = h
-        step = 1
-        while await self._exists(lo + step):
-            lo += step
-            step *= 2
-        hi = lo + step  # missing
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if await self._exists(mid):
-                lo = mid
-            else:
-                hi = mid
+            hint = await read_hint(self.base)
+        lo = await probe_newest(self._exists, self.known, hint)
         self.known = max(self.known, lo)
         return self.known
-
-    async def _read_hint(self) -> int:
-        try:
-            res = await self.base.read(HINT_NAME)
-            if res.state != "value":
-                return 0
-            body = unframe(MAGIC_HINT, res.value, HINT_NAME)
-            v = body.get("version") if isinstance(body, dict) else None
-            return v if isinstance(v, int) and v > 0 else 0
-        except (DataCorruptionError, StorageError):
-            return 0  # the hint is only a hint
 
     async def record_at(self, version: int) -> CommitRecord | None:
         """The record of ``version`` (None for version 0); raises if absent."""
@@ -396,6 +373,44 @@ class VersionedRoot:
         self.queue = []
         self.committer = None
         self._hint_task = None
+
+
+async def read_hint(base: KvStore) -> int:
+    """The version the ``latest`` hint names (0 when it is missing, damaged or unreadable)."""
+    try:
+        res = await base.read(HINT_NAME)
+        if res.state != "value":
+            return 0
+        body = unframe(MAGIC_HINT, res.value, HINT_NAME)
+        v = body.get("version") if isinstance(body, dict) else None
+        return v if isinstance(v, int) and v > 0 else 0
+    except (DataCorruptionError, StorageError):
+        return 0  # the hint is only a hint
+
+
+async def probe_newest(exists: Callable[[int], Awaitable[bool]], known: int, hint: int = 0) -> int:
+    """The newest version, probing commit records as FORMAT.md §6.1 says.
+
+    ``exists(v)`` tells whether ``commits/<v>`` exists (version 0 always does);
+    ``known`` is a version known to exist and ``hint`` one that may (the
+    ``latest`` hint). Versions are dense, so a galloping search upwards from
+    the higher of the two, then a bisection, finds the newest in O(log n) probes.
+    """
+    lo = known
+    if hint > lo and await exists(hint):
+        lo = hint
+    step = 1
+    while await exists(lo + step):
+        lo += step
+        step *= 2
+    hi = lo + step  # missing
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if await exists(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 # Weak: a root (and its caches) lives as long as some store, task or

@@ -52,7 +52,7 @@ from tensorstore_py.kvstore.versioned.format import (
     ranges_contain,
     unframe,
 )
-from tensorstore_py.kvstore.versioned.root import VersionedRoot
+from tensorstore_py.kvstore.versioned.root import probe_newest, read_hint
 from tensorstore_py.kvstore.versioned.tree import Inner, Leaf, Node, decode_node
 
 __all__ = ["Problem", "base_of", "verify"]
@@ -123,9 +123,7 @@ class _Sub:
 
 class _Walker:
     def __init__(self, base: KvStore, progress: Progress | None) -> None:
-        self.base = base
-        # a private root: nothing cached from earlier reads in this process
-        self.root = VersionedRoot(base)
+        self.base = base  # everything is read from it, nothing from a cache
         self.progress = progress
         self.problems: list[Problem] = []
         self.sem = asyncio.Semaphore(READ_CONCURRENCY)
@@ -165,21 +163,7 @@ class _Walker:
 
     async def _newest(self) -> int:
         """The newest version, probing as FORMAT.md §6.1 without decoding records."""
-        lo = await self.root._read_hint()
-        if not await self._exists(lo):
-            lo = 0
-        step = 1
-        while await self._exists(lo + step):
-            lo += step
-            step *= 2
-        hi = lo + step
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if await self._exists(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return await probe_newest(self._exists, 0, await read_hint(self.base))
 
     async def _records(self, newest: int) -> dict[int, CommitRecord]:
         out: dict[int, CommitRecord] = {}
