@@ -21,15 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from tensorstore_py.core import errors as _errors
 from tensorstore_py.core.errors import (
-    ConditionFailedError,
     DataCorruptionError,
     DeadlineExceededError,
     InvalidArgumentError,
     TensorStoreError,
 )
 from tensorstore_py.core.pools import run_io
-from tensorstore_py.kvstore.base import Generation
 from tensorstore_py.kvstore.transaction import CommitInfo
+from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
     FORMAT,
     MAGIC_FRAGMENT,
@@ -148,7 +147,8 @@ async def commit_multi(p: VersionedParticipant, txn: Transaction, *, wait: bool)
         return await _coordinate(p.root, txn, base, changes, deadline)
     root = p.root
     name = fragment_name(txn.txn_id, txn.process_index)
-    await _create_once(root, name, encode_fragment(txn, base, changes), txn)
+    if not await create_object(root.base, name, encode_fragment(txn, base, changes), exists="compare"):
+        raise _reused(txn, name, root)
     if txn.coordinator is not None:
         await run_io(txn.coordinator.publish, f"tsp/{txn.txn_id}/fragment/{txn.process_index}", name)
     if not wait:
@@ -173,21 +173,8 @@ async def _find_commit(root: VersionedRoot, txn_id: str, since: int) -> CommitRe
     return next((r for r in recs if r is not None and r.txn_id == txn_id), None)
 
 
-async def _create_once(root: VersionedRoot, name: str, data: bytes, txn: Transaction) -> None:
-    """Create ``name``; an existing object is accepted only if it is ours."""
-    try:
-        await root.base.write(name, data, if_equal=Generation.NO_VALUE)
-        return
-    except ConditionFailedError:
-        pass
-    except (TimeoutError, OSError):
-        res = await root.base.read(name)
-        if res.state != "value":
-            raise
-    res = await root.base.read(name)
-    if res.state == "value" and bytes(res.value) == data:
-        return  # our own earlier attempt landed (lost response)
-    raise InvalidArgumentError(
+def _reused(txn: Transaction, name: str, root: VersionedRoot) -> InvalidArgumentError:
+    return InvalidArgumentError(
         f"multi-writer transaction {txn.txn_id!r}: {name!r} already exists on {root.base!r}; "
         f"transaction ids must not be reused"
     )
@@ -270,10 +257,7 @@ async def _coordinate(
     txn_id = txn.txn_id
     assert txn_id is not None
     if (await root.base.read(result_name(txn_id))).state == "value":
-        raise InvalidArgumentError(
-            f"multi-writer transaction {txn_id!r}: {result_name(txn_id)!r} already exists on "
-            f"{root.base!r}; transaction ids must not be reused"
-        )
+        raise _reused(txn, result_name(txn_id), root)
     try:
         names = await _gather_fragments(root, txn, deadline)
         sem = asyncio.Semaphore(64)
@@ -304,10 +288,9 @@ async def _coordinate(
 async def _publish_result(root: VersionedRoot, txn: Transaction, result: dict[str, Any]) -> None:
     body = {"format": FORMAT, "txn_id": txn.txn_id, **result}
     try:
-        await root.base.write(result_name(txn.txn_id), frame(MAGIC_RESULT, body),  # type: ignore[arg-type]
-                              if_equal=Generation.NO_VALUE)
-    except ConditionFailedError:
-        pass  # an earlier attempt of ours landed
+        # "ours": _coordinate checked that no result existed before it started
+        await create_object(root.base, result_name(txn.txn_id), frame(MAGIC_RESULT, body),  # type: ignore[arg-type]
+                            exists="ours")
     except Exception:
         if result.get("error") is None:
             raise  # a success must be published

@@ -32,6 +32,7 @@ from tensorstore_py.core.errors import (
     StorageError,
 )
 from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
     HINT_NAME,
     MAGIC_CHANGES,
@@ -181,29 +182,13 @@ class VersionedRoot:
             raise DataCorruptionError(f"versioned store: changes object {rec.changes_ref!r} is malformed")
         return keys
 
-    async def write_new(self, name: str, data: Any) -> None:
-        """Create ``name`` (a fresh unique name), retrying I/O errors.
-
-        Retrying is safe because the name is never reused: an "exists" answer
-        means an earlier attempt of ours landed, which is success.
-        """
-        for attempt in range(PREPARE_ATTEMPTS):
-            try:
-                await self.base.write(name, data, if_equal=Generation.NO_VALUE)
-                return
-            except ConditionFailedError:
-                return
-            except (TimeoutError, OSError):
-                if attempt == PREPARE_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(min(2.0, 0.02 * 2**attempt) * (0.5 + random.random()))
-
     async def write_all(self, objects: Sequence[tuple[str, Any]]) -> None:
+        """Create every ``(name, data)`` object (fresh names), retrying I/O errors."""
         sem = asyncio.Semaphore(WRITE_CONCURRENCY)
 
         async def one(name: str, data: Any) -> None:
             async with sem:
-                await self.write_new(name, data)
+                await create_object(self.base, name, data, exists="ours")
 
         await asyncio.gather(*(one(n, d) for n, d in objects))
 
