@@ -15,7 +15,6 @@ import asyncio
 import heapq
 import itertools
 import json
-import random
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from tensorstore_py.core.errors import (
     TensorStoreError,
 )
 from tensorstore_py.core.pools import run_io
+from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.kvstore.transaction import CommitInfo
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
@@ -46,6 +46,13 @@ if TYPE_CHECKING:
     from tensorstore_py.kvstore.versioned.txn import VersionedParticipant
 
 __all__ = ["commit_multi", "encode_fragment", "fragment_name", "merge_fragments", "result_name"]
+
+#: waits between two polls of the store for fragments or the result (full
+#: jitter): 5 ms on average, doubling up to 0.5 s. Polling ends at the
+#: transaction's deadline, not after a number of attempts.
+POLL = RetryPolicy(max_attempts=1, initial_delay=0.01, max_delay=1.0)
+#: POLL.delay's exponent stops growing here (the delay is at max_delay long before)
+_POLL_STEPS = 30
 
 
 def fragment_name(txn_id: str, index: int) -> str:
@@ -114,7 +121,7 @@ def merge_fragments(parts: list[tuple[int, list[Change]]]) -> list[Change]:
 
 async def _backoff_poll(fn: Any, deadline: float, what: str) -> Any:
     """Call ``fn()`` until it returns non-None, with jittered exponential backoff."""
-    delay = 0.005
+    polls = 0
     while True:
         got = await fn()
         if got is not None:
@@ -122,8 +129,8 @@ async def _backoff_poll(fn: Any, deadline: float, what: str) -> Any:
         left = deadline - time.monotonic()
         if left <= 0:
             raise DeadlineExceededError(what)
-        await asyncio.sleep(min(left, delay * (0.5 + random.random())))
-        delay = min(delay * 2, 0.5)
+        polls = min(polls + 1, _POLL_STEPS)
+        await asyncio.sleep(min(left, POLL.delay(polls)))
 
 
 async def _coord_wait(txn: Transaction, key: str, deadline: float, what: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import time
 import weakref
 from collections import OrderedDict
@@ -31,6 +30,7 @@ from tensorstore_py.core.errors import (
     DeadlineExceededError,
     StorageError,
 )
+from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
@@ -60,10 +60,12 @@ __all__ = ["Plan", "VersionedRoot", "get_root", "probe_newest", "read_hint"]
 
 #: concurrent object writes of one commit
 WRITE_CONCURRENCY = 64
-#: attempts of one commit-record write that fails with an I/O error
-PUBLISH_ATTEMPTS = 6
-#: attempts of the preparation of a commit (probe, plan, tree nodes) on I/O errors
-PREPARE_ATTEMPTS = 4
+#: one commit-record write that fails with an I/O error: 6 attempts, waits of
+#: 50 ms doubling to 1.6 s on average between them
+PUBLISH_RETRY = RetryPolicy(max_attempts=6, initial_delay=0.1, max_delay=4.0)
+#: the preparation of a commit (probe, plan, tree nodes) on I/O errors: 4
+#: attempts, waits of 40, 80 and 160 ms on average between them
+PREPARE_RETRY = RetryPolicy(max_attempts=4, initial_delay=0.08, max_delay=4.0)
 #: commit records kept decoded per root (immutable, so never stale)
 RECORD_CACHE = 1024
 #: least seconds between two rewrites of the ``latest`` hint by one process
@@ -267,9 +269,9 @@ class VersionedRoot:
                 # Nothing is visible before the commit record, and every object
                 # of an attempt has a fresh name: a failed attempt is safe to redo.
                 failures += 1
-                if failures >= PREPARE_ATTEMPTS:
+                if failures >= PREPARE_RETRY.max_attempts:
                     raise
-                await asyncio.sleep(min(2.0, 0.02 * 2**failures) * (0.5 + random.random()))
+                await asyncio.sleep(PREPARE_RETRY.delay(failures))
                 continue
             if await self._publish(rec):
                 self.records.put(rec.version, rec)
@@ -313,7 +315,7 @@ class VersionedRoot:
         name = commit_name(rec.version)
         data = rec.encode()
         last: BaseException | None = None
-        for attempt in range(PUBLISH_ATTEMPTS):
+        for attempt in range(1, PUBLISH_RETRY.max_attempts + 1):
             try:
                 await self.base.write(name, data, if_equal=Generation.NO_VALUE)
                 return True
@@ -328,7 +330,8 @@ class VersionedRoot:
                 other = None
             if other is not None:
                 return other.write_id == rec.write_id
-            await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+            if attempt < PUBLISH_RETRY.max_attempts:
+                await asyncio.sleep(PUBLISH_RETRY.delay(attempt))
         assert last is not None
         raise last
 
