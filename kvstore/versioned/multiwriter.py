@@ -16,7 +16,7 @@ import heapq
 import itertools
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tensorstore_py.core import errors as _errors
 from tensorstore_py.core.errors import (
@@ -27,7 +27,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.core.retry import RetryPolicy
-from tensorstore_py.kvstore.transaction import CommitInfo
+from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
     FORMAT,
@@ -40,12 +40,12 @@ from tensorstore_py.kvstore.versioned.format import (
 )
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
+from tensorstore_py.kvstore.versioned.txn import VersionedParticipant, commit_changes
 
-if TYPE_CHECKING:
-    from tensorstore_py.kvstore.transaction import Transaction
-    from tensorstore_py.kvstore.versioned.txn import VersionedParticipant
-
-__all__ = ["commit_multi", "encode_fragment", "fragment_name", "merge_fragments", "result_name"]
+__all__ = [
+    "MultiWriterParticipant", "commit_multi", "encode_fragment", "fragment_name",
+    "merge_fragments", "result_name",
+]
 
 #: waits between two polls of the store for fragments or the result (full
 #: jitter): 5 ms on average, doubling up to 0.5 s. Polling ends at the
@@ -143,6 +143,14 @@ async def _coord_wait(txn: Transaction, key: str, deadline: float, what: str) ->
         if time.monotonic() >= deadline - 0.01 or isinstance(e, TimeoutError):
             raise DeadlineExceededError(f"{what} ({e})") from e
         raise
+
+
+class MultiWriterParticipant(VersionedParticipant):
+    """A process's part in a multi-writer transaction on one versioned root:
+    staged like any transaction, committed through :func:`commit_multi`."""
+
+    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
+        return await commit_multi(self, txn, wait=wait)
 
 
 async def commit_multi(p: VersionedParticipant, txn: Transaction, *, wait: bool) -> CommitInfo:
@@ -259,8 +267,6 @@ async def _gather_fragments(root: VersionedRoot, txn: Transaction, deadline: flo
 async def _coordinate(
     root: VersionedRoot, txn: Transaction, base: int, own: list[Change], deadline: float
 ) -> CommitInfo:
-    from tensorstore_py.kvstore.versioned.txn import commit_changes
-
     txn_id = txn.txn_id
     assert txn_id is not None
     if (await root.base.read(result_name(txn_id))).state == "value":

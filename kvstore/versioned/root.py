@@ -28,6 +28,7 @@ from tensorstore_py.core.errors import (
     ConditionFailedError,
     DataCorruptionError,
     DeadlineExceededError,
+    NotFoundError,
     StorageError,
 )
 from tensorstore_py.core.retry import RetryPolicy
@@ -56,7 +57,7 @@ from tensorstore_py.kvstore.versioned.tree import (
     scan,
 )
 
-__all__ = ["Plan", "VersionedRoot", "get_root", "probe_newest", "read_hint"]
+__all__ = ["Plan", "RootView", "VersionedRoot", "base_of", "get_root", "probe_newest", "read_hint"]
 
 #: concurrent object writes of one commit
 WRITE_CONCURRENCY = 64
@@ -236,8 +237,6 @@ class VersionedRoot:
             return None
         rec = await self.read_record(version)
         if rec is None:
-            from tensorstore_py.core.errors import NotFoundError
-
             raise NotFoundError(f"versioned store {self.base!r}: version {version} does not exist")
         return rec
 
@@ -361,6 +360,21 @@ class VersionedRoot:
         self.queue = []
         self.committer = None
         self._hint_task = None
+
+
+class RootView:
+    """A store that is a view of a :class:`VersionedRoot` (the versioned kvstore).
+
+    The modules below the store (gc, verify) take a versioned store or its base
+    store; this marker lets them tell the two apart without importing the store.
+    """
+
+    base: KvStore
+
+
+def base_of(store: KvStore) -> KvStore:
+    """The base store of a versioned store; any other store is taken as a base."""
+    return store.base if isinstance(store, RootView) else store
 
 
 async def read_hint(base: KvStore) -> int:

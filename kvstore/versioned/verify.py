@@ -38,7 +38,7 @@ from typing import Any
 
 import crc32c as _crc32c_lib
 
-from tensorstore_py.core.errors import DataCorruptionError
+from tensorstore_py.core.errors import ChecksumError, DataCorruptionError
 from tensorstore_py.core.future import Future, spawn
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import KvStore
@@ -52,7 +52,7 @@ from tensorstore_py.kvstore.versioned.format import (
     ranges_contain,
     unframe,
 )
-from tensorstore_py.kvstore.versioned.root import probe_newest, read_hint
+from tensorstore_py.kvstore.versioned.root import base_of, probe_newest, read_hint
 from tensorstore_py.kvstore.versioned.tree import Inner, Leaf, Node, decode_node
 
 __all__ = ["Problem", "base_of", "verify"]
@@ -87,13 +87,6 @@ class Problem:
         return f"{self.kind}: {self.object}{at}: {self.message}"
 
 
-def base_of(store: KvStore) -> KvStore:
-    """The base store of a versioned store; any other store is taken as a base."""
-    from tensorstore_py.kvstore.versioned.store import VersionedKvStore
-
-    return store.base if isinstance(store, VersionedKvStore) else store
-
-
 def verify(store: KvStore, *, progress: Progress | None = None) -> Future[list[Problem]]:
     """Check every checksum and reference of ``store``'s history (see the module doc).
 
@@ -107,8 +100,6 @@ def verify(store: KvStore, *, progress: Progress | None = None) -> Future[list[P
 
 
 def _exc_kind(e: DataCorruptionError) -> str:
-    from tensorstore_py.core.errors import ChecksumError
-
     return "checksum" if isinstance(e, ChecksumError) else "corrupt"
 
 
