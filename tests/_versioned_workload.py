@@ -19,10 +19,13 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 import tensorstore_py as tsp
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned import root as _root_module
 
@@ -30,7 +33,21 @@ T = 60
 #: value sizes by ``j % 4``: inline, packed, alone (>= 256 KiB), packed
 SIZES = (16, 2000, 270_000, 40_000)
 
+#: the base stores a versioned test runs over (params of the test files' ``base`` fixtures)
+BASES = ["memory", "file", "gcs"]
+
 _fork = multiprocessing.get_context("fork")
+
+
+def open_base(request: pytest.FixtureRequest, tmp_path: Any) -> KvStore:
+    """The base store ``request.param`` names: a memory store, a folder under
+    ``tmp_path`` or a fresh bucket of the session's GCS emulator."""
+    if request.param == "memory":
+        return MemoryKvStore()
+    if request.param == "file":
+        return FileKvStore(path=str(tmp_path / "root"))
+    emu = request.getfixturevalue("gcs_emulator")
+    return tsp.KvStore.open(emu.spec(emu.create_bucket())).result(T)
 
 
 def value(counter: int, key: str) -> bytes:

@@ -199,9 +199,6 @@ def _cycles() -> list[list[str]]:
 # that no longer applies fails the test too, so the lists only shrink.
 KNOWN_CYCLES: set[str] = {
     "tensorstore_py.kvstore.base <-> tensorstore_py.kvstore.registry <-> tensorstore_py.kvstore.transaction",
-    "tensorstore_py.kvstore.versioned.multiwriter <-> tensorstore_py.kvstore.versioned.txn",
-    "tensorstore_py.kvstore.versioned <-> tensorstore_py.kvstore.versioned.gc <-> "
-    "tensorstore_py.kvstore.versioned.store <-> tensorstore_py.kvstore.versioned.verify",
     "tensorstore_py.drivers.codecs.chain <-> tensorstore_py.drivers.codecs.sharding",
     "tensorstore_py.drivers.engine <-> tensorstore_py.drivers.fastpath",
 }
@@ -219,17 +216,6 @@ KNOWN_LOCAL: set[str] = {
     'kvstore/fsspec_store.py:function-local import of fsspec, not an optional heavy dependency (import it at the top)',
     'kvstore/registry.py:function-local import of fsspec, not an optional heavy dependency (import it at the top)',
     'kvstore/transaction.py:function-local import of tensorstore_py.kvstore.versioned.format (import it at the top)',
-    'kvstore/versioned/gc.py:function-local import of tensorstore_py.kvstore.versioned.tree (import it at the top)',
-    'kvstore/versioned/multiwriter.py:function-local import of tensorstore_py.kvstore.versioned.txn (import it at the top)',
-    'kvstore/versioned/root.py:function-local import of tensorstore_py.core.errors (import it at the top)',
-    'kvstore/versioned/store.py:function-local import of tensorstore_py.kvstore.registry (import it at the top)',
-    'kvstore/versioned/store.py:function-local import of tensorstore_py.kvstore.versioned (import it at the top)',
-    'kvstore/versioned/store.py:function-local import of tensorstore_py.kvstore.versioned.gc (import it at the top)',
-    'kvstore/versioned/store.py:function-local import of tensorstore_py.kvstore.versioned.replicate (import it at the top)',
-    'kvstore/versioned/store.py:function-local import of tensorstore_py.kvstore.versioned.txn (import it at the top)',
-    'kvstore/versioned/txn.py:function-local import of tensorstore_py.kvstore.versioned.multiwriter (import it at the top)',
-    'kvstore/versioned/verify.py:function-local import of tensorstore_py.core.errors (import it at the top)',
-    'kvstore/versioned/verify.py:function-local import of tensorstore_py.kvstore.versioned.store (import it at the top)',
 }
 
 

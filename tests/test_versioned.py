@@ -9,6 +9,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from _versioned_workload import BASES, open_base
 
 import tensorstore_py as tsp
 from tensorstore_py.core.future import spawn
@@ -19,12 +20,14 @@ from tensorstore_py.errors import (
     InvalidArgumentError,
     NotFoundError,
     ReadOnlyError,
+    StorageError,
 )
 from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.kvstore.registry import spec_from_url
 from tensorstore_py.kvstore.versioned import VersionedKvStore, VersionInfo
+from tensorstore_py.kvstore.versioned.create import ONCE, create_object
 from tensorstore_py.kvstore.versioned.format import InlineEntry, commit_name, frame, new_stamp
 from tensorstore_py.kvstore.versioned.root import Plan, get_root
 from tensorstore_py.kvstore.versioned.tree import MAX_FANOUT
@@ -32,14 +35,9 @@ from tensorstore_py.kvstore.versioned.tree import MAX_FANOUT
 T = 60
 
 
-@pytest.fixture(params=["memory", "file", "gcs"])
+@pytest.fixture(params=BASES)
 def base(request: pytest.FixtureRequest, tmp_path: Any) -> tsp.KvStore:
-    if request.param == "memory":
-        return MemoryKvStore()
-    if request.param == "file":
-        return FileKvStore(path=str(tmp_path / "root"))
-    emu = request.getfixturevalue("gcs_emulator")
-    return tsp.KvStore.open(emu.spec(emu.create_bucket())).result(T)
+    return open_base(request, tmp_path)
 
 
 def vopen(base: tsp.KvStore, **kw: Any) -> VersionedKvStore:
@@ -255,6 +253,33 @@ def _bulk_load(kv: VersionedKvStore, n: int) -> None:
     root = kv._root
     changes = [(f"k/{i:07d}", InlineEntry(new_stamp(), b"%d" % i)) for i in range(n)]
     spawn(root.commit(lambda parent: _ready(Plan(changes)))).result(T)
+
+
+def test_create_object_reads_an_existing_object_as_the_caller_says() -> None:
+    mem = MemoryKvStore()
+    mem.write("taken", b"theirs").result(T)
+
+    def create(store: tsp.KvStore, name: str, data: bytes, exists: Any, **kw: Any) -> bool:
+        return spawn(create_object(store, name, data, exists=exists, **kw)).result(T)
+
+    # found at the first attempt: "ours" trusts a fresh name, the others check
+    assert create(mem, "taken", b"mine", "ours")
+    assert not create(mem, "taken", b"mine", "compare")
+    assert create(mem, "taken", b"theirs", "compare")
+    assert not create(mem, "taken", b"theirs", "refuse")
+    assert mem.read("taken").result(T).value == b"theirs"  # never overwritten
+    # the first write landed but its response was lost: every reading knows it is ours
+    for exists in ("ours", "compare", "refuse"):
+        lossy = FaultKvStore(mem)
+        lossy.inject(op="write", nth=1, after_effect=True)
+        assert create(lossy, f"lost-{exists}", b"mine", exists)
+        assert mem.read(f"lost-{exists}").result(T).value == b"mine"
+    # without retries the I/O error is the answer
+    lossy = FaultKvStore(mem)
+    lossy.inject(op="write", nth=1)
+    with pytest.raises(StorageError):
+        create(lossy, "once", b"mine", "refuse", retry=ONCE)
+    assert mem.read("once").result(T).state == "missing"
 
 
 async def _ready(x: Any) -> Any:

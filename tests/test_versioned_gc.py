@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from _versioned_workload import (
+    BASES,
     all_keys,
     check_version,
     fresh_versioned,
+    open_base,
     run_writer,
     writes_until_commit_record,
 )
@@ -142,14 +144,9 @@ def _stored_bytes(base: KvStore) -> int:
     return sum(i.size or 0 for i in base.list_info().result(T) if not i.key.startswith("commits/"))
 
 
-@pytest.fixture(params=["memory", "file", "gcs"])
+@pytest.fixture(params=BASES)
 def base(request: pytest.FixtureRequest, tmp_path: Any) -> KvStore:
-    if request.param == "memory":
-        return MemoryKvStore()
-    if request.param == "file":
-        return FileKvStore(path=str(tmp_path / "root"))
-    emu = request.getfixturevalue("gcs_emulator")
-    return tsp.KvStore.open(emu.spec(emu.create_bucket())).result(T)
+    return open_base(request, tmp_path)
 
 
 def test_three_saves_keep_two_leaves_the_bytes_of_two(base: KvStore) -> None:

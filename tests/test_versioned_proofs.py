@@ -9,7 +9,14 @@ import os
 from typing import Any
 
 import pytest
-from _versioned_workload import check_version, commit_single, single_keys, write_counter
+from _versioned_workload import (
+    BASES,
+    check_version,
+    commit_single,
+    open_base,
+    single_keys,
+    write_counter,
+)
 
 import tensorstore_py as tsp
 from tensorstore_py.errors import (
@@ -21,7 +28,6 @@ from tensorstore_py.errors import (
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
-from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned import root as root_module
 from tensorstore_py.kvstore.versioned.format import MAGIC_NODE, CommitRecord, commit_name, frame
@@ -91,14 +97,9 @@ def test_disjoint_writers_never_conflict(tmp_path: Any) -> None:
 
 
 # -- fault injection at every step of a commit ---------------------------------------------
-@pytest.fixture(params=["memory", "file", "gcs"])
+@pytest.fixture(params=BASES)
 def base(request: pytest.FixtureRequest, tmp_path: Any) -> KvStore:
-    if request.param == "memory":
-        return MemoryKvStore()
-    if request.param == "file":
-        return FileKvStore(path=str(tmp_path / "root"))
-    emu = request.getfixturevalue("gcs_emulator")
-    return tsp.KvStore.open(emu.spec(emu.create_bucket())).result(T)
+    return open_base(request, tmp_path)
 
 
 def _fresh(base: KvStore) -> VersionedKvStore:

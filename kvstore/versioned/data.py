@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tensorstore_py.core.errors import ChecksumError, ConditionFailedError, DataCorruptionError
+from tensorstore_py.core.errors import ChecksumError, DataCorruptionError
 from tensorstore_py.core.pools import run_cpu, run_io
-from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, ReadResult
+from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, KvStore, ReadResult
+from tensorstore_py.kvstore.versioned.create import create_fresh_blocking, create_object
 from tensorstore_py.kvstore.versioned.format import (
     Entry,
     InlineEntry,
@@ -23,6 +24,7 @@ from tensorstore_py.kvstore.versioned.format import (
     new_name,
     new_stamp,
 )
+from tensorstore_py.kvstore.versioned.root import VersionedRoot
 
 __all__ = [
     "INLINE_MAX", "LARGE_MIN", "STAGING_MAX", "Pending", "Staged",
@@ -52,7 +54,7 @@ def _crc_of(value: Any) -> int:
     return crc32c(value)
 
 
-async def make_entry(root: Any, value: Buffer) -> Entry | Pending:
+async def make_entry(root: VersionedRoot, value: Buffer) -> Entry | Pending:
     """Inline, pending, or (for a large value) written now to its own object."""
     n = len(memoryview(value).cast("B")) if not isinstance(value, bytes) else len(value)
     stamp = new_stamp()
@@ -66,27 +68,24 @@ async def make_entry(root: Any, value: Buffer) -> Entry | Pending:
     if base.blocking_io:
         # checksum and create in ONE pool call (one thread hop, warm caches)
         try:
-            crc = await run_io(_crc_and_create, base, base._full(name), value)
-        except OSError:  # transient: write_new retries (create-only, so idempotent)
+            crc = await run_io(_crc_and_create, base, name, value)
+        except OSError:  # transient: the async create retries (create-only, so idempotent)
             crc = await run_cpu(_crc_of, value)
-            await root.write_new(name, value)
+            await create_object(base, name, value, exists="ours")
         return RefEntry(stamp, name, 0, n, crc)
     crc = await run_cpu(_crc_of, value)
-    await root.write_new(name, value)
+    await create_object(base, name, value, exists="ours")
     return RefEntry(stamp, name, 0, n, crc)
 
 
-def _crc_and_create(base: Any, full: str, value: Buffer) -> int:
-    """crc32c of ``value``, then create data object ``full`` holding it (blocking)."""
+def _crc_and_create(base: KvStore, name: str, value: Buffer) -> int:
+    """crc32c of ``value``, then create the fresh data object ``name`` holding it (blocking)."""
     crc = crc32c(value)
-    try:
-        base._write_blocking(full, value, Generation.NO_VALUE)
-    except ConditionFailedError:
-        pass  # names are fresh and never reused: it exists only if we wrote it
+    create_fresh_blocking(base, name, value)
     return crc
 
 
-async def pack(root: Any, items: list[Pending]) -> list[RefEntry]:
+async def pack(root: VersionedRoot, items: list[Pending]) -> list[RefEntry]:
     """Write ``items`` packed into as few data objects as possible; their entries."""
     # checksums and the concatenation (up to PACK_MAX bytes) run on the CPU pool:
     # crc32c releases the GIL, and the loop stays free for other requests
@@ -130,16 +129,7 @@ def staged_generation(staged: Staged) -> Generation:
     return Generation.NO_VALUE if staged is None else Generation(staged.stamp)
 
 
-def _sub_range(length: int, byte_range: ByteRange) -> tuple[int, int]:
-    """[start, stop) of ``byte_range`` within a value of ``length`` bytes (clipped)."""
-    if byte_range.start < 0:
-        return max(0, length + byte_range.start), length
-    start = min(byte_range.start, length)
-    stop = length if byte_range.stop is None else min(byte_range.stop, length)
-    return start, max(start, stop)
-
-
-def _checked(root: Any, key: str, entry: RefEntry, res: ReadResult, start: int, stop: int,
+def _checked(root: VersionedRoot, key: str, entry: RefEntry, res: ReadResult, start: int, stop: int,
              whole: bool, crc: int | None) -> ReadResult:
     """``res`` (bytes [start, stop) of ``entry``'s value) checked for presence,
     length and, for a whole value, crc32c (``crc``: precomputed, or None)."""
@@ -164,7 +154,7 @@ def _checked(root: Any, key: str, entry: RefEntry, res: ReadResult, start: int, 
     return ReadResult("value", value, Generation(entry.stamp))
 
 
-def blocking_reader(root: Any, key: str, entry: Staged) -> BlockingRead | None:
+def blocking_reader(root: VersionedRoot, key: str, entry: Staged) -> BlockingRead | None:
     """A blocking whole-value read of ``entry`` (data I/O and crc32c check, for
     a pool thread), or None when the base store has no blocking I/O."""
     if entry is None:
@@ -188,7 +178,7 @@ def blocking_reader(root: Any, key: str, entry: Staged) -> BlockingRead | None:
 
 
 async def read_entry(
-    root: Any,
+    root: VersionedRoot,
     key: str,
     entry: Staged,
     byte_range: ByteRange | None,
@@ -211,7 +201,7 @@ async def read_entry(
             assert reader is not None
             return await run_io(reader)
     else:
-        start, stop = _sub_range(entry.length, byte_range)
+        start, stop = byte_range.clip(entry.length)
     if stop == start:
         return ReadResult("value", b"", gen)
     res = await root.base.read(entry.object, byte_range=ByteRange(entry.offset + start, entry.offset + stop))

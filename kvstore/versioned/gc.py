@@ -82,9 +82,8 @@ from tensorstore_py.kvstore.versioned.format import (
     ranges_contain,
     unframe,
 )
-from tensorstore_py.kvstore.versioned.root import VersionedRoot
-from tensorstore_py.kvstore.versioned.tree import Node, walk
-from tensorstore_py.kvstore.versioned.verify import base_of
+from tensorstore_py.kvstore.versioned.root import VersionedRoot, base_of
+from tensorstore_py.kvstore.versioned.tree import Leaf, Node, walk
 
 __all__ = ["DEFAULT_GRACE", "GcReport", "gc", "reclaim"]
 
@@ -97,6 +96,8 @@ _OBJECT_RE = re.compile(r"(nodes|data|changes)/[0-9a-f]{32}\Z")
 _TXN_RE = re.compile(r"txns/([A-Za-z0-9_.\-]{1,128})/([0-9]{6}|result)\Z")
 #: deletion order: data before the nodes that reference them (see the module doc)
 _ORDER = {"data": 0, "nodes": 1, "txns": 2, "changes": 3}
+#: what a missing or broken node of a deleted version counts as (see _reachable_from)
+_EMPTY: Node = Leaf([], [])
 
 
 @dataclass(frozen=True)
@@ -343,11 +344,3 @@ class _Gc:
         for kind in sorted(_ORDER, key=_ORDER.__getitem__):
             await asyncio.gather(*(one(n) for n in names if n.startswith(kind + "/")))
 
-
-def _empty_leaf() -> Node:
-    from tensorstore_py.kvstore.versioned.tree import Leaf
-
-    return Leaf([], [])
-
-
-_EMPTY = _empty_leaf()

@@ -19,7 +19,6 @@ from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import ByteRange, Generation, KvStore
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_COMMIT,
-    MAGIC_HINT,
     CommitRecord,
     Entry,
     InlineEntry,
@@ -27,7 +26,7 @@ from tensorstore_py.kvstore.versioned.format import (
     crc32c,
     unframe,
 )
-from tensorstore_py.kvstore.versioned.root import VersionedRoot
+from tensorstore_py.kvstore.versioned.root import VersionedRoot, read_hint
 
 __all__ = ["CommitDetails", "EntryInfo", "Span", "entry_info", "read_formats", "read_spans"]
 
@@ -142,7 +141,6 @@ async def read_spans(
     return out
 
 
-
 async def read_formats(base: KvStore) -> dict[str, int]:
     """The ``format`` field of the first and the newest (per the hint) commit records.
 
@@ -151,15 +149,9 @@ async def read_formats(base: KvStore) -> dict[str, int]:
     records and hints are skipped (verification reports them).
     """
     names = [commit_name(1)]
-    try:
-        res = await base.read("latest")
-        if res.state == "value":
-            body = unframe(MAGIC_HINT, res.value, "latest")
-            v = body.get("version") if isinstance(body, dict) else None
-            if isinstance(v, int) and v > 1:
-                names.append(commit_name(v))
-    except DataCorruptionError:
-        pass  # the hint is only a hint
+    hint = await read_hint(base)
+    if hint > 1:
+        names.append(commit_name(hint))
     out: dict[str, int] = {}
     for name in names:
         res = await base.read(name)

@@ -15,21 +15,20 @@ import asyncio
 import heapq
 import itertools
 import json
-import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tensorstore_py.core import errors as _errors
 from tensorstore_py.core.errors import (
-    ConditionFailedError,
     DataCorruptionError,
     DeadlineExceededError,
     InvalidArgumentError,
     TensorStoreError,
 )
 from tensorstore_py.core.pools import run_io
-from tensorstore_py.kvstore.base import Generation
-from tensorstore_py.kvstore.transaction import CommitInfo
+from tensorstore_py.core.retry import RetryPolicy
+from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
+from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
     FORMAT,
     MAGIC_FRAGMENT,
@@ -41,12 +40,19 @@ from tensorstore_py.kvstore.versioned.format import (
 )
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
+from tensorstore_py.kvstore.versioned.txn import VersionedParticipant, commit_changes
 
-if TYPE_CHECKING:
-    from tensorstore_py.kvstore.transaction import Transaction
-    from tensorstore_py.kvstore.versioned.txn import VersionedParticipant
+__all__ = [
+    "MultiWriterParticipant", "commit_multi", "encode_fragment", "fragment_name",
+    "merge_fragments", "result_name",
+]
 
-__all__ = ["commit_multi", "encode_fragment", "fragment_name", "merge_fragments", "result_name"]
+#: waits between two polls of the store for fragments or the result (full
+#: jitter): 5 ms on average, doubling up to 0.5 s. Polling ends at the
+#: transaction's deadline, not after a number of attempts.
+POLL = RetryPolicy(max_attempts=1, initial_delay=0.01, max_delay=1.0)
+#: POLL.delay's exponent stops growing here (the delay is at max_delay long before)
+_POLL_STEPS = 30
 
 
 def fragment_name(txn_id: str, index: int) -> str:
@@ -115,7 +121,7 @@ def merge_fragments(parts: list[tuple[int, list[Change]]]) -> list[Change]:
 
 async def _backoff_poll(fn: Any, deadline: float, what: str) -> Any:
     """Call ``fn()`` until it returns non-None, with jittered exponential backoff."""
-    delay = 0.005
+    polls = 0
     while True:
         got = await fn()
         if got is not None:
@@ -123,8 +129,8 @@ async def _backoff_poll(fn: Any, deadline: float, what: str) -> Any:
         left = deadline - time.monotonic()
         if left <= 0:
             raise DeadlineExceededError(what)
-        await asyncio.sleep(min(left, delay * (0.5 + random.random())))
-        delay = min(delay * 2, 0.5)
+        polls = min(polls + 1, _POLL_STEPS)
+        await asyncio.sleep(min(left, POLL.delay(polls)))
 
 
 async def _coord_wait(txn: Transaction, key: str, deadline: float, what: str) -> str:
@@ -139,6 +145,14 @@ async def _coord_wait(txn: Transaction, key: str, deadline: float, what: str) ->
         raise
 
 
+class MultiWriterParticipant(VersionedParticipant):
+    """A process's part in a multi-writer transaction on one versioned root:
+    staged like any transaction, committed through :func:`commit_multi`."""
+
+    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
+        return await commit_multi(self, txn, wait=wait)
+
+
 async def commit_multi(p: VersionedParticipant, txn: Transaction, *, wait: bool) -> CommitInfo:
     deadline = time.monotonic() + txn.timeout
     assert txn.txn_id is not None
@@ -148,7 +162,8 @@ async def commit_multi(p: VersionedParticipant, txn: Transaction, *, wait: bool)
         return await _coordinate(p.root, txn, base, changes, deadline)
     root = p.root
     name = fragment_name(txn.txn_id, txn.process_index)
-    await _create_once(root, name, encode_fragment(txn, base, changes), txn)
+    if not await create_object(root.base, name, encode_fragment(txn, base, changes), exists="compare"):
+        raise _reused(txn, name, root)
     if txn.coordinator is not None:
         await run_io(txn.coordinator.publish, f"tsp/{txn.txn_id}/fragment/{txn.process_index}", name)
     if not wait:
@@ -173,21 +188,8 @@ async def _find_commit(root: VersionedRoot, txn_id: str, since: int) -> CommitRe
     return next((r for r in recs if r is not None and r.txn_id == txn_id), None)
 
 
-async def _create_once(root: VersionedRoot, name: str, data: bytes, txn: Transaction) -> None:
-    """Create ``name``; an existing object is accepted only if it is ours."""
-    try:
-        await root.base.write(name, data, if_equal=Generation.NO_VALUE)
-        return
-    except ConditionFailedError:
-        pass
-    except (TimeoutError, OSError):
-        res = await root.base.read(name)
-        if res.state != "value":
-            raise
-    res = await root.base.read(name)
-    if res.state == "value" and bytes(res.value) == data:
-        return  # our own earlier attempt landed (lost response)
-    raise InvalidArgumentError(
+def _reused(txn: Transaction, name: str, root: VersionedRoot) -> InvalidArgumentError:
+    return InvalidArgumentError(
         f"multi-writer transaction {txn.txn_id!r}: {name!r} already exists on {root.base!r}; "
         f"transaction ids must not be reused"
     )
@@ -265,15 +267,10 @@ async def _gather_fragments(root: VersionedRoot, txn: Transaction, deadline: flo
 async def _coordinate(
     root: VersionedRoot, txn: Transaction, base: int, own: list[Change], deadline: float
 ) -> CommitInfo:
-    from tensorstore_py.kvstore.versioned.txn import commit_changes
-
     txn_id = txn.txn_id
     assert txn_id is not None
     if (await root.base.read(result_name(txn_id))).state == "value":
-        raise InvalidArgumentError(
-            f"multi-writer transaction {txn_id!r}: {result_name(txn_id)!r} already exists on "
-            f"{root.base!r}; transaction ids must not be reused"
-        )
+        raise _reused(txn, result_name(txn_id), root)
     try:
         names = await _gather_fragments(root, txn, deadline)
         sem = asyncio.Semaphore(64)
@@ -304,10 +301,9 @@ async def _coordinate(
 async def _publish_result(root: VersionedRoot, txn: Transaction, result: dict[str, Any]) -> None:
     body = {"format": FORMAT, "txn_id": txn.txn_id, **result}
     try:
-        await root.base.write(result_name(txn.txn_id), frame(MAGIC_RESULT, body),  # type: ignore[arg-type]
-                              if_equal=Generation.NO_VALUE)
-    except ConditionFailedError:
-        pass  # an earlier attempt of ours landed
+        # "ours": _coordinate checked that no result existed before it started
+        await create_object(root.base, result_name(txn.txn_id), frame(MAGIC_RESULT, body),  # type: ignore[arg-type]
+                            exists="ours")
     except Exception:
         if result.get("error") is None:
             raise  # a success must be published

@@ -18,7 +18,8 @@ from typing import Any
 
 from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError
 from tensorstore_py.core.pools import run_cpu
-from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.base import Buffer, KvStore
+from tensorstore_py.kvstore.versioned.create import ONCE, create_object
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_CHANGES,
     MAGIC_HINT,
@@ -26,21 +27,22 @@ from tensorstore_py.kvstore.versioned.format import (
     commit_name,
     crc32c,
     frame,
+    ranges_contain,
     unframe,
 )
 from tensorstore_py.kvstore.versioned.root import get_root
 from tensorstore_py.kvstore.versioned.tree import Inner, decode_node
 
-__all__ = ["copy_store"]
+__all__ = ["copy_store", "create_copy"]
 
 
-async def _create(dst: KvStore, name: str, data: Any) -> None:
-    try:
-        await dst.write(name, data, if_equal=Generation.NO_VALUE)
-    except ConditionFailedError:
+async def create_copy(dst: KvStore, name: str, data: Buffer) -> None:
+    """Create ``name`` holding ``data`` at the copy destination ``dst`` (one
+    create-only write); an object already there raises ConditionFailedError."""
+    if not await create_object(dst, name, data, exists="refuse", retry=ONCE):
         raise ConditionFailedError(
             f"copy: {name!r} already exists at the destination {dst!r}; copy into an empty location"
-        ) from None
+        )
 
 
 async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) -> None:
@@ -54,7 +56,7 @@ async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) 
         raw = bytes(res.value)
         records.append((v, raw, CommitRecord.decode(raw, commit_name(v))))
     deleted = records[-1][2].deleted if records else []
-    retained = [r for v, _, r in records if not any(a <= v <= b for a, b in deleted)]
+    retained = [r for v, _, r in records if not ranges_contain(deleted, v)]
     seen: set[str] = set()
     values: dict[str, list[tuple[int, int, int, str]]] = {}
     sem = asyncio.Semaphore(32)
@@ -75,7 +77,7 @@ async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) 
                 if hasattr(e, "object"):
                     values.setdefault(e.object, []).append((e.offset, e.length, e.crc, k))
         async with sem:
-            await _create(out, name, res.value)
+            await create_copy(out, name, res.value)
         count(len(res.value))
 
     for rec in retained:
@@ -87,7 +89,7 @@ async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) 
             res = await base.read(rec.changes_ref)
             if res.state == "value":  # a deleted version's may be collected
                 unframe(MAGIC_CHANGES, res.value, rec.changes_ref)
-                await _create(out, rec.changes_ref, res.value)
+                await create_copy(out, rec.changes_ref, res.value)
                 count(len(res.value))
     data_sem = asyncio.Semaphore(4)
 
@@ -100,12 +102,12 @@ async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) 
             bad = await run_cpu(_bad_value, res.value, entries)
             if bad is not None:
                 raise DataCorruptionError(f"copy: data object {obj!r}: {bad}")
-            await _create(out, obj, res.value)
+            await create_copy(out, obj, res.value)
         count(len(res.value))
 
     await asyncio.gather(*(data(o, e) for o, e in sorted(values.items())))
     for v, raw, _ in records:  # the commit points last, oldest first
-        await _create(out, commit_name(v), raw)
+        await create_copy(out, commit_name(v), raw)
         count(len(raw))
     if newest:
         await out.write("latest", frame(MAGIC_HINT, {"version": newest}))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import time
 import weakref
 from collections import OrderedDict
@@ -29,9 +28,12 @@ from tensorstore_py.core.errors import (
     ConditionFailedError,
     DataCorruptionError,
     DeadlineExceededError,
+    NotFoundError,
     StorageError,
 )
+from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
     HINT_NAME,
     MAGIC_CHANGES,
@@ -55,14 +57,16 @@ from tensorstore_py.kvstore.versioned.tree import (
     scan,
 )
 
-__all__ = ["Plan", "VersionedRoot", "get_root"]
+__all__ = ["Plan", "RootView", "VersionedRoot", "base_of", "get_root", "probe_newest", "read_hint"]
 
 #: concurrent object writes of one commit
 WRITE_CONCURRENCY = 64
-#: attempts of one commit-record write that fails with an I/O error
-PUBLISH_ATTEMPTS = 6
-#: attempts of the preparation of a commit (probe, plan, tree nodes) on I/O errors
-PREPARE_ATTEMPTS = 4
+#: one commit-record write that fails with an I/O error: 6 attempts, waits of
+#: 50 ms doubling to 1.6 s on average between them
+PUBLISH_RETRY = RetryPolicy(max_attempts=6, initial_delay=0.1, max_delay=4.0)
+#: the preparation of a commit (probe, plan, tree nodes) on I/O errors: 4
+#: attempts, waits of 40, 80 and 160 ms on average between them
+PREPARE_RETRY = RetryPolicy(max_attempts=4, initial_delay=0.08, max_delay=4.0)
 #: commit records kept decoded per root (immutable, so never stale)
 RECORD_CACHE = 1024
 #: least seconds between two rewrites of the ``latest`` hint by one process
@@ -181,29 +185,13 @@ class VersionedRoot:
             raise DataCorruptionError(f"versioned store: changes object {rec.changes_ref!r} is malformed")
         return keys
 
-    async def write_new(self, name: str, data: Any) -> None:
-        """Create ``name`` (a fresh unique name), retrying I/O errors.
-
-        Retrying is safe because the name is never reused: an "exists" answer
-        means an earlier attempt of ours landed, which is success.
-        """
-        for attempt in range(PREPARE_ATTEMPTS):
-            try:
-                await self.base.write(name, data, if_equal=Generation.NO_VALUE)
-                return
-            except ConditionFailedError:
-                return
-            except (TimeoutError, OSError):
-                if attempt == PREPARE_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(min(2.0, 0.02 * 2**attempt) * (0.5 + random.random()))
-
     async def write_all(self, objects: Sequence[tuple[str, Any]]) -> None:
+        """Create every ``(name, data)`` object (fresh names), retrying I/O errors."""
         sem = asyncio.Semaphore(WRITE_CONCURRENCY)
 
         async def one(name: str, data: Any) -> None:
             async with sem:
-                await self.write_new(name, data)
+                await create_object(self.base, name, data, exists="ours")
 
         await asyncio.gather(*(one(n, d) for n, d in objects))
 
@@ -235,36 +223,13 @@ class VersionedRoot:
         return v == 0 or (await self.read_record(v)) is not None
 
     async def _find_newest(self) -> int:
-        lo = self.known
+        hint = 0
         if not self._hint_read:
             self._hint_read = True
-            h = await self._read_hint()
-            if h > lo and await self._exists(h):
-                lo = h
-        step = 1
-        while await self._exists(lo + step):
-            lo += step
-            step *= 2
-        hi = lo + step  # missing
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if await self._exists(mid):
-                lo = mid
-            else:
-                hi = mid
+            hint = await read_hint(self.base)
+        lo = await probe_newest(self._exists, self.known, hint)
         self.known = max(self.known, lo)
         return self.known
-
-    async def _read_hint(self) -> int:
-        try:
-            res = await self.base.read(HINT_NAME)
-            if res.state != "value":
-                return 0
-            body = unframe(MAGIC_HINT, res.value, HINT_NAME)
-            v = body.get("version") if isinstance(body, dict) else None
-            return v if isinstance(v, int) and v > 0 else 0
-        except (DataCorruptionError, StorageError):
-            return 0  # the hint is only a hint
 
     async def record_at(self, version: int) -> CommitRecord | None:
         """The record of ``version`` (None for version 0); raises if absent."""
@@ -272,8 +237,6 @@ class VersionedRoot:
             return None
         rec = await self.read_record(version)
         if rec is None:
-            from tensorstore_py.core.errors import NotFoundError
-
             raise NotFoundError(f"versioned store {self.base!r}: version {version} does not exist")
         return rec
 
@@ -305,9 +268,9 @@ class VersionedRoot:
                 # Nothing is visible before the commit record, and every object
                 # of an attempt has a fresh name: a failed attempt is safe to redo.
                 failures += 1
-                if failures >= PREPARE_ATTEMPTS:
+                if failures >= PREPARE_RETRY.max_attempts:
                     raise
-                await asyncio.sleep(min(2.0, 0.02 * 2**failures) * (0.5 + random.random()))
+                await asyncio.sleep(PREPARE_RETRY.delay(failures))
                 continue
             if await self._publish(rec):
                 self.records.put(rec.version, rec)
@@ -351,7 +314,7 @@ class VersionedRoot:
         name = commit_name(rec.version)
         data = rec.encode()
         last: BaseException | None = None
-        for attempt in range(PUBLISH_ATTEMPTS):
+        for attempt in range(1, PUBLISH_RETRY.max_attempts + 1):
             try:
                 await self.base.write(name, data, if_equal=Generation.NO_VALUE)
                 return True
@@ -366,7 +329,8 @@ class VersionedRoot:
                 other = None
             if other is not None:
                 return other.write_id == rec.write_id
-            await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+            if attempt < PUBLISH_RETRY.max_attempts:
+                await asyncio.sleep(PUBLISH_RETRY.delay(attempt))
         assert last is not None
         raise last
 
@@ -396,6 +360,59 @@ class VersionedRoot:
         self.queue = []
         self.committer = None
         self._hint_task = None
+
+
+class RootView:
+    """A store that is a view of a :class:`VersionedRoot` (the versioned kvstore).
+
+    The modules below the store (gc, verify) take a versioned store or its base
+    store; this marker lets them tell the two apart without importing the store.
+    """
+
+    base: KvStore
+
+
+def base_of(store: KvStore) -> KvStore:
+    """The base store of a versioned store; any other store is taken as a base."""
+    return store.base if isinstance(store, RootView) else store
+
+
+async def read_hint(base: KvStore) -> int:
+    """The version the ``latest`` hint names (0 when it is missing, damaged or unreadable)."""
+    try:
+        res = await base.read(HINT_NAME)
+        if res.state != "value":
+            return 0
+        body = unframe(MAGIC_HINT, res.value, HINT_NAME)
+        v = body.get("version") if isinstance(body, dict) else None
+        return v if isinstance(v, int) and v > 0 else 0
+    except (DataCorruptionError, StorageError):
+        return 0  # the hint is only a hint
+
+
+async def probe_newest(exists: Callable[[int], Awaitable[bool]], known: int, hint: int = 0) -> int:
+    """The newest version, probing commit records as FORMAT.md §6.1 says.
+
+    ``exists(v)`` tells whether ``commits/<v>`` exists (version 0 always does);
+    ``known`` is a version known to exist and ``hint`` one that may (the
+    ``latest`` hint). Versions are dense, so a galloping search upwards from
+    the higher of the two, then a bisection, finds the newest in O(log n) probes.
+    """
+    lo = known
+    if hint > lo and await exists(hint):
+        lo = hint
+    step = 1
+    while await exists(lo + step):
+        lo += step
+        step *= 2
+    hi = lo + step  # missing
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if await exists(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 # Weak: a root (and its caches) lives as long as some store, task or

@@ -33,7 +33,7 @@ import asyncio
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tensorstore_py.core.errors import (
     ConditionFailedError,
@@ -50,7 +50,8 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
-from tensorstore_py.kvstore.transaction import CommitInfo
+from tensorstore_py.kvstore.registry import open_kvstore
+from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.data import (
     Pending,
     blocking_reader,
@@ -65,6 +66,8 @@ from tensorstore_py.kvstore.versioned.format import (
     ranges_add,
     ranges_contain,
 )
+from tensorstore_py.kvstore.versioned.gc import DEFAULT_GRACE, GcReport
+from tensorstore_py.kvstore.versioned.gc import gc as collect_garbage
 from tensorstore_py.kvstore.versioned.info import (
     CommitDetails,
     EntryInfo,
@@ -74,10 +77,10 @@ from tensorstore_py.kvstore.versioned.info import (
     read_formats,
     read_spans,
 )
-from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot, get_root
-
-if TYPE_CHECKING:
-    from tensorstore_py.kvstore.transaction import Transaction
+from tensorstore_py.kvstore.versioned.multiwriter import MultiWriterParticipant
+from tensorstore_py.kvstore.versioned.replicate import copy_store
+from tensorstore_py.kvstore.versioned.root import Plan, RootView, VersionedRoot, get_root
+from tensorstore_py.kvstore.versioned.txn import VersionedParticipant
 
 __all__ = ["CommitDetails", "EntryInfo", "VersionInfo", "VersionedKvStore"]
 
@@ -114,7 +117,7 @@ def _check_tag(name: str) -> str:
     return name
 
 
-class VersionedKvStore(KvStore):
+class VersionedKvStore(KvStore, RootView):
     """A versioned, transactional view of ``base`` (see the module docstring)."""
 
     driver = "versioned"
@@ -144,8 +147,6 @@ class VersionedKvStore(KvStore):
     # -- spec / URL ------------------------------------------------------------------
     @classmethod
     async def from_spec(cls, spec: dict[str, Any]) -> VersionedKvStore:
-        from tensorstore_py.kvstore.registry import open_kvstore
-
         unknown = set(spec) - {"driver", "base", "path", "version", "tag"}
         if unknown:
             raise InvalidSpecError(f"versioned kvstore spec: unknown fields {sorted(unknown)}")
@@ -286,15 +287,14 @@ class VersionedKvStore(KvStore):
             root.committer = asyncio.ensure_future(_run_queue(root))
         return await op.future
 
-    def _transaction_participant(self, txn: Transaction) -> Any:
-        from tensorstore_py.kvstore.versioned.txn import VersionedParticipant
-
+    def _transaction_participant(self, txn: Transaction) -> VersionedParticipant:
         if self.tag_name is not None and self.version is None:
             raise InvalidArgumentError(
                 f"{self!r}: open a tag snapshot with KvStore.open (which resolves the tag) "
                 f"before using it in a transaction"
             )
-        return VersionedParticipant(self._root, self.version, txn)
+        cls = MultiWriterParticipant if txn.multi_writer else VersionedParticipant
+        return cls(self._root, self.version, txn)
 
     # -- versions, tags, deletion -----------------------------------------------------------
     def newest_version(self) -> Future[int]:
@@ -404,8 +404,6 @@ class VersionedKvStore(KvStore):
         with the size of each object copied. Opening ``dst`` as a versioned store
         afterwards gives the same versions, tags and values.
         """
-        from tensorstore_py.kvstore.versioned.replicate import copy_store
-
         return spawn(copy_store(self.base, dst, on_bytes or (lambda _n: None)))
 
     def stored_formats(self) -> Future[dict[str, int]]:
@@ -488,7 +486,7 @@ class VersionedKvStore(KvStore):
 
     def gc(
         self, *, grace: float | None = None, dry_run: bool = True, reclaim_deleted: bool = False
-    ) -> Future[Any]:
+    ) -> Future[GcReport]:
         """Garbage-collect objects no retained version references (FORMAT.md §9).
 
         Same as :func:`tensorstore_py.kvstore.versioned.gc.gc` on this store:
@@ -496,11 +494,9 @@ class VersionedKvStore(KvStore):
         module's, hours) go, so a writer in flight is never robbed;
         ``dry_run`` (the default) deletes nothing and reports what would go.
         """
-        from tensorstore_py.kvstore.versioned import gc as gc_mod
-
         if grace is None:
-            grace = gc_mod.DEFAULT_GRACE
-        return gc_mod.gc(self, grace=grace, dry_run=dry_run, reclaim_deleted=reclaim_deleted)
+            grace = DEFAULT_GRACE
+        return collect_garbage(self, grace=grace, dry_run=dry_run, reclaim_deleted=reclaim_deleted)
 
     async def _meta_commit(self, kind: str, edit: Any, message: str) -> CommitInfo:
         async def plan(parent: CommitRecord | None) -> Plan:

@@ -10,11 +10,10 @@ since the pinned one (write-write conflicts) and committed as one new version.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from tensorstore_py.core.errors import ConditionFailedError, ConflictError, DataCorruptionError
 from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, ReadResult
-from tensorstore_py.kvstore.transaction import CommitInfo, Participant
+from tensorstore_py.kvstore.transaction import CommitInfo, Participant, Transaction
 from tensorstore_py.kvstore.versioned.data import (
     STAGING_MAX,
     Pending,
@@ -28,9 +27,6 @@ from tensorstore_py.kvstore.versioned.data import (
 from tensorstore_py.kvstore.versioned.format import CommitRecord
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
-
-if TYPE_CHECKING:
-    from tensorstore_py.kvstore.transaction import Transaction
 
 __all__ = ["VersionedParticipant", "check_conflicts"]
 
@@ -63,7 +59,11 @@ async def check_conflicts(root: VersionedRoot, ours: set[str], lo: int, hi: int)
 
 
 class VersionedParticipant(Participant):
-    """The staged state of one transaction on one versioned root."""
+    """The staged state of one transaction on one versioned root.
+
+    Commits as one process; a multi-writer transaction (``txn.multi_writer``)
+    gets the subclass ``multiwriter.MultiWriterParticipant`` instead.
+    """
 
     def __init__(self, root: VersionedRoot, snapshot: int | None, txn: Transaction) -> None:
         self.root = root
@@ -176,10 +176,6 @@ class VersionedParticipant(Participant):
         return out
 
     async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
-        if txn.multi_writer:
-            from tensorstore_py.kvstore.versioned.multiwriter import commit_multi
-
-            return await commit_multi(self, txn, wait=wait)
         changes = await self.finalize()
         base = await self.pin()
         rec = await commit_changes(self.root, changes, base, txn)

@@ -38,7 +38,7 @@ from typing import Any
 
 import crc32c as _crc32c_lib
 
-from tensorstore_py.core.errors import DataCorruptionError
+from tensorstore_py.core.errors import ChecksumError, DataCorruptionError
 from tensorstore_py.core.future import Future, spawn
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import KvStore
@@ -52,7 +52,7 @@ from tensorstore_py.kvstore.versioned.format import (
     ranges_contain,
     unframe,
 )
-from tensorstore_py.kvstore.versioned.root import VersionedRoot
+from tensorstore_py.kvstore.versioned.root import base_of, probe_newest, read_hint
 from tensorstore_py.kvstore.versioned.tree import Inner, Leaf, Node, decode_node
 
 __all__ = ["Problem", "base_of", "verify"]
@@ -87,13 +87,6 @@ class Problem:
         return f"{self.kind}: {self.object}{at}: {self.message}"
 
 
-def base_of(store: KvStore) -> KvStore:
-    """The base store of a versioned store; any other store is taken as a base."""
-    from tensorstore_py.kvstore.versioned.store import VersionedKvStore
-
-    return store.base if isinstance(store, VersionedKvStore) else store
-
-
 def verify(store: KvStore, *, progress: Progress | None = None) -> Future[list[Problem]]:
     """Check every checksum and reference of ``store``'s history (see the module doc).
 
@@ -107,8 +100,6 @@ def verify(store: KvStore, *, progress: Progress | None = None) -> Future[list[P
 
 
 def _exc_kind(e: DataCorruptionError) -> str:
-    from tensorstore_py.core.errors import ChecksumError
-
     return "checksum" if isinstance(e, ChecksumError) else "corrupt"
 
 
@@ -123,9 +114,7 @@ class _Sub:
 
 class _Walker:
     def __init__(self, base: KvStore, progress: Progress | None) -> None:
-        self.base = base
-        # a private root: nothing cached from earlier reads in this process
-        self.root = VersionedRoot(base)
+        self.base = base  # everything is read from it, nothing from a cache
         self.progress = progress
         self.problems: list[Problem] = []
         self.sem = asyncio.Semaphore(READ_CONCURRENCY)
@@ -165,21 +154,7 @@ class _Walker:
 
     async def _newest(self) -> int:
         """The newest version, probing as FORMAT.md §6.1 without decoding records."""
-        lo = await self.root._read_hint()
-        if not await self._exists(lo):
-            lo = 0
-        step = 1
-        while await self._exists(lo + step):
-            lo += step
-            step *= 2
-        hi = lo + step
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if await self._exists(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return await probe_newest(self._exists, 0, await read_hint(self.base))
 
     async def _records(self, newest: int) -> dict[int, CommitRecord]:
         out: dict[int, CommitRecord] = {}

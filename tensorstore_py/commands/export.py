@@ -37,7 +37,8 @@ from tensorstore_py.core.errors import (
     UnsupportedError,
 )
 from tensorstore_py.core.pools import run_cpu
-from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.versioned.replicate import create_copy
 
 __all__ = ["cat", "copy", "find_leaf", "parse_index"]
 
@@ -137,15 +138,6 @@ async def cat(url: str, array: str = "", *, index: str | None = None, step: int 
 
 
 # -- copy ----------------------------------------------------------------------------
-async def _create(dst: KvStore, name: str, data: Any) -> None:
-    try:
-        await dst.write(name, data, if_equal=Generation.NO_VALUE)
-    except ConditionFailedError:
-        raise ConditionFailedError(
-            f"copy: {name!r} already exists at the destination {dst!r}; copy into an empty location"
-        ) from None
-
-
 async def copy(src: str, dst: str, *, on_bytes: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Copy the checkpoint root, versioned store, array or folder of arrays at
     ``src`` to the empty location ``dst`` (see the module docstring)."""
@@ -206,12 +198,12 @@ async def _copy_array(src: KvStore, dst: KvStore, driver: str | None, count: Cal
                 if tuple(arr.shape) != tuple(drv.write_chunk_shape):
                     raise DataCorruptionError(
                         f"copy: chunk {key!r} decodes to shape {arr.shape}, expected {drv.write_chunk_shape}")
-            await _create(dst, key, res.value)
+            await create_copy(dst, key, res.value)
         count(len(res.value))
 
     await asyncio.gather(*(one(k) for k in keys))
     res = await src.read(meta_key)
-    await _create(dst, meta_key, res.value)  # last: the array appears complete or not at all
+    await create_copy(dst, meta_key, res.value)  # last: the array appears complete or not at all
     count(len(res.value))
 
 
