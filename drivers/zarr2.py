@@ -18,10 +18,8 @@ import numpy as np
 from tensorstore_py.core.budget import ByteBudget
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
 from tensorstore_py.drivers.cache import CachePool
-from tensorstore_py.drivers.codecs._limits import check_size
-from tensorstore_py.drivers.codecs.blosc_codec import blosc_decode
-from tensorstore_py.drivers.codecs.gzip_codec import inflate
-from tensorstore_py.drivers.codecs.zstd_codec import zstd_decode
+from tensorstore_py.drivers.codecs import v2_decoder
+from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.dtypes import dtype_from_v2, fill_from_v2
 from tensorstore_py.drivers.engine import ChunkedArray
 from tensorstore_py.kvstore.base import Buffer, Generation, KvStore
@@ -57,19 +55,19 @@ def _codec(cfg: Any, field: str) -> numcodecs.abc.Codec:
         raise _err(field, f"bad configuration for codec {cfg['id']!r}: {e}") from None
 
 
-class V2ChunkCodec:
-    """filters + compressor for one chunk shape (the engine's ChunkCodec)."""
+class V2ChunkCodec(ChunkCodec):
+    """filters + compressor for one chunk shape; the compressor decodes through
+    its registered checked decoder (drivers/codecs/registry.py)."""
 
     def __init__(self, shape: tuple[int, ...], stored: np.dtype, native: np.dtype, order: str,
                  filters: list[Any], compressor: Any) -> None:
         self.shape, self.stored, self.native, self.order = shape, stored, native, order
         self.filters, self.compressor = filters, compressor
+        self._decoder = None if compressor is None else v2_decoder(compressor.codec_id)
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * stored.itemsize
-        swap = stored != native
-        self.raw = not filters and compressor is None and order == "C" and not swap
-        self.strided_out = False
-        self.direct = not filters and order == "C" and not swap and \
-            getattr(compressor, "codec_id", None) in ("zstd", "blosc")
+        plain = not filters and order == "C" and stored == native  # stored bytes = native C order
+        self.raw = plain and compressor is None
+        self.direct = plain and self._decoder is not None and self._decoder.decodes_into
 
     def encode(self, a: np.ndarray) -> Buffer:
         if a.dtype != self.stored:
@@ -84,34 +82,13 @@ class V2ChunkCodec:
             buf = self.compressor.encode(buf)
         return memoryview(np.ascontiguousarray(buf)).cast("B") if isinstance(buf, np.ndarray) else buf
 
-    def _decompress(self, buf: Buffer, key: str, out: Buffer | None) -> Buffer:
-        c = self.compressor
-        size = self.nbytes if not self.filters else None
-        limit = 4 * self.nbytes + (1 << 20)
-        cid = c.codec_id
-        if cid == "zstd":
-            return zstd_decode(c, buf, key=key, size=size, limit=limit, out=out)
-        if cid == "blosc":
-            return blosc_decode(c, buf, key=key, size=size, limit=limit, out=out)
-        if cid in ("zlib", "gzip"):
-            return inflate(buf, wbits=47 if cid == "gzip" else 15, codec=cid, key=key,
-                           size=size, limit=limit)
-        if cid == "lz4":
-            mv = memoryview(buf).cast("B")
-            if len(mv) < 4:
-                raise DataCorruptionError(f"chunk {key!r}: lz4 data is truncated")
-            check_size("lz4", key, int.from_bytes(mv[:4], "little"), size, limit)
-        try:
-            res = c.decode(buf)
-        except Exception as e:
-            raise DataCorruptionError(f"chunk {key!r}: invalid {cid} data: {e}") from None
-        check_size(cid, key, memoryview(res).nbytes, size, limit)
-        return res
-
     def decode(self, buf: Buffer, *, key: str, out: np.ndarray | None = None) -> np.ndarray:
         direct = memoryview(out.reshape(-1).view(np.uint8)) if out is not None and self.direct else None
-        if self.compressor is not None:
-            buf = self._decompress(buf, key, direct)
+        if self._decoder is not None:
+            buf = self._decoder.decode(
+                self.compressor, buf, key=key, size=self.nbytes if not self.filters else None,
+                limit=4 * self.nbytes + (1 << 20), out=direct,
+            )
             if direct is not None and np.shares_memory(np.frombuffer(buf, np.uint8), out):
                 return out  # type: ignore[return-value]
         for f in reversed(self.filters):
