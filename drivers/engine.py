@@ -41,12 +41,14 @@ from tensorstore_py.core.errors import (
     ConditionFailedError,
     DataCorruptionError,
     InvalidArgumentError,
+    NotFoundError,
     ReadOnlyError,
 )
 from tensorstore_py.core.pools import run_cpu, run_io
 from tensorstore_py.drivers import fastpath
 from tensorstore_py.drivers.base import ArrayDriver, Index
 from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.sharding import MISSING, ShardingCodec, is_fill
 from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
@@ -89,20 +91,6 @@ async def _value(x: Any) -> Any:
     return x
 
 
-class ChunkCodec:
-    """What the engine needs from a format's chunk encoding (see CodecChain)."""
-
-    raw: bool = False
-    direct: bool = False
-    strided_out: bool = False
-
-    def encode(self, a: np.ndarray) -> Any:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def decode(self, buf: Any, *, key: str, out: np.ndarray | None = None) -> np.ndarray:  # pragma: no cover
-        raise NotImplementedError
-
-
 class ChunkedArray(ArrayDriver):
     """A regular chunk grid of encoded chunks over a kvstore."""
 
@@ -115,7 +103,7 @@ class ChunkedArray(ArrayDriver):
         dtype: np.dtype,
         fill_value: np.generic,
         chunk_shape: tuple[int, ...],
-        codec: Any,
+        codec: ChunkCodec,
         dimension_names: tuple[str | None, ...],
         metadata_generation: Generation,
         cache_pool: CachePool | None = None,
@@ -517,8 +505,6 @@ class ChunkedArray(ArrayDriver):
         for _attempt in range(_MAX_RMW_ATTEMPTS):
             res = await self.kvstore.read(self.metadata_key)
             if res.state == "missing":
-                from tensorstore_py.core.errors import NotFoundError
-
                 raise NotFoundError(f"resize: {self.metadata_key!r} is gone from {self.kvstore!r}")
             current = self._decode_metadata(res.value)
             old_shape = tuple(current["shape"])

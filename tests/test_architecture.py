@@ -202,12 +202,10 @@ KNOWN_CYCLES: set[str] = {
     "tensorstore_py.kvstore.versioned.multiwriter <-> tensorstore_py.kvstore.versioned.txn",
     "tensorstore_py.kvstore.versioned <-> tensorstore_py.kvstore.versioned.gc <-> "
     "tensorstore_py.kvstore.versioned.store <-> tensorstore_py.kvstore.versioned.verify",
-    "tensorstore_py.drivers.engine <-> tensorstore_py.drivers.fastpath",
     "tensorstore_py.checkpoint <-> tensorstore_py.checkpoint.api <-> tensorstore_py.checkpoint.manager <-> "
     "tensorstore_py.checkpoint.restoring <-> tensorstore_py.checkpoint.saving",
 }
 KNOWN_LOCAL: set[str] = {
-    'drivers/engine.py:function-local import of tensorstore_py.core.errors (import it at the top)',
     'kvstore/_gcs_auth.py:function-local import of google needs a short comment saying why it is lazy',
     'kvstore/_retry.py:function-local import of aiohttp, not an optional heavy dependency (import it at the top)',
     'kvstore/base.py:function-local import of json, not an optional heavy dependency (import it at the top)',
