@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import random
 from abc import abstractmethod
 from typing import Any
 
@@ -52,6 +51,7 @@ from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.sharding import MISSING, ShardingCodec, is_fill
 from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
+from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.kvstore.base import BlockingRead, ByteRange, Generation, KvStore, ReadResult
 
 __all__ = ["ChunkCodec", "ChunkedArray"]
@@ -59,7 +59,6 @@ __all__ = ["ChunkCodec", "ChunkedArray"]
 # Chunks smaller than this are decoded on the loop thread: a thread hop costs
 # more than a memcpy or decompression of a few KiB.
 _INLINE_BYTES = 64 << 10
-_MAX_RMW_ATTEMPTS = 200
 # Inner chunks of one shard closer than this are fetched in one request; larger
 # gaps would download data nobody asked for (remote stores run requests concurrently).
 _SHARD_COALESCE_GAP = 16 << 10
@@ -478,7 +477,7 @@ class ChunkedArray(ArrayDriver):
             else:
                 await self.kvstore.write(key, enc)
             return
-        for attempt in range(_MAX_RMW_ATTEMPTS):
+        for attempt in range(1, RMW_RETRY.max_attempts + 1):
             res = await self.kvstore.read(key)
             enc = await run_cpu(self._modify, res, key, p, src)
             try:
@@ -490,10 +489,8 @@ class ChunkedArray(ArrayDriver):
                 return
             except ConditionFailedError:
                 # another writer changed the chunk: re-read and merge again
-                await asyncio.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 6))))
-        raise ConditionFailedError(
-            f"chunk {key!r}: read-modify-write lost the race {_MAX_RMW_ATTEMPTS} times"
-        )
+                await asyncio.sleep(RMW_RETRY.delay(attempt))
+        raise rmw_lost(key)
 
     # -- resizing --------------------------------------------------------------------
     async def resize(self, new_shape: tuple[int, ...]) -> ChunkedArray:
@@ -502,7 +499,7 @@ class ChunkedArray(ArrayDriver):
             raise InvalidArgumentError(
                 f"resize: new shape {list(new_shape)} must have {len(self._shape)} non-negative sizes"
             )
-        for _attempt in range(_MAX_RMW_ATTEMPTS):
+        for attempt in range(1, RMW_RETRY.max_attempts + 1):
             res = await self.kvstore.read(self.metadata_key)
             if res.state == "missing":
                 raise NotFoundError(f"resize: {self.metadata_key!r} is gone from {self.kvstore!r}")
@@ -514,7 +511,7 @@ class ChunkedArray(ArrayDriver):
                     self.metadata_key, self._encode_metadata(meta), if_equal=res.generation
                 )
             except ConditionFailedError:
-                await asyncio.sleep(random.uniform(0, 0.01))
+                await asyncio.sleep(RMW_RETRY.delay(attempt))
                 continue
             break
         else:

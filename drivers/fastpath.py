@@ -14,7 +14,6 @@ async path; the results and guarantees are identical.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, TypeVar
@@ -26,6 +25,7 @@ from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.sharding import MISSING, ShardingCodec
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
+from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.kvstore.base import ByteRange, KvStore, ReadResult
 
 __all__ = ["ChunkOps", "batches", "has_sync_io", "read_batch", "read_prepared_batch", "write_batch"]
@@ -34,7 +34,6 @@ T = TypeVar("T")
 
 BATCH_BYTES = 1 << 20
 BATCH_PARTS = 256
-MAX_RMW_ATTEMPTS = 200
 
 
 class ChunkOps(Protocol):
@@ -214,7 +213,7 @@ def write_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], value: np.ndarra
         if p.full:
             store_batch(arr, kv, [p], [arr._encode_full(p, src)])
             continue
-        for attempt in range(MAX_RMW_ATTEMPTS):
+        for attempt in range(1, RMW_RETRY.max_attempts + 1):
             res = kv._read_blocking(full, None, None)
             enc = arr._modify(res, key, p, src)
             try:
@@ -225,8 +224,6 @@ def write_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], value: np.ndarra
                     kv._write_blocking(full, enc, res.generation)
                 break
             except ConditionFailedError:
-                time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 6))))
+                time.sleep(RMW_RETRY.delay(attempt))  # lost to another writer: merge again
         else:
-            raise ConditionFailedError(
-                f"chunk {key!r}: read-modify-write lost the race {MAX_RMW_ATTEMPTS} times"
-            )
+            raise rmw_lost(key)
