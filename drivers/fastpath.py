@@ -21,9 +21,9 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from tensorstore_py.core.buffers import aligned_empty
-from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError
+from tensorstore_py.core.errors import ConditionFailedError
 from tensorstore_py.drivers.codecs.base import ChunkCodec
-from tensorstore_py.drivers.codecs.sharding import MISSING, ShardingCodec
+from tensorstore_py.drivers.codecs.sharding import ShardingCodec
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.kvstore.base import ByteRange, KvStore, ReadResult
@@ -162,27 +162,14 @@ def _read_sharded(arr: ChunkOps, kv: Any, key: str, full: str, p: ChunkPart, des
         if ires.state == "missing":
             dest[...] = arr._fill_arr
             return
-        idx = sh.decode_index(ires.value, key=key)
-        present = []
-        for ip in inner:
-            off, n = idx[ip.cell]
-            if off == MISSING:
-                dest[ip.out] = arr._fill_arr
-            else:
-                present.append((ip, int(off), int(n)))
+        present = sh.present_parts(sh.decode_index(ires.value, key=key), inner, dest)
         changed = False
         for ip, off, n in present:
             res = kv._read_blocking(full, ByteRange(off, off + n), None)
             if res.state == "missing" or res.generation != ires.generation:
                 changed = True  # rewritten between the index and the data: again
                 break
-            if len(res.value) != n:
-                raise DataCorruptionError(
-                    f"shard {key!r}: inner chunk {list(ip.cell)} at bytes [{off}, {off + n}) is "
-                    f"truncated ({len(res.value)} bytes present)"
-                )
-            a = sh.inner.decode(res.value, key=f"{key} (inner chunk {list(ip.cell)})")
-            dest[ip.out] = a[ip.chunk]
+            dest[ip.out] = sh.decode_inner(res.value, ip, off, n, key=key)[ip.chunk]
         if not changed:
             return
     raise ConditionFailedError(f"shard {key!r} kept changing while being read")

@@ -36,6 +36,7 @@ from tensorstore_py.drivers.dtypes import (
     fill_to_json,
     fill_to_v2,
 )
+from tensorstore_py.drivers.engine import ChunkedArray
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 
@@ -209,9 +210,7 @@ async def open_driver(
         raise InvalidArgumentError("delete_existing=True requires create=True")
     if open is None:
         open = not delete_existing
-    mod = _z3 if driver == "zarr3" else _z2
-    cls = _z3.Zarr3Array if driver == "zarr3" else _z2.Zarr2Array
-    parse = _z3.Parsed if driver == "zarr3" else _z2.Parsed2
+    cls: type[ChunkedArray] = _z3.Zarr3Array if driver == "zarr3" else _z2.Zarr2Array
     key = cls.metadata_key
     budget = ByteBudget(bytes_in_flight or DEFAULT_BYTES_IN_FLIGHT)
     url = _url(kv)
@@ -223,16 +222,16 @@ async def open_driver(
         if res.state == "value":
             if not open:
                 raise InvalidSpecError(f"{driver} array at {url} already exists (open=False)")
-            stored = mod.decode_metadata(res.value, key)
-            parsed = parse(stored)
+            stored = cls.decode_metadata(res.value)
+            parsed = cls.parse_metadata(stored)
             _check_compatible(driver, given, stored, parsed, url)
             return cls.from_metadata(stored, kv, res.generation, cache_pool=cache_pool,
                                      budget=budget, parsed=parsed)
         if not create:
             raise NotFoundError(f"{driver} array not found: no {key} at {url}")
         meta = _complete(driver, given)
-        parsed = parse(meta)
-        raw = mod.encode_metadata(meta)
+        parsed = cls.parse_metadata(meta)
+        raw = cls.encode_metadata(meta)
         try:
             gen = await kv.write(key, raw, if_equal=Generation.NO_VALUE)
         except ConditionFailedError:

@@ -15,14 +15,12 @@ from typing import Any
 import numcodecs
 import numpy as np
 
-from tensorstore_py.core.budget import ByteBudget
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
-from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.codecs import v2_decoder
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.dtypes import dtype_from_v2, fill_from_v2
 from tensorstore_py.drivers.engine import ChunkedArray
-from tensorstore_py.kvstore.base import Buffer, Generation, KvStore
+from tensorstore_py.kvstore.base import Buffer
 
 __all__ = ["Parsed2", "Zarr2Array", "default_metadata2", "normalize_field2"]
 
@@ -107,6 +105,8 @@ class V2ChunkCodec(ChunkCodec):
 
 
 class Parsed2:
+    """The validated, typed view of one .zarray document."""
+
     def __init__(self, meta: Any) -> None:
         if not isinstance(meta, dict):
             raise InvalidSpecError(f".zarray must be a JSON object, got {type(meta).__name__}")
@@ -144,6 +144,9 @@ class Parsed2:
             None if comp is None else _codec(comp, "compressor"),
         )
         self.dimension_names: tuple[str | None, ...] = (None,) * len(self.shape)
+
+    def chunk_key(self, cell: tuple[int, ...]) -> str:
+        return self.separator.join(map(str, cell)) if cell else "0"
 
 
 def default_metadata2(partial: dict[str, Any], *, chunk_shape: tuple[int, ...]) -> dict[str, Any]:
@@ -187,40 +190,11 @@ class Zarr2Array(ChunkedArray):
     driver = "zarr"
     metadata_key = METADATA_KEY
 
-    @classmethod
-    def from_metadata(
-        cls, meta: dict[str, Any], kvstore: KvStore, generation: Generation, *,
-        cache_pool: CachePool | None = None, budget: ByteBudget | None = None,
-        parsed: Parsed2 | None = None,
-    ) -> Zarr2Array:
-        p = parsed or Parsed2(meta)
-        arr = cls(
-            kvstore=kvstore, metadata=meta, shape=p.shape, dtype=p.dtype, fill_value=p.fill,
-            chunk_shape=p.chunk_shape, codec=p.codec, dimension_names=p.dimension_names,
-            metadata_generation=generation, cache_pool=cache_pool, budget=budget,
-        )
-        arr._sep = p.separator
-        return arr
+    @staticmethod
+    def parse_metadata(meta: dict[str, Any]) -> Parsed2:
+        return Parsed2(meta)
 
-    def chunk_key(self, cell: tuple[int, ...]) -> str:
-        return self._sep.join(map(str, cell)) if cell else "0"
-
-    def _encode_metadata(self, metadata: dict[str, Any]) -> bytes:
-        return encode_metadata(metadata)
-
-    def _decode_metadata(self, raw: Any) -> dict[str, Any]:
-        return decode_metadata(raw, ".zarray")
-
-
-def encode_metadata(meta: dict[str, Any]) -> bytes:
-    return json.dumps(meta, indent=4, sort_keys=True).encode()
-
-
-def decode_metadata(raw: Any, where: str) -> dict[str, Any]:
-    try:
-        meta = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidSpecError(f"{where}: not valid JSON: {e}") from None
-    if not isinstance(meta, dict):
-        raise InvalidSpecError(f"{where}: expected a JSON object, got {type(meta).__name__}")
-    return meta
+    @staticmethod
+    def encode_metadata(meta: dict[str, Any]) -> bytes:
+        """The stored .zarray: 4-space indent, sorted keys."""
+        return json.dumps(meta, indent=4, sort_keys=True).encode()

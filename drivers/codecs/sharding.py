@@ -12,6 +12,7 @@ index is a DataCorruptionError naming the key, never garbage.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs.base import ArrayBytesCodec, ChunkSpec
 from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.codecs.registry import register_codec
-from tensorstore_py.drivers.grid import chunk_parts
+from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.kvstore.base import Buffer, ByteRange
 
 MISSING = np.uint64(2**64 - 1)
@@ -156,6 +157,31 @@ class ShardingCodec(ArrayBytesCodec):
                 + (f" of {shard_size} bytes" if shard_size is not None else "")
             )
         return idx
+
+    # -- part of a shard (the engine's partial reads) ---------------------------------
+    def present_parts(self, idx: np.ndarray, parts: Iterable[ChunkPart],
+                      dest: np.ndarray) -> list[tuple[ChunkPart, int, int]]:
+        """Fill the parts of ``dest`` whose inner chunk the decoded index ``idx``
+        marks missing; return the others with their ``(offset, nbytes)``."""
+        present: list[tuple[ChunkPart, int, int]] = []
+        for ip in parts:
+            off, n = idx[ip.cell]
+            if off == MISSING:
+                dest[ip.out] = self.fill
+            else:
+                present.append((ip, int(off), int(n)))
+        return present
+
+    def decode_inner(self, buf: Buffer, ip: ChunkPart, off: int, n: int, *, key: str) -> np.ndarray:
+        """Decode inner chunk ``ip.cell``, read from bytes ``[off, off + n)`` of
+        shard ``key``; a short read is a DataCorruptionError."""
+        found = memoryview(buf).nbytes
+        if found != n:
+            raise DataCorruptionError(
+                f"shard {key!r}: inner chunk {list(ip.cell)} at bytes [{off}, {off + n}) is "
+                f"truncated ({found} bytes present)"
+            )
+        return self.inner.decode(buf, key=f"{key} (inner chunk {list(ip.cell)})")
 
     # -- whole shards -------------------------------------------------------------
     def encode(self, a: np.ndarray) -> Buffer:
