@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 
 import numpy as np
+from _harness import emit, fresh, scratch_dir
 
 from tensorstore_py.kvstore.file import FileKvStore
 
@@ -40,11 +39,6 @@ def _timed(fn: Callable[[], None]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
-
-
-def _fresh(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
 
 
 def main() -> None:
@@ -61,11 +55,21 @@ def main() -> None:
     rng = np.random.default_rng(0)
     values = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(args.count)]
     total_mib = size * args.count / MiB
-    scratch = tempfile.mkdtemp(prefix="tsp-bench-", dir=args.dir)
+    with scratch_dir("tsp-bench-", args.dir) as scratch:
+        times = _run(scratch, keys=[f"v/{i:04d}" for i in range(args.count)], values=values,
+                     reps=args.reps)
+    rate = {name: total_mib / statistics.median(ts) for name, ts in times.items()}
+    print(f"values: {args.count} x {size / MiB:g} MiB, reps: {args.reps} (medians)")
+    for name, r in rate.items():
+        emit(name, r, "MiB/s", digits=1)
+    emit("ratio_write", rate["file_write"] / rate["os_write"], digits=2)
+    emit("ratio_read", rate["file_read"] / rate["os_read"], digits=2)
+
+
+def _run(scratch: str, *, keys: list[str], values: list[bytes], reps: int) -> dict[str, list[float]]:
+    """Every repetition's time per contender (seconds for all values)."""
     plain_dir = os.path.join(scratch, "plain")
     store_dir = os.path.join(scratch, "store")
-    keys = [f"v/{i:04d}" for i in range(args.count)]
-
     kv = FileKvStore(path=store_dir)
 
     def os_write(k: str, v: bytes) -> None:
@@ -108,37 +112,28 @@ def main() -> None:
             f.result()
 
     times: dict[str, list[float]] = {}
-    try:
-        # check once that the store returns the very bytes
-        _fresh(store_dir)
-        kv.write("check", values[0]).result()
-        if bytes(kv.read("check").result().value) != values[0]:
-            raise RuntimeError("file store returned different bytes")
-        for _ in range(args.reps):
-            for d in (plain_dir, store_dir):
-                _fresh(d)
-            os.makedirs(os.path.join(plain_dir, "v"))
-            os.sync()  # start each write phase with no dirty pages queued
-            phases = [
-                interleaved([("os_write", os_write), ("file_write", file_write)]),
-                interleaved([("os_read", os_read), ("file_read", file_read)]),
-            ]
-            for phase in phases:
-                for name, t in phase.items():
-                    times.setdefault(name, []).append(t)
-            _fresh(store_dir)
-            os.sync()
-            times.setdefault("file_write_concurrent", []).append(_timed(file_write_concurrent))
-            times.setdefault("file_read_concurrent", []).append(_timed(file_read_concurrent))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-    rate = {name: total_mib / statistics.median(ts) for name, ts in times.items()}
-    print(f"values: {args.count} x {size / MiB:g} MiB, reps: {args.reps} (medians)")
-    for name, r in rate.items():
-        print(f"{name}: {r:.1f} MiB/s")
-    print(f"ratio_write: {rate['file_write'] / rate['os_write']:.2f}")
-    print(f"ratio_read: {rate['file_read'] / rate['os_read']:.2f}")
+    # check once that the store returns the very bytes
+    fresh(store_dir)
+    kv.write("check", values[0]).result()
+    if bytes(kv.read("check").result().value) != values[0]:
+        raise RuntimeError("file store returned different bytes")
+    for _ in range(reps):
+        for d in (plain_dir, store_dir):
+            fresh(d)
+        os.makedirs(os.path.join(plain_dir, "v"))
+        os.sync()  # start each write phase with no dirty pages queued
+        phases = [
+            interleaved([("os_write", os_write), ("file_write", file_write)]),
+            interleaved([("os_read", os_read), ("file_read", file_read)]),
+        ]
+        for phase in phases:
+            for name, t in phase.items():
+                times.setdefault(name, []).append(t)
+        fresh(store_dir)
+        os.sync()
+        times.setdefault("file_write_concurrent", []).append(_timed(file_write_concurrent))
+        times.setdefault("file_read_concurrent", []).append(_timed(file_read_concurrent))
+    return times
 
 
 if __name__ == "__main__":

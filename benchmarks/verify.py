@@ -21,12 +21,12 @@ Prints ``name: value unit`` lines (best of the repetitions) and
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
+import asyncio
 import time
 from typing import Any
 
 import numpy as np
+from _harness import emit, scratch_dir
 
 import tensorstore_py as tsp
 from tensorstore_py.commands.checks import verify
@@ -56,8 +56,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = ap.parse_args()
     nbytes = (128 << 20) if args.small else int(args.size_gib * GiB)
-    tmp = tempfile.mkdtemp(prefix="tsp-verify-bench-", dir=args.dir)
-    try:
+    with scratch_dir("tsp-verify-bench-", args.dir) as tmp:
         url = f"file://{tmp}/ckpt/"
         tree = make_tree(nbytes)
         total = sum(a.nbytes for a in tree.values())
@@ -83,21 +82,8 @@ def main() -> None:
             return dt
 
         def raw() -> float:
-            import asyncio
-
-            async def run() -> int:
-                kv = await tsp.KvStore.open(f"file://{tmp}/ckpt/")
-                names = await kv.list("data/")
-                sem = asyncio.Semaphore(8)
-
-                async def one(n: str) -> int:
-                    async with sem:
-                        return len((await kv.read(n)).value)
-
-                return sum(await asyncio.gather(*(one(n) for n in names)))
-
             t = time.perf_counter()
-            n = spawn(run()).result()
+            n = spawn(_read_all_objects(f"file://{tmp}/ckpt/")).result()
             dt = time.perf_counter() - t
             if n < total:
                 raise SystemExit("raw read returned too few bytes")
@@ -109,16 +95,26 @@ def main() -> None:
             order = (plain, check, raw) if r % 2 == 0 else (check, raw, plain)
             for fn in order:
                 times[fn].append(fn())
-        p_best, v_best, r_best = min(times[plain]), min(times[check]), min(times[raw])
-        print(f"checkpoint_size: {total / GiB:.3f} GiB")
-        print(f"save_throughput: {total / GiB / save_s:.3f} GiB/s")
-        print(f"plain_read_throughput: {total / GiB / p_best:.3f} GiB/s")
-        print(f"raw_read_throughput: {total / GiB / r_best:.3f} GiB/s")
-        print(f"verify_throughput: {total / GiB / v_best:.3f} GiB/s")
-        print(f"ratio_verify_vs_plain_read: {p_best / v_best:.2f} x")
-        print(f"ratio_verify_vs_raw_read: {r_best / v_best:.2f} x")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    best = {fn.__name__: min(ts) for fn, ts in times.items()}
+    emit("checkpoint_size", total / GiB, "GiB")
+    for name, secs in (("save", save_s), ("plain_read", best["plain"]), ("raw_read", best["raw"]),
+                       ("verify", best["check"])):
+        emit(f"{name}_throughput", total / GiB / secs, "GiB/s")
+    emit("ratio_verify_vs_plain_read", best["plain"] / best["check"], "x", digits=2)
+    emit("ratio_verify_vs_raw_read", best["raw"] / best["check"], "x", digits=2)
+
+
+async def _read_all_objects(url: str) -> int:
+    """Every data object of the versioned store at ``url`` read whole, 8 at a time."""
+    kv = await tsp.KvStore.open(url)
+    names = await kv.list("data/")
+    sem = asyncio.Semaphore(8)
+
+    async def one(n: str) -> int:
+        async with sem:
+            return len((await kv.read(n)).value)
+
+    return sum(await asyncio.gather(*(one(n) for n in names)))
 
 
 if __name__ == "__main__":

@@ -30,11 +30,11 @@ import asyncio
 import os
 import shutil
 import statistics
-import tempfile
 import time
 from typing import Any
 
 import numpy as np
+from _harness import emit, fresh, scratch_dir
 
 import tensorstore_py as tsp
 from tensorstore_py.core.future import spawn
@@ -47,19 +47,13 @@ from tensorstore_py.kvstore.versioned.root import Plan
 MiB = 1 << 20
 
 
-def _fresh(path: str) -> str:
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
-    return path
-
-
 def _key(i: int) -> str:
     return f"params/layer{i // 1000:04d}/w{i % 1000:03d}"
 
 
 def bench_commit(root: str, n: int, reps: int) -> tuple[float, float]:
     """(seconds to build n keys in one commit, median seconds of a 1-key commit)."""
-    kv = VersionedKvStore(FileKvStore(path=_fresh(root)))
+    kv = VersionedKvStore(FileKvStore(path=fresh(root)))
     changes = [(_key(i), InlineEntry(new_stamp(), b"%d" % i)) for i in range(n)]
 
     async def plan(parent: Any) -> Plan:
@@ -82,7 +76,7 @@ def bench_commit(root: str, n: int, reps: int) -> tuple[float, float]:
 
 def bench_merge(root: str, count: int) -> float:
     """Seconds for the coordinator to merge ``count`` fragments into one commit."""
-    path = _fresh(root)
+    path = fresh(root)
     scratch = FileKvStore(path=path, sync=False)  # setup only: fragments of "other" processes
     obj = "data/" + "0" * 32
     txn_id = "bench"
@@ -124,7 +118,7 @@ def bench_zarr3(root: str, mib: int, reps: int) -> dict[str, float]:
     for r in range(reps):
         for kind in (kinds if r % 2 == 0 else kinds[::-1]):
             # a new directory each time: the process caches what it knows of a store
-            path = _fresh(os.path.join(root, f"{kind}{r}"))
+            path = fresh(os.path.join(root, f"{kind}{r}"))
             kvspec: Any = "file://" + path + "/"
             if kind == "versioned":
                 kvspec = {"driver": "versioned", "base": kvspec}
@@ -161,28 +155,26 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
-    base = tempfile.mkdtemp(prefix="tsp-bench-versioned-", dir=args.dir)
-    try:
+    with scratch_dir("tsp-bench-versioned-", args.dir) as base:
         if "commit" not in skip:
             for n in (int(s) for s in args.sizes.split(",") if s):
                 build, commit = bench_commit(os.path.join(base, "commit"), n, args.reps)
-                print(f"build_{n}: {build:.3f} s")
-                print(f"commit_1key_{n}: {commit * 1e3:.2f} ms")
+                emit(f"build_{n}", build, "s")
+                emit(f"commit_1key_{n}", commit * 1e3, "ms", digits=2)
         if "merge" not in skip:
             dt = bench_merge(os.path.join(base, "merge"), args.fragments)
-            print(f"merge_{args.fragments}_fragments: {dt:.3f} s")
+            emit(f"merge_{args.fragments}_fragments", dt, "s")
         if "zarr3" not in skip:
             mib = 1024 if args.full else args.array_mib
             res = bench_zarr3(os.path.join(base, "zarr3"), mib, args.array_reps)
             for k, v in res.items():
-                print(f"zarr3_{k}_{mib}MiB: {v:.3f} s ({mib / v:.0f} MiB/s)")
-            print(f"ratio_zarr3_write: {res['versioned_write'] / res['file_write']:.3f}")
-            print(f"ratio_zarr3_read: {res['versioned_read'] / res['file_read']:.3f}")
-            # the same I/O path for both: what the versioned store itself costs
-            print(f"ratio_zarr3_write_vs_wrapped: {res['versioned_write'] / res['wrapped_write']:.3f}")
-            print(f"ratio_zarr3_read_vs_wrapped: {res['versioned_read'] / res['wrapped_read']:.3f}")
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+                emit(f"zarr3_{k}_{mib}MiB", v, f"s ({mib / v:.0f} MiB/s)")
+            # against the file store, and against the same I/O path as the versioned
+            # store takes (the wrapped file store): what the versioned store itself costs
+            for op in ("write", "read"):
+                emit(f"ratio_zarr3_{op}", res[f"versioned_{op}"] / res[f"file_{op}"])
+            for op in ("write", "read"):
+                emit(f"ratio_zarr3_{op}_vs_wrapped", res[f"versioned_{op}"] / res[f"wrapped_{op}"])
 
 
 if __name__ == "__main__":

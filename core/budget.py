@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
@@ -16,38 +17,67 @@ MAX_TASKS = 64
 
 
 class ByteBudget:
-    """An asyncio semaphore counted in bytes (all users on one event loop).
+    """An asyncio semaphore counted in bytes, shared by the tasks of one event loop.
 
-    A request larger than the whole budget is admitted alone, so nothing blocks
-    forever; memory held by in-flight chunks stays near ``limit``.
+    Guarantees:
+
+    * Bounded: the bytes held never exceed ``limit``, except by one request
+      larger than the whole budget, which is admitted alone once nothing else is
+      held (so it neither waits forever nor shares the budget with others).
+    * First come, first served: waiting requests are admitted in arrival order
+      and a new request never overtakes a waiting one, so a large request is not
+      starved by a stream of small ones.
+    * :meth:`release` is synchronous and never blocks, so it may be called from
+      a done-callback (a task cancelled before it started still gives back what
+      was taken for it).
+    * A request cancelled while waiting holds nothing afterwards.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = max(1, int(limit))
         self.used = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def _fits(self, n: int) -> bool:
+        return self.used == 0 or self.used + n <= self.limit
 
     async def acquire(self, n: int) -> int:
-        """Wait until ``n`` bytes fit (capped at the whole budget); returns what was taken."""
-        n = min(max(0, n), self.limit)
-        while self.used + n > self.limit:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if fut in self._waiters:
-                    self._waiters.remove(fut)
-        self.used += n
+        """Wait until ``n`` bytes may be held; returns what was taken (release that)."""
+        n = max(0, int(n))
+        if n == 0:
+            return 0
+        if not self._waiters and self._fits(n):
+            self.used += n
+            return n
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((n, fut))
+        try:
+            await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.release(n)  # admitted just as it was cancelled: give it back
+            else:
+                fut.cancel()
+                self._admit()  # it may have held back the requests behind it
+            raise
         return n
 
     def release(self, n: int) -> None:
-        """Give back ``n`` bytes (callable from callbacks: it never blocks)."""
+        """Give back ``n`` bytes and admit the waiting requests that now fit."""
         self.used -= n
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._admit()
+
+    def _admit(self) -> None:
+        while self._waiters:
+            n, fut = self._waiters[0]
+            if fut.done():  # cancelled while waiting
+                self._waiters.popleft()
+                continue
+            if not self._fits(n):
+                return
+            self._waiters.popleft()
+            self.used += n
+            fut.set_result(None)
 
 
 async def run_bounded(

@@ -8,6 +8,7 @@ catches ``KeyError`` or ``ValueError`` keeps working::
     ├── ConditionFailedError            a create-only / compare-and-swap write lost
     │   └── ConflictError               a transaction's keys were changed since its base
     ├── NotFoundError (KeyError)        a required key / version / step does not exist
+    │   └── SnapshotExpiredError        the version a reader pinned was deleted and reclaimed
     ├── InvalidKeyError (ValueError)    a key that is empty, escapes its root, has NUL/".."
     ├── InvalidSpecError (ValueError)   a malformed spec, URL, zarr.json / .zarray
     ├── InvalidArgumentError (ValueError)  bad shapes/dtypes/values passed by the caller
@@ -17,6 +18,7 @@ catches ``KeyError`` or ``ValueError`` keeps working::
     ├── DataCorruptionError             stored bytes are not what was written
     │   └── ChecksumError               a crc32c / checksum mismatch
     ├── StorageError (OSError)          an I/O failure of the backing store (after retries)
+    │   └── CommitOutcomeUnknownError   a conditional write / commit may or may not have landed
     ├── DeadlineExceededError (TimeoutError)  a deadline passed
     └── LoopError (RuntimeError)        misuse of the event loop (``.result()`` on the loop)
 
@@ -31,6 +33,7 @@ __all__ = [
     "ConditionFailedError",
     "ConflictError",
     "NotFoundError",
+    "SnapshotExpiredError",
     "InvalidKeyError",
     "InvalidSpecError",
     "InvalidArgumentError",
@@ -40,6 +43,7 @@ __all__ = [
     "DataCorruptionError",
     "ChecksumError",
     "StorageError",
+    "CommitOutcomeUnknownError",
     "DeadlineExceededError",
     "LoopError",
 ]
@@ -74,6 +78,15 @@ class NotFoundError(TensorStoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class SnapshotExpiredError(NotFoundError):
+    """A version that a reader pinned was deleted (retention) and its objects
+    reclaimed while the reader still used it.
+
+    Nothing is wrong with the store: re-open the newest version (or a retained
+    one) and read again.
+    """
 
 
 class InvalidKeyError(TensorStoreError, ValueError):
@@ -114,6 +127,24 @@ class ChecksumError(DataCorruptionError):
 
 class StorageError(TensorStoreError, OSError):
     """The backing store failed (after any retries the store performs)."""
+
+
+class CommitOutcomeUnknownError(StorageError):
+    """A conditional write or a commit may or may not have taken effect, and the
+    store could not tell which (its response was lost and a later state does not
+    reveal it).
+
+    Deliberately not a :class:`ConditionFailedError`: treating it as "not
+    applied" and retrying could apply an update twice. ``write_id`` identifies
+    the attempt; on the versioned store ``VersionedKvStore.find_write_id`` says
+    whether (and as which version) it committed. ``key`` names the key or
+    object concerned where there is one.
+    """
+
+    def __init__(self, message: str, *, write_id: str | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.write_id = write_id
+        self.key = key
 
 
 class DeadlineExceededError(TensorStoreError, TimeoutError):

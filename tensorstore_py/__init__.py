@@ -12,6 +12,7 @@ Every I/O call returns a :class:`Future`: ``.result()`` blocks, ``await`` awaits
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from tensorstore_py import errors
@@ -67,8 +68,6 @@ def __getattr__(name: str) -> Any:
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'tensorstore_py' has no attribute {name!r}") from None
-    import importlib
-
     mod = importlib.import_module(module)
     value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value

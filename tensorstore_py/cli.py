@@ -27,6 +27,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from tensorstore_py import __version__
+from tensorstore_py.commands import checks, export, inspect, maintenance, printers
+from tensorstore_py.commands.errors import describe
+from tensorstore_py.commands.output import progress
+from tensorstore_py.core.future import spawn
+
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "build_parser", "main"]
 
 EXIT_OK = 0
@@ -55,8 +63,6 @@ def _int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tensorstore-py", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    from tensorstore_py import __version__
-
     p.add_argument("--version", action="version", version=f"tensorstore-py {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -124,8 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- running -----------------------------------------------------------------------------
 def _run(coro: Any) -> Any:
-    from tensorstore_py.core.future import spawn
-
     return spawn(coro).result()
 
 
@@ -134,41 +138,30 @@ def _emit(text: str) -> None:
 
 
 def _cmd_ls(a: argparse.Namespace) -> int:
-    from tensorstore_py.commands import inspect, printers
-
     data = _run(inspect.ls(a.url, version=a.at_version))
     _emit(printers.dump(data) if a.json else printers.ls(data))
     return EXIT_OK
 
 
 def _cmd_info(a: argparse.Namespace) -> int:
-    from tensorstore_py.commands import inspect, printers
-
     data = _run(inspect.info(a.url, step=a.step, version=a.at_version))
     _emit(printers.dump(data) if a.json else printers.info(data))
     return EXIT_OK
 
 
 def _cmd_history(a: argparse.Namespace) -> int:
-    from tensorstore_py.commands import inspect, printers
-
     data = _run(inspect.history(a.url))
     _emit(printers.dump(data) if a.json else printers.history(data))
     return EXIT_OK
 
 
 def _cmd_diff(a: argparse.Namespace) -> int:
-    from tensorstore_py.commands import inspect, printers
-
     data = _run(inspect.diff(a.url, a.a, a.b))
     _emit(printers.dump(data) if a.json else printers.diff(data))
     return EXIT_OK
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
-    from tensorstore_py.commands import checks, printers
-    from tensorstore_py.commands.output import progress
-
     with progress("verifying", unit="items", enabled=None if not a.json else False) as bar:
         report = _run(checks.verify(a.url, step=a.step, all_versions=a.all, version=a.at_version,
                                     on_items=bar.advance))
@@ -177,8 +170,6 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 def _cmd_gc(a: argparse.Namespace) -> int:
-    from tensorstore_py.commands import maintenance, printers
-
     grace = None if a.grace is None else maintenance.parse_duration(a.grace)
     data = _run(maintenance.gc(a.url, grace=grace, apply=a.apply))
     _emit(printers.dump(data) if a.json else printers.gc(data))
@@ -186,10 +177,6 @@ def _cmd_gc(a: argparse.Namespace) -> int:
 
 
 def _cmd_cat(a: argparse.Namespace) -> int:
-    import numpy as np
-
-    from tensorstore_py.commands import export, printers
-
     arr = _run(export.cat(a.url, a.array, index=a.index, step=a.step, version=a.at_version))
     if a.out:
         np.save(a.out, arr, allow_pickle=False)
@@ -203,9 +190,6 @@ def _cmd_cat(a: argparse.Namespace) -> int:
 
 
 def _cmd_copy(a: argparse.Namespace) -> int:
-    from tensorstore_py.commands import export, printers
-    from tensorstore_py.commands.output import progress
-
     with progress("copying", unit="B", enabled=None if not a.json else False) as bar:
         data = _run(export.copy(a.src, a.dst, on_bytes=bar.advance))
     _emit(printers.dump(data) if a.json else printers.copy(data))
@@ -220,8 +204,6 @@ _COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
-    from tensorstore_py.commands.errors import describe
-
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

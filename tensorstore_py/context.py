@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tensorstore_py.core.errors import InvalidSpecError
+from tensorstore_py.drivers.cache import CachePool
 
 __all__ = ["Context"]
 
@@ -87,14 +88,12 @@ class Context:
         return self._bytes_in_flight
 
     @property
-    def cache_pool(self) -> Any:
+    def cache_pool(self) -> CachePool | None:
         """The shared ``drivers.cache.CachePool``, or None when caching is off."""
         if self._cache_limit == 0:
             return None
         with self._lock:
             if self._pool is None:
-                from tensorstore_py.drivers.cache import CachePool
-
                 self._pool = CachePool(self._cache_limit)
             return self._pool
 

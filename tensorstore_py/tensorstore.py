@@ -20,7 +20,7 @@ import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -33,12 +33,12 @@ from tensorstore_py.core.errors import (
     UnsupportedError,
 )
 from tensorstore_py.core.future import Future, ready, spawn
+from tensorstore_py.drivers.base import ArrayDriver
+from tensorstore_py.drivers.open import build_metadata, open_driver
 from tensorstore_py.indexing import DimSelector, IndexDomain, IndexTransform, Plan
-
-if TYPE_CHECKING:
-    from tensorstore_py.drivers.base import ArrayDriver
-    from tensorstore_py.kvstore.base import KvStore
-    from tensorstore_py.kvstore.transaction import Transaction
+from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.registry import open_kvstore
+from tensorstore_py.kvstore.transaction import Transaction
 
 __all__ = ["ChunkLayout", "TensorStore", "open"]
 
@@ -530,8 +530,6 @@ def open(
 
 
 async def _detect(kv_spec: Any) -> str | None:
-    from tensorstore_py.kvstore.registry import open_kvstore
-
     kv = await open_kvstore(kv_spec)
     v3, v2 = await asyncio.gather(kv.read("zarr.json"), kv.read(".zarray"))
     if v3.state == "value":
@@ -544,8 +542,6 @@ async def _detect(kv_spec: Any) -> str | None:
 async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing: bool,
                 context: Context | None, transaction: Any, driver: str | None,
                 opts: dict[str, Any], order: str) -> TensorStore:
-    from tensorstore_py.drivers.open import build_metadata, open_driver
-
     if isinstance(spec, str):
         spec = {"kvstore": spec}
     if not isinstance(spec, Mapping):

@@ -12,6 +12,20 @@ Quick tour::
     params = mgr.restore(mgr.latest_step(), target=abstract_params)
 
 See docs/CHECKPOINTS.md for the layout on storage and the guarantees.
+
+Modules, each importing only those above it (this package's ``__init__`` only
+re-exports; no module imports it)::
+
+    coordination  the Coordinator protocol (publish / wait_for) and its two implementations
+    pytree        flatten / unflatten with a JSON structure
+    layout        per-leaf chunk grids, zarr v3 metadata, region math
+    storage       the steps of one root: StepStore, StepInfo, list_steps, read_spans
+    jax_adapter   the JAX edge (never imports JAX itself)
+    leaves        a saved array leaf as a TensorStore view
+    saving        snapshot + background writes + one commit
+    restoring     plan and read the regions a process needs
+    api           save / restore / leaf_paths / open_array and the shared Root
+    manager       CheckpointManager (retention, async saves)
 """
 
 from __future__ import annotations

@@ -8,12 +8,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Union
 
 from tensorstore_py.checkpoint.coordination import Coordinator
+from tensorstore_py.checkpoint.leaves import array_leaves, open_leaf
 from tensorstore_py.checkpoint.restoring import ReadStats, restore_step
 from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator, run_save, snapshot
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key
-from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
+from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import Future, run_sync, spawn
 from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.tensorstore import TensorStore
 
 __all__ = ["Root", "RootLike", "leaf_paths", "open_array", "open_leaf", "open_root", "restore", "save"]
 
@@ -142,15 +144,13 @@ def leaf_paths(root: RootLike, *, step: int | None = None) -> Future[list[str]]:
     store = StepStore(open_root(root))
 
     async def run() -> list[str]:
-        from tensorstore_py.checkpoint.restoring import _open_step
-
-        _step, manifest, _view = await _open_step(store, step)
-        return [leaf["path"] for leaf in manifest["leaves"] if isinstance(leaf, dict) and "key" in leaf]
+        _step, manifest, _view = await store.open_step(step)
+        return [leaf["path"] for leaf in array_leaves(manifest)]
 
     return spawn(run())
 
 
-def open_array(root: RootLike, path: str, *, step: int | None = None) -> Future[Any]:
+def open_array(root: RootLike, path: str, *, step: int | None = None) -> Future[TensorStore]:
     """One saved array leaf of ``step`` (default: the newest) as a read-only TensorStore.
 
     The view is lazy and pinned to the snapshot the step was read from: slicing
@@ -163,12 +163,9 @@ def open_array(root: RootLike, path: str, *, step: int | None = None) -> Future[
 
     store = StepStore(open_root(root))
 
-    async def run() -> Any:
-        from tensorstore_py.checkpoint.restoring import _open_step
-        from tensorstore_py.core.errors import NotFoundError
-
-        step_, manifest, view = await _open_step(store, step)
-        leaves = [leaf for leaf in manifest["leaves"] if isinstance(leaf, dict) and "key" in leaf]
+    async def run() -> TensorStore:
+        step_, manifest, view = await store.open_step(step)
+        leaves = array_leaves(manifest)
         for leaf in leaves:
             if leaf.get("path") == path:
                 return await open_leaf(view.with_path(leaf["key"]), leaf)
@@ -176,33 +173,3 @@ def open_array(root: RootLike, path: str, *, step: int | None = None) -> Future[
         raise NotFoundError(f"checkpoint step {step_} has no array leaf {path!r}; leaves: {known}")
 
     return spawn(run())
-
-
-async def open_leaf(kv: KvStore, leaf: Mapping[str, Any]) -> Any:
-    """Open the array leaf stored at ``kv`` (a step's leaf folder) as a TensorStore.
-
-    Large leaves carry a ``zarr.json``; small ones are described by the manifest
-    alone (saving.py), so their zarr v3 metadata is rebuilt from the manifest
-    entry: raw little-endian chunks, default key encoding (layout.py).
-    """
-    from tensorstore_py.checkpoint.layout import zarr3_metadata
-    from tensorstore_py.core.errors import DataCorruptionError
-    from tensorstore_py.drivers.dtypes import dtype_from_v3
-    from tensorstore_py.drivers.zarr3 import Zarr3Array
-    from tensorstore_py.kvstore.base import Generation
-    from tensorstore_py.tensorstore import TensorStore
-    from tensorstore_py.tensorstore import open as ts_open
-
-    if (await kv.read("zarr.json")).state == "value":
-        return await ts_open({"driver": "zarr3", "kvstore": kv})
-    try:
-        meta = zarr3_metadata(
-            dtype_from_v3(leaf["dtype"]),
-            tuple(int(n) for n in leaf["shape"]),
-            tuple(int(n) for n in leaf["chunk_shape"]),
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise DataCorruptionError(
-            f"checkpoint leaf {leaf.get('path')!r}: malformed manifest entry: {e}"
-        ) from None
-    return TensorStore(Zarr3Array.from_metadata(meta, kv, Generation.NO_VALUE))

@@ -103,6 +103,7 @@ def distributed_coordinator() -> JaxCoordinator | None:
     if jax is None:
         return None
     try:
+        # JAX is imported already (checked above); its coordination client lives here
         from jax._src import distributed
     except ImportError:
         return None

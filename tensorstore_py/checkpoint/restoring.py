@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.checkpoint import jax_adapter, pytree
+from tensorstore_py.checkpoint.jax_adapter import assemble_all, is_sharded_target, target_regions
 from tensorstore_py.checkpoint.layout import (
     LeafLayout,
     Region,
@@ -31,8 +31,9 @@ from tensorstore_py.checkpoint.layout import (
     region_shape,
     span_in_chunk,
 )
-from tensorstore_py.checkpoint.saving import ByteBudget, gather_all
-from tensorstore_py.checkpoint.storage import StepStore, read_spans, step_dir
+from tensorstore_py.checkpoint.pytree import flatten_target, unflatten
+from tensorstore_py.checkpoint.storage import StepStore, read_spans
+from tensorstore_py.core.budget import ByteBudget, run_bounded
 from tensorstore_py.core.buffers import aligned_empty
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import run_sync
@@ -131,27 +132,23 @@ async def read_regions(
         origin = tuple(g * c for g, c in zip(cr.grid, cs))
         cr.span = span_in_chunk(union, origin, cs, cr.leaf.dtype.itemsize)
 
-    budget = ByteBudget(max_bytes_in_flight)
+    def size(crs: list[_ChunkRead]) -> int:
+        return sum(cr.span[1] - cr.span[0] for cr in crs)
 
     async def batch(crs: list[_ChunkRead]) -> None:
-        size = sum(cr.span[1] - cr.span[0] for cr in crs)
-        await budget.acquire(size)
-        try:
-            spans = []
-            for cr in crs:
-                full = math.prod(cr.leaf.chunk_shape) * cr.leaf.dtype.itemsize
-                spans.append((chunk_key(cr.leaf.key, cr.grid), cr.span[0], cr.span[1], cr.span == (0, full)))
-            bufs = await read_spans(data, spans)
-            stats.requests += 1
-            for cr, buf, (key, a, b, _w) in zip(crs, bufs, spans):
-                if len(buf) != b - a:
-                    raise DataCorruptionError(
-                        f"checkpoint chunk {key!r}: read {len(buf)} bytes, expected {b - a}"
-                    )
-                stats.bytes_read += len(buf)
-                await _deliver(cr, buf)
-        finally:
-            await budget.release(size)
+        spans = []
+        for cr in crs:
+            full = math.prod(cr.leaf.chunk_shape) * cr.leaf.dtype.itemsize
+            spans.append((chunk_key(cr.leaf.key, cr.grid), cr.span[0], cr.span[1], cr.span == (0, full)))
+        bufs = await read_spans(data, spans)
+        stats.requests += 1
+        for cr, buf, (key, a, b, _w) in zip(crs, bufs, spans):
+            if len(buf) != b - a:
+                raise DataCorruptionError(
+                    f"checkpoint chunk {key!r}: read {len(buf)} bytes, expected {b - a}"
+                )
+            stats.bytes_read += len(buf)
+            await _deliver(cr, buf)
 
     # batches of about a quarter of the budget: large enough to coalesce many small
     # chunks into few requests, small enough to keep several in flight
@@ -168,7 +165,7 @@ async def read_regions(
         acc += n
     if cur:
         batches.append(cur)
-    await gather_all([batch(b) for b in batches])
+    await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight), cost=size)
     return [r.out for r in reqs]  # type: ignore[misc]
 
 
@@ -194,18 +191,6 @@ async def _deliver(cr: _ChunkRead, buf: Any) -> None:
             req.out[dst] = view
 
 
-async def _open_step(store: StepStore, step: int | None) -> tuple[int, dict[str, Any], KvStore]:
-    snap = await store.snapshot()
-    if step is None:
-        steps = await store.list_steps(snap)
-        if not steps:
-            raise NotFoundError(f"no checkpoint steps at {store.kv!r}")
-        step = steps[-1]
-    await store.record(step, snap)  # NotFoundError names the step
-    manifest = await store.manifest(step, snap)
-    return step, manifest, snap.with_path(step_dir(step))
-
-
 def restore_step(
     store: StepStore,
     step: int | None,
@@ -219,7 +204,7 @@ def restore_step(
     Blocking (call from a user thread). Planning and the JAX calls run in the
     calling thread; only the reads run on the library's event loop.
     """
-    step, manifest, data = run_sync(_open_step(store, step))
+    step, manifest, data = run_sync(store.open_step(step))
     entries = manifest["leaves"]
 
     def read(requests: list[tuple[LeafLayout, Region]]) -> list[np.ndarray]:
@@ -241,10 +226,10 @@ def restore_step(
             else:
                 a = _native(next(arrays))
                 values.append(a[()] if e["kind"] == "numpy_scalar" else a)
-        return pytree.unflatten(manifest["tree"], values)
+        return unflatten(manifest["tree"], values)
 
     by_path = {e["path"]: e for e in entries}
-    pairs, rebuild = pytree.flatten_target(target)
+    pairs, rebuild = flatten_target(target)
     requests = []
     plans: list[tuple[str, Any]] = []
     regions_cache: dict[Any, Any] = {}
@@ -266,8 +251,8 @@ def restore_step(
                 f"expects {tuple(tshape)}"
             )
         tdtype = np.dtype(t.dtype) if hasattr(t, "dtype") else leaf.dtype
-        if jax_adapter.is_sharded_target(t):
-            sharding, dev_regions = jax_adapter.target_regions(t, regions_cache)
+        if is_sharded_target(t):
+            sharding, dev_regions = target_regions(t, regions_cache)
             uniq: dict[Region, int] = {}
             for _d, reg in dev_regions:
                 if reg not in uniq:  # several local devices, one read
@@ -296,7 +281,7 @@ def restore_step(
             to_place.append((len(values), t, sharding, [(d, cast[i]) for d, i in devs]))
             values.append(None)
     if to_place:
-        placed = jax_adapter.assemble_all([(t, s, blocks) for _, t, s, blocks in to_place])
+        placed = assemble_all([(t, s, blocks) for _, t, s, blocks in to_place])
         for (slot, *_), arr in zip(to_place, placed):
             values[slot] = arr
     return rebuild(values)

@@ -19,7 +19,6 @@ Phases:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
@@ -31,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.checkpoint import jax_adapter, pytree
 from tensorstore_py.checkpoint.coordination import Coordinator, SingleProcess
+from tensorstore_py.checkpoint.jax_adapter import distributed_coordinator, host_shards, is_jax_array
 from tensorstore_py.checkpoint.layout import (
     DEFAULT_TARGET_CHUNK_BYTES,
     Region,
@@ -42,7 +41,9 @@ from tensorstore_py.checkpoint.layout import (
     host_copy,
     zarr3_metadata,
 )
+from tensorstore_py.checkpoint.pytree import flatten
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
+from tensorstore_py.core.budget import ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.drivers.dtypes import dtype_to_v3
@@ -71,26 +72,6 @@ class SaveOptions:
     max_bytes_in_flight: int = 1 << 30
     #: how long the processes of a multi-process save wait for each other
     commit_timeout: float = 600.0
-
-
-class ByteBudget:
-    """Admit work while fewer than ``limit`` bytes are in flight (one oversized item
-    is admitted alone so nothing starves)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = max(1, limit)
-        self.used = 0
-        self.cond = asyncio.Condition()
-
-    async def acquire(self, n: int) -> None:
-        async with self.cond:
-            await self.cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
-            self.used += n
-
-    async def release(self, n: int) -> None:
-        async with self.cond:
-            self.used -= n
-            self.cond.notify_all()
 
 
 @dataclass(slots=True)
@@ -145,7 +126,7 @@ def snapshot(
     (fully addressable, e.g. a step counter made with ``jnp.int32``) is taken
     to be the same on every process, like a numpy leaf, and process 0 writes it.
     """
-    pairs, structure = pytree.flatten(tree)
+    pairs, structure = flatten(tree)
     snap = Snapshot(structure=structure, leaves=[])
     for i, (path, leaf) in enumerate(pairs):
         entry: dict[str, Any] = {"path": path}
@@ -154,9 +135,9 @@ def snapshot(
             entry["value"] = _scalar_json(leaf)
             snap.leaves.append(entry)
             continue
-        process_local = jax_adapter.is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
-        if jax_adapter.is_jax_array(leaf) and not process_local:
-            shape, dtype, shard_shape, parts, sharding = jax_adapter.host_shards(leaf)
+        process_local = is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
+        if is_jax_array(leaf) and not process_local:
+            shape, dtype, shard_shape, parts, sharding = host_shards(leaf)
             entry["kind"] = "jax"
             if sharding is not None:
                 entry["sharding"] = sharding
@@ -217,33 +198,21 @@ def _bytes(a: np.ndarray) -> memoryview:
 
 
 async def _write_chunks(view: KvStore, snap: Snapshot, options: SaveOptions) -> None:
-    budget = ByteBudget(options.max_bytes_in_flight)
+    """Write the snapshot's chunks (and zarr.json documents) under the bytes-in-flight
+    budget, dropping each chunk's host copy as soon as it is stored."""
 
     async def one(c: _Chunk) -> None:
-        await budget.acquire(c.nbytes)
-        try:
-            assert c.data is not None
-            await view.write(c.key, _bytes(c.data))
-            c.data = None  # release the host copy as soon as it is stored
-        finally:
-            await budget.release(c.nbytes)
+        assert c.data is not None
+        await view.write(c.key, _bytes(c.data))
+        c.data = None  # release the host copy as soon as it is stored
 
     chunks, snap.chunks = snap.chunks, []
-    aws: list[Awaitable[Any]] = [one(c) for c in chunks]
-    aws += [view.write(k, json.dumps(doc).encode()) for k, doc in snap.zarr_json.items()]
-    await gather_all(aws)
-
-
-async def gather_all(aws: list[Awaitable[Any]]) -> list[Any]:
-    """Await all; on failure cancel the rest and raise the first error."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    for k, doc in snap.zarr_json.items():
+        body = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
+        chunks.append(_Chunk(k, body, body.nbytes))
+    await run_bounded(
+        chunks, one, budget=ByteBudget(options.max_bytes_in_flight), cost=lambda c: c.nbytes
+    )
 
 
 async def run_save(
@@ -332,4 +301,4 @@ async def _publish_failure(coordinator: Coordinator, txn: Transaction, error: Ba
 
 
 def default_coordinator() -> Coordinator:
-    return jax_adapter.distributed_coordinator() or SingleProcess()
+    return distributed_coordinator() or SingleProcess()

@@ -39,10 +39,11 @@ from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.gc import reclaim as gc_reclaim
 
-__all__ = ["FORMAT", "StepInfo", "StepStore", "step_dir"]
+__all__ = ["FORMAT", "STEPS_PREFIX", "StepInfo", "StepStore", "list_steps", "read_spans", "record_key", "step_dir"]
 
 FORMAT = "tensorstore_py.checkpoint/1"
 _W = 12  # digits of a step in keys (sorted listing == numeric order)
+STEPS_PREFIX = "steps/"  # the step records
 
 
 def step_dir(step: int) -> str:
@@ -50,7 +51,18 @@ def step_dir(step: int) -> str:
 
 
 def record_key(step: int) -> str:
-    return f"steps/{step_dir(step)}"
+    return f"{STEPS_PREFIX}{step_dir(step)}"
+
+
+async def list_steps(view: KvStore) -> list[int]:
+    """The steps recorded under ``steps/`` of ``view``, ascending (plain listing:
+    works on any store that lists, versioned or not)."""
+    out = []
+    for k in await view.list(STEPS_PREFIX):
+        name = k[len(STEPS_PREFIX):]
+        if name.isdigit():
+            out.append(int(name))
+    return sorted(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +118,8 @@ class StepStore:
         return self.kv.snapshot(v)
 
     async def list_steps(self, view: KvStore | None = None) -> list[int]:
-        view = view or self.kv
-        out = []
-        for k in await view.list("steps/"):
-            name = k[len("steps/"):]
-            if name.isdigit():
-                out.append(int(name))
-        return sorted(out)
+        """The committed steps (of ``view``, default the live store), ascending."""
+        return await list_steps(view or self.kv)
 
     async def record(self, step: int, view: KvStore | None = None) -> StepInfo:
         view = view or self.kv
@@ -130,6 +137,22 @@ class StepStore:
                 f"checkpoint step {step}: its record exists but {key!r} is missing at {self.kv!r}"
             )
         return json.loads(bytes(r.value))  # type: ignore[no-any-return]
+
+    async def open_step(self, step: int | None) -> tuple[int, dict[str, Any], KvStore]:
+        """``(step, manifest, view of the step's keys)`` from one pinned snapshot.
+
+        ``step=None`` picks the newest. Raises :class:`NotFoundError` when there
+        are no steps or ``step`` is not one of them.
+        """
+        snap = await self.snapshot()
+        if step is None:
+            steps = await self.list_steps(snap)
+            if not steps:
+                raise NotFoundError(f"no checkpoint steps at {self.kv!r}")
+            step = steps[-1]
+        await self.record(step, snap)  # NotFoundError names the step
+        manifest = await self.manifest(step, snap)
+        return step, manifest, snap.with_path(step_dir(step))
 
     # -- deleting --------------------------------------------------------------
     async def delete_steps(self, steps: list[int], *, reclaim: bool = True) -> int:

@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from tensorstore_py.checkpoint.storage import record_key
 from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.inspect import open_array
 from tensorstore_py.commands.problems import Problem, VerifyReport
-from tensorstore_py.commands.target import Target, key_sizes, list_arrays, resolve, step_prefix
+from tensorstore_py.commands.target import Target, key_sizes, list_arrays, open_url, resolve, step_prefix
 from tensorstore_py.core.errors import (
     ChecksumError,
     DataCorruptionError,
@@ -43,7 +44,10 @@ from tensorstore_py.core.errors import (
     UnsupportedError,
 )
 from tensorstore_py.core.pools import run_cpu
+from tensorstore_py.drivers.dtypes import dtype_to_v3
 from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.registry import open_kvstore
+from tensorstore_py.kvstore.versioned.verify import verify as verify_store
 
 __all__ = ["check_array", "verify"]
 
@@ -103,10 +107,6 @@ async def verify(
 
 async def _walk_only(url: str, err: DataCorruptionError,
                      on_items: Callable[[int], None] | None) -> VerifyReport:
-    from tensorstore_py.commands.target import open_url
-    from tensorstore_py.kvstore.registry import open_kvstore
-    from tensorstore_py.kvstore.versioned.verify import verify as verify_store
-
     base = (await open_kvstore(url)).base if url.startswith("versioned+") else await open_url(url)  # type: ignore[attr-defined]
     report = VerifyReport(url=url, kind="versioned")
     for p in await verify_store(base, progress=(lambda _w, n: on_items(n)) if on_items else None):
@@ -135,8 +135,6 @@ async def _verify_versioned(
     t: Target, report: VerifyReport, *, step: int | None, all_versions: bool,
     on_items: Callable[[int], None] | None,
 ) -> None:
-    from tensorstore_py.kvstore.versioned.verify import verify as verify_store
-
     assert t.head is not None
     def progress(what: str, n: int) -> None:
         if what == "values":
@@ -190,11 +188,11 @@ async def _verify_step(t: Target, s: int, report: VerifyReport) -> None:
         report.problems.append(Problem(_kind(e), str(e), key=step_prefix(s) + "manifest.json"))
         return
     try:
-        if (await t.store.read(f"steps/{s:012d}")).state != "value":
-            report.problems.append(Problem("missing", f"step {s}: record 'steps/{s:012d}' is missing",
-                                           key=f"steps/{s:012d}"))
+        if (await t.store.read(record_key(s))).state != "value":
+            report.problems.append(Problem("missing", f"step {s}: record {record_key(s)!r} is missing",
+                                           key=record_key(s)))
     except DataCorruptionError as e:
-        report.problems.append(Problem(_kind(e), f"step {s}: {e}", key=f"steps/{s:012d}"))
+        report.problems.append(Problem(_kind(e), f"step {s}: {e}", key=record_key(s)))
     sizes = await key_sizes(t, step_prefix(s))
     rel = _below(sizes, step_prefix(s))
     step_view = t.store.with_path(step_prefix(s).rstrip("/"))
@@ -326,8 +324,6 @@ async def check_array(
 
 
 def _v3_name(dt: np.dtype) -> str:
-    from tensorstore_py.drivers.dtypes import dtype_to_v3
-
     try:
         return str(dtype_to_v3(dt))
     except Exception:

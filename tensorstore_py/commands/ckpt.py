@@ -15,6 +15,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tensorstore_py.checkpoint.leaves import array_leaves
+from tensorstore_py.checkpoint.leaves import open_leaf as checkpoint_open_leaf
+from tensorstore_py.checkpoint.storage import list_steps, record_key
 from tensorstore_py.commands.target import Target, checkpoint_format_version, step_prefix
 from tensorstore_py.core.errors import DataCorruptionError, NotFoundError, UnsupportedError
 from tensorstore_py.kvstore.base import KvStore
@@ -58,15 +61,6 @@ def _check_format(fmt: Any, where: str) -> None:
         raise DataCorruptionError(f"{where}: unknown checkpoint format {fmt!r}")
 
 
-async def list_steps(store: KvStore) -> list[int]:
-    steps = []
-    for k in await store.list("steps/"):
-        name = k[len("steps/"):]
-        if name.isdigit():
-            steps.append(int(name))
-    return sorted(steps)
-
-
 async def _json(store: KvStore, key: str, what: str) -> dict[str, Any] | None:
     res = await store.read(key)
     if res.state != "value":
@@ -95,7 +89,7 @@ async def step_versions(target: Target) -> dict[int, Any]:
 async def step_records(target: Target) -> list[StepRow]:
     store = target.store
     steps = await list_steps(store)
-    docs = await asyncio.gather(*(_json(store, f"steps/{s:012d}", "step record") for s in steps))
+    docs = await asyncio.gather(*(_json(store, record_key(s), "step record") for s in steps))
     versions = await step_versions(target)
     rows = []
     for s, doc in zip(steps, docs):
@@ -137,14 +131,7 @@ async def read_manifest(target: Target, step: int) -> dict[str, Any]:
     return doc
 
 
-def array_leaves(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The leaves stored as arrays (python scalars live in the manifest itself)."""
-    return [leaf for leaf in manifest["leaves"] if isinstance(leaf, dict) and "key" in leaf]
-
-
 async def open_leaf(kv: KvStore, leaf: dict[str, Any]) -> tuple[Any, bool]:
     """Open an array leaf stored at ``kv`` as a TensorStore; returns ``(ts, has_zarr_json)``."""
-    from tensorstore_py.checkpoint.api import open_leaf as checkpoint_open_leaf
-
     has_json = (await kv.read("zarr.json")).state == "value"
     return await checkpoint_open_leaf(kv, leaf), has_json

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import itertools
+import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -169,8 +172,6 @@ async def copy(src: str, dst: str, *, on_bytes: Callable[[int], None] | None = N
 
 
 def _mkdir(path: str) -> str:
-    import os
-
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -181,9 +182,6 @@ async def _copy_versioned(t: Target, out: KvStore, count: Callable[[int], None])
 
 
 async def _copy_array(src: KvStore, dst: KvStore, driver: str | None, count: Callable[[int], None]) -> None:
-    import itertools
-    import math
-
     ts = await open_array(src, driver)
     drv = ts.driver
     meta_key = drv.metadata_key
@@ -219,9 +217,6 @@ async def _copy_array(src: KvStore, dst: KvStore, driver: str | None, count: Cal
 
 def _cells_for(drv: Any, keys: list[str]) -> list[tuple[int, ...]]:
     """Grid cells whose chunk key is among ``keys`` (other keys are copied as they are)."""
-    import itertools
-    import math
-
     wanted = set(keys)
     grid = [math.ceil(n / c) for n, c in zip(drv.shape, drv.write_chunk_shape)]
     total = math.prod(grid)

@@ -17,6 +17,7 @@ from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError, Unsu
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.info import CommitDetails
+from tensorstore_py.tensorstore import open as ts_open
 
 __all__ = ["codec_names", "diff", "history", "info", "ls", "open_array"]
 
@@ -26,8 +27,6 @@ _METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
 
 async def open_array(kv: KvStore, driver: str | None = None) -> Any:
     """Open the zarr array stored at ``kv`` (read-only use) as a TensorStore."""
-    from tensorstore_py.tensorstore import open as ts_open
-
     spec: dict[str, Any] = {"kvstore": kv}
     if driver:
         spec["driver"] = driver

