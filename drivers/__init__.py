@@ -1,16 +1,24 @@
 """Array formats over kvstores: zarr v3 (with sharding) and zarr v2.
 
-Modules:
+Modules, top to bottom (each imports only modules below it):
 
-* ``base``      the ArrayDriver contract the view layer builds on
 * ``open``      ``open_driver(spec, create=..., ...)`` and ``build_metadata(...)``
+                (the ``compression=`` aliases come from the codec registry)
 * ``zarr3``     zarr.json parsing/validation, chunk keys (default and v2 encodings)
-* ``zarr2``     .zarray parsing/validation, numcodecs filters and compressors
-* ``engine``    the chunk engine: region -> chunks, concurrent I/O, read-modify-write
-* ``fastpath``  batched blocking chunk I/O for stores that offer it (local files)
-* ``grid``      which chunks a strided region touches
-* ``budget``    bytes-in-flight budget and bounded task runner
+* ``zarr2``     .zarray parsing/validation, numcodecs filters and compressor
+* ``engine``    ChunkedArray, the chunk engine: region -> chunks, concurrent I/O,
+                read-modify-write; a format adds its parsed metadata and JSON layout
+* ``fastpath``  batched blocking chunk I/O for stores that offer it (local files);
+                ``ChunkOps`` says what it needs from an array
+* ``rmw``       the retry policy of read-modify-write (lost races back off)
+* ``base``      the ArrayDriver contract the view layer builds on
 * ``cache``     CachePool: byte-limited LRU of decoded chunks (off by default)
 * ``dtypes``    data type names and fill values (bfloat16/float8 via ml_dtypes)
-* ``codecs/``   one zarr v3 codec per module, the codec chain, sharding_indexed
+* ``codecs/``   one codec per module, each registering itself (zarr3 name,
+                zarr v2 decoder, ``compression=`` alias); the codec chain;
+                ``sharding_indexed``
+* ``grid``      which chunks a strided region touches
+
+To add a codec: one module in ``codecs/`` plus one import line in
+``codecs/__init__.py``. The bytes-in-flight budget is ``tensorstore_py.core.budget``.
 """

@@ -30,34 +30,37 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import random
+import json
 from abc import abstractmethod
-from typing import Any
+from typing import Any, Protocol, Self
 
 import numpy as np
 
 from tensorstore_py.core.budget import DEFAULT_BYTES_IN_FLIGHT, MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.core.errors import (
     ConditionFailedError,
-    DataCorruptionError,
     InvalidArgumentError,
+    InvalidSpecError,
+    NotFoundError,
     ReadOnlyError,
 )
 from tensorstore_py.core.pools import run_cpu, run_io
 from tensorstore_py.drivers import fastpath
 from tensorstore_py.drivers.base import ArrayDriver, Index
 from tensorstore_py.drivers.cache import CachePool
-from tensorstore_py.drivers.codecs.sharding import MISSING, ShardingCodec, is_fill
+from tensorstore_py.drivers.codecs.base import ChunkCodec
+from tensorstore_py.drivers.codecs.chain import CodecChain
+from tensorstore_py.drivers.codecs.sharding import ShardingCodec, is_fill
 from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
+from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.kvstore.base import BlockingRead, ByteRange, Generation, KvStore, ReadResult
 
-__all__ = ["ChunkCodec", "ChunkedArray"]
+__all__ = ["ChunkCodec", "ChunkedArray", "ParsedMetadata", "json_object"]
 
 # Chunks smaller than this are decoded on the loop thread: a thread hop costs
 # more than a memcpy or decompression of a few KiB.
 _INLINE_BYTES = 64 << 10
-_MAX_RMW_ATTEMPTS = 200
 # Inner chunks of one shard closer than this are fetched in one request; larger
 # gaps would download data nobody asked for (remote stores run requests concurrently).
 _SHARD_COALESCE_GAP = 16 << 10
@@ -89,93 +92,119 @@ async def _value(x: Any) -> Any:
     return x
 
 
-class ChunkCodec:
-    """What the engine needs from a format's chunk encoding (see CodecChain)."""
+class ParsedMetadata(Protocol):
+    """A format's validated metadata document, as the engine needs it."""
 
-    raw: bool = False
-    direct: bool = False
-    strided_out: bool = False
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fill: np.generic
+    chunk_shape: tuple[int, ...]
+    codec: ChunkCodec
+    dimension_names: tuple[str | None, ...]
 
-    def encode(self, a: np.ndarray) -> Any:  # pragma: no cover - interface
-        raise NotImplementedError
+    def chunk_key(self, cell: tuple[int, ...]) -> str:
+        """The kvstore key of the chunk at grid position ``cell`` (the format's key encoding)."""
+        ...
 
-    def decode(self, buf: Any, *, key: str, out: np.ndarray | None = None) -> np.ndarray:  # pragma: no cover
-        raise NotImplementedError
+
+def json_object(raw: Any, where: str) -> dict[str, Any]:
+    """The JSON object stored in ``raw``; InvalidSpecError naming ``where`` otherwise."""
+    try:
+        meta = json.loads(bytes(raw))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidSpecError(f"{where}: not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise InvalidSpecError(f"{where}: expected a JSON object, got {type(meta).__name__}")
+    return meta
 
 
 class ChunkedArray(ArrayDriver):
-    """A regular chunk grid of encoded chunks over a kvstore."""
+    """A regular chunk grid of encoded chunks over a kvstore.
+
+    A format (zarr3, zarr2) subclasses it with its ``driver`` name, its
+    ``metadata_key`` and two hooks: :meth:`parse_metadata` (validation, codec,
+    key encoding) and :meth:`encode_metadata` (how the document is stored).
+    """
 
     def __init__(
         self,
         *,
         kvstore: KvStore,
         metadata: dict[str, Any],
-        shape: tuple[int, ...],
-        dtype: np.dtype,
-        fill_value: np.generic,
-        chunk_shape: tuple[int, ...],
-        codec: Any,
-        dimension_names: tuple[str | None, ...],
+        parsed: ParsedMetadata,
         metadata_generation: Generation,
         cache_pool: CachePool | None = None,
         budget: ByteBudget | None = None,
     ) -> None:
         self.kvstore = kvstore
         self._metadata = metadata
-        self._shape = tuple(int(s) for s in shape)
-        self._dtype = dtype
-        self._fill = fill_value
-        self._fill_arr = np.array(fill_value, dtype=dtype)
-        self._chunk_shape = tuple(int(c) for c in chunk_shape)
-        self._codec = codec
-        self._dimension_names = dimension_names
+        self._parsed = parsed
+        self._shape = tuple(int(s) for s in parsed.shape)
+        self._dtype = dtype = parsed.dtype
+        self._fill = parsed.fill
+        self._fill_arr = np.array(parsed.fill, dtype=dtype)
+        self._chunk_shape = tuple(int(c) for c in parsed.chunk_shape)
+        self._codec = codec = parsed.codec
+        self._dimension_names = parsed.dimension_names
         self._metadata_generation = metadata_generation
         self._cache = cache_pool
         self._budget = budget or ByteBudget(DEFAULT_BYTES_IN_FLIGHT)
         self._chunk_nbytes = int(np.prod(self._chunk_shape, dtype=np.int64)) * dtype.itemsize
-        ab = getattr(codec, "ab", None)
+        # sharding_indexed alone: partial reads fetch inner chunks, writes update them
         self._shard: ShardingCodec | None = (
-            ab if isinstance(ab, ShardingCodec) and not codec.aa and not codec.bb else None
+            codec.ab if isinstance(codec, CodecChain) and isinstance(codec.ab, ShardingCodec)
+            and not codec.aa and not codec.bb else None
         )
 
     # -- format hooks -----------------------------------------------------------
     metadata_key: str
 
+    @staticmethod
     @abstractmethod
-    def chunk_key(self, cell: tuple[int, ...]) -> str:
-        """The kvstore key of the chunk at grid position ``cell``."""
+    def parse_metadata(meta: dict[str, Any]) -> ParsedMetadata:
+        """The validated form of a metadata document (InvalidSpecError naming the field)."""
+
+    @staticmethod
+    @abstractmethod
+    def encode_metadata(meta: dict[str, Any]) -> bytes:
+        """The stored bytes of a metadata document."""
 
     @classmethod
-    @abstractmethod
+    def decode_metadata(cls, raw: Any) -> dict[str, Any]:
+        """The metadata document stored as ``raw`` (a JSON object)."""
+        return json_object(raw, cls.metadata_key)
+
+    @classmethod
     def from_metadata(
         cls, meta: dict[str, Any], kvstore: KvStore, generation: Generation, *,
         cache_pool: CachePool | None = None, budget: ByteBudget | None = None,
-    ) -> ChunkedArray:
-        """A driver of this format for the parsed ``meta`` over ``kvstore``."""
+        parsed: ParsedMetadata | None = None,
+    ) -> Self:
+        """A driver of this format for ``meta`` (``parsed``: its parsed form,
+        when the caller has it) over ``kvstore``."""
+        return cls(kvstore=kvstore, metadata=meta, parsed=parsed or cls.parse_metadata(meta),
+                   metadata_generation=generation, cache_pool=cache_pool, budget=budget)
 
-    def _reopen(self, metadata: dict[str, Any], kvstore: KvStore, generation: Generation) -> ChunkedArray:
+    def chunk_key(self, cell: tuple[int, ...]) -> str:
+        """The kvstore key of the chunk at grid position ``cell``."""
+        return self._parsed.chunk_key(cell)
+
+    def _reopen(self, metadata: dict[str, Any], kvstore: KvStore, generation: Generation) -> Self:
         """A driver of the same format for ``metadata`` over ``kvstore``."""
-        return type(self).from_metadata(metadata, kvstore, generation,
-                                        cache_pool=self._cache, budget=self._budget)
+        return self.from_metadata(metadata, kvstore, generation,
+                                  cache_pool=self._cache, budget=self._budget)
 
     def _metadata_with_shape(self, metadata: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any]:
         return {**metadata, "shape": list(shape)}
 
     def decode_chunk(self, key: str, data: Any) -> np.ndarray:
-        return self._codec.decode(data, key=key)  # type: ignore[no-any-return]
+        return self._codec.decode(data, key=key)
 
     @property
     def raw_chunk_nbytes(self) -> int | None:
-        if not getattr(self._codec, "raw", False):
+        if not self._codec.raw:
             return None
         return int(np.prod(self.write_chunk_shape, dtype=np.int64)) * self.dtype.itemsize
-
-    @abstractmethod
-    def _encode_metadata(self, metadata: dict[str, Any]) -> bytes: ...
-
-    @abstractmethod
-    def _decode_metadata(self, raw: Any) -> dict[str, Any]: ...
 
     # -- properties --------------------------------------------------------------
     @property
@@ -372,14 +401,7 @@ class ChunkedArray(ArrayDriver):
             if ires.state == "missing":
                 dest[...] = self._fill_arr
                 return
-            idx = sh.decode_index(ires.value, key=key)
-            present: list[tuple[ChunkPart, int, int]] = []
-            for ip in inner_parts:
-                off, n = idx[ip.cell]
-                if off == MISSING:
-                    dest[ip.out] = self._fill_arr
-                else:
-                    present.append((ip, int(off), int(n)))
+            present = sh.present_parts(sh.decode_index(ires.value, key=key), inner_parts, dest)
             if not present:
                 return
             rr = await self.kvstore.read_ranges(
@@ -387,12 +409,6 @@ class ChunkedArray(ArrayDriver):
             )
             if rr.state == "missing" or rr.generation != ires.generation:
                 continue  # the shard changed between the index and the data: again
-            for (ip, o, n), v in zip(present, rr.values):
-                if len(v) != n:
-                    raise DataCorruptionError(
-                        f"shard {key!r}: inner chunk {list(ip.cell)} at bytes [{o}, {o + n}) is "
-                        f"truncated ({len(v)} bytes present)"
-                    )
             if sum(n for _, _, n in present) <= _INLINE_BYTES:
                 self._decode_inner(key, present, rr.values, dest)
             else:
@@ -404,9 +420,8 @@ class ChunkedArray(ArrayDriver):
                       values: list[Any], dest: np.ndarray) -> None:
         sh = self._shard
         assert sh is not None
-        for (ip, _o, _n), v in zip(present, values):
-            arr = sh.inner.decode(v, key=f"{key} (inner chunk {list(ip.cell)})")
-            dest[ip.out] = arr[ip.chunk]
+        for (ip, o, n), v in zip(present, values):
+            dest[ip.out] = sh.decode_inner(v, ip, o, n, key=key)[ip.chunk]
 
     # -- writing -------------------------------------------------------------------
     async def write(self, index: Index, value: np.ndarray) -> None:
@@ -490,7 +505,7 @@ class ChunkedArray(ArrayDriver):
             else:
                 await self.kvstore.write(key, enc)
             return
-        for attempt in range(_MAX_RMW_ATTEMPTS):
+        for attempt in range(1, RMW_RETRY.max_attempts + 1):
             res = await self.kvstore.read(key)
             enc = await run_cpu(self._modify, res, key, p, src)
             try:
@@ -502,10 +517,8 @@ class ChunkedArray(ArrayDriver):
                 return
             except ConditionFailedError:
                 # another writer changed the chunk: re-read and merge again
-                await asyncio.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 6))))
-        raise ConditionFailedError(
-            f"chunk {key!r}: read-modify-write lost the race {_MAX_RMW_ATTEMPTS} times"
-        )
+                await asyncio.sleep(RMW_RETRY.delay(attempt))
+        raise rmw_lost(key)
 
     # -- resizing --------------------------------------------------------------------
     async def resize(self, new_shape: tuple[int, ...]) -> ChunkedArray:
@@ -514,21 +527,19 @@ class ChunkedArray(ArrayDriver):
             raise InvalidArgumentError(
                 f"resize: new shape {list(new_shape)} must have {len(self._shape)} non-negative sizes"
             )
-        for _attempt in range(_MAX_RMW_ATTEMPTS):
+        for attempt in range(1, RMW_RETRY.max_attempts + 1):
             res = await self.kvstore.read(self.metadata_key)
             if res.state == "missing":
-                from tensorstore_py.core.errors import NotFoundError
-
                 raise NotFoundError(f"resize: {self.metadata_key!r} is gone from {self.kvstore!r}")
-            current = self._decode_metadata(res.value)
+            current = self.decode_metadata(res.value)
             old_shape = tuple(current["shape"])
             meta = self._metadata_with_shape(current, new_shape)
             try:
                 gen = await self.kvstore.write(
-                    self.metadata_key, self._encode_metadata(meta), if_equal=res.generation
+                    self.metadata_key, self.encode_metadata(meta), if_equal=res.generation
                 )
             except ConditionFailedError:
-                await asyncio.sleep(random.uniform(0, 0.01))
+                await asyncio.sleep(RMW_RETRY.delay(attempt))
                 continue
             break
         else:

@@ -14,29 +14,50 @@ async path; the results and guarantees are identical.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from tensorstore_py.core.buffers import aligned_empty
-from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError
-from tensorstore_py.drivers.codecs.sharding import MISSING
+from tensorstore_py.core.errors import ConditionFailedError
+from tensorstore_py.drivers.codecs.base import ChunkCodec
+from tensorstore_py.drivers.codecs.sharding import ShardingCodec
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
-from tensorstore_py.kvstore.base import ByteRange, KvStore
+from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
+from tensorstore_py.kvstore.base import ByteRange, KvStore, ReadResult
 
-if TYPE_CHECKING:
-    from tensorstore_py.drivers.engine import ChunkedArray
-
-__all__ = ["batches", "has_sync_io", "read_batch", "read_prepared_batch", "write_batch"]
+__all__ = ["ChunkOps", "batches", "has_sync_io", "read_batch", "read_prepared_batch", "write_batch"]
 
 T = TypeVar("T")
 
 BATCH_BYTES = 1 << 20
 BATCH_PARTS = 256
-MAX_RMW_ATTEMPTS = 200
+
+
+class ChunkOps(Protocol):
+    """What the batched paths need from a chunked array (engine.ChunkedArray):
+    its grid, its fill value and the per-chunk steps, which stay in one place
+    so that every I/O path encodes, decodes and merges chunks alike."""
+
+    _codec: ChunkCodec
+    _shard: ShardingCodec | None  # the array's codec is sharding_indexed alone
+    _chunk_shape: tuple[int, ...]
+    _chunk_nbytes: int
+    _dtype: np.dtype
+    _fill_arr: np.ndarray
+
+    def chunk_key(self, cell: tuple[int, ...]) -> str: ...
+
+    def _decode_into(self, buf: Any, key: str, p: ChunkPart, dest: np.ndarray) -> np.ndarray | None:
+        """Decode one chunk and copy its part into ``dest``."""
+
+    def _encode_full(self, p: ChunkPart, src: np.ndarray) -> Any:
+        """The encoded chunk wholly given by ``src`` (None: all fill, delete it)."""
+
+    def _modify(self, res: ReadResult, key: str, p: ChunkPart, src: np.ndarray) -> Any:
+        """The stored chunk ``res`` with ``p``'s part set to ``src``, encoded (None: delete)."""
 
 
 def has_sync_io(kv: KvStore) -> bool:
@@ -58,7 +79,7 @@ def batches(parts: Iterable[T], chunk_nbytes: int, *,
         yield batch
 
 
-def read_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:
+def read_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:
     """Read, decode and copy every part of ``parts`` into ``out`` (blocking)."""
     if arr._codec.raw and arr._shard is None and hasattr(kv, "_read_into_blocking"):
         _read_raw_batch(arr, kv, parts, out)
@@ -66,7 +87,7 @@ def read_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], out: np.ndarr
         read_batch_general(arr, kv, parts, out)
 
 
-def read_batch_general(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:
+def read_batch_general(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:
     """``read_batch`` for any chunk encoding (and partial shards)."""
     for p in parts:
         key = arr.chunk_key(p.cell)
@@ -82,7 +103,7 @@ def read_batch_general(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], out: 
             arr._decode_into(res.value, key, p, dest)
 
 
-def _read_raw_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:
+def _read_raw_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:
     """``read_batch`` for raw chunks (stored bytes = the chunk's native C-order
     bytes): each chunk is read into one reused page-aligned buffer (or straight
     into ``out`` where it maps there 1:1 and contiguously) and copied, with no
@@ -120,7 +141,7 @@ def _read_raw_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], out: np.
             read_batch_general(arr, kv, [p], out)
 
 
-def read_prepared_batch(arr: ChunkedArray, prepared: list[tuple[ChunkPart, Any]], out: np.ndarray) -> None:
+def read_prepared_batch(arr: ChunkOps, prepared: list[tuple[ChunkPart, Any]], out: np.ndarray) -> None:
     """Run prepared whole-chunk reads (``KvStore._prepare_read``) and decode
     each into ``out`` (blocking)."""
     for p, reader in prepared:
@@ -132,7 +153,7 @@ def read_prepared_batch(arr: ChunkedArray, prepared: list[tuple[ChunkPart, Any]]
             arr._decode_into(res.value, arr.chunk_key(p.cell), p, dest)
 
 
-def _read_sharded(arr: ChunkedArray, kv: Any, key: str, full: str, p: ChunkPart, dest: np.ndarray) -> None:
+def _read_sharded(arr: ChunkOps, kv: Any, key: str, full: str, p: ChunkPart, dest: np.ndarray) -> None:
     sh = arr._shard
     assert sh is not None
     inner = list(chunk_parts(p.chunk, sh.chunk_shape, sh.shard_shape))
@@ -141,38 +162,25 @@ def _read_sharded(arr: ChunkedArray, kv: Any, key: str, full: str, p: ChunkPart,
         if ires.state == "missing":
             dest[...] = arr._fill_arr
             return
-        idx = sh.decode_index(ires.value, key=key)
-        present = []
-        for ip in inner:
-            off, n = idx[ip.cell]
-            if off == MISSING:
-                dest[ip.out] = arr._fill_arr
-            else:
-                present.append((ip, int(off), int(n)))
+        present = sh.present_parts(sh.decode_index(ires.value, key=key), inner, dest)
         changed = False
         for ip, off, n in present:
             res = kv._read_blocking(full, ByteRange(off, off + n), None)
             if res.state == "missing" or res.generation != ires.generation:
                 changed = True  # rewritten between the index and the data: again
                 break
-            if len(res.value) != n:
-                raise DataCorruptionError(
-                    f"shard {key!r}: inner chunk {list(ip.cell)} at bytes [{off}, {off + n}) is "
-                    f"truncated ({len(res.value)} bytes present)"
-                )
-            a = sh.inner.decode(res.value, key=f"{key} (inner chunk {list(ip.cell)})")
-            dest[ip.out] = a[ip.chunk]
+            dest[ip.out] = sh.decode_inner(res.value, ip, off, n, key=key)[ip.chunk]
         if not changed:
             return
     raise ConditionFailedError(f"shard {key!r} kept changing while being read")
 
 
-def encode_batch(arr: ChunkedArray, parts: list[ChunkPart], value: np.ndarray) -> list[Any]:
+def encode_batch(arr: ChunkOps, parts: list[ChunkPart], value: np.ndarray) -> list[Any]:
     """Encode whole-chunk parts (CPU work; None = all fill value, delete)."""
     return [arr._encode_full(p, value[p.out + (Ellipsis,)]) for p in parts]
 
 
-def store_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], encoded: list[Any]) -> None:
+def store_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], encoded: list[Any]) -> None:
     """Write (or delete) encoded whole chunks unconditionally (blocking I/O)."""
     for p, enc in zip(parts, encoded):
         full = kv.path + arr.chunk_key(p.cell)
@@ -182,7 +190,7 @@ def store_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], encoded: lis
             kv._write_blocking(full, enc, None)
 
 
-def write_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], value: np.ndarray) -> None:
+def write_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], value: np.ndarray) -> None:
     """Encode and write every part (whole chunks unconditionally, partial ones
     as a generation-checked read-modify-write retried on a lost race)."""
     for p in parts:
@@ -192,7 +200,7 @@ def write_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], value: np.nd
         if p.full:
             store_batch(arr, kv, [p], [arr._encode_full(p, src)])
             continue
-        for attempt in range(MAX_RMW_ATTEMPTS):
+        for attempt in range(1, RMW_RETRY.max_attempts + 1):
             res = kv._read_blocking(full, None, None)
             enc = arr._modify(res, key, p, src)
             try:
@@ -203,8 +211,6 @@ def write_batch(arr: ChunkedArray, kv: Any, parts: list[ChunkPart], value: np.nd
                     kv._write_blocking(full, enc, res.generation)
                 break
             except ConditionFailedError:
-                time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 6))))
+                time.sleep(RMW_RETRY.delay(attempt))  # lost to another writer: merge again
         else:
-            raise ConditionFailedError(
-                f"chunk {key!r}: read-modify-write lost the race {MAX_RMW_ATTEMPTS} times"
-            )
+            raise rmw_lost(key)

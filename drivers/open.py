@@ -25,6 +25,7 @@ from tensorstore_py.drivers import zarr2 as _z2
 from tensorstore_py.drivers import zarr3 as _z3
 from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.codecs import compression_codecs, compression_compressor
 from tensorstore_py.drivers.dtypes import (
     dtype_from_v2,
     dtype_from_v3,
@@ -35,6 +36,7 @@ from tensorstore_py.drivers.dtypes import (
     fill_to_json,
     fill_to_v2,
 )
+from tensorstore_py.drivers.engine import ChunkedArray
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 
@@ -56,22 +58,6 @@ def default_chunks(shape: Sequence[int], itemsize: int, *, target_bytes: int = 2
     return tuple(chunks)
 
 
-def _compression_codecs(compression: Any, dt: np.dtype) -> list[dict[str, Any]]:
-    if compression is None:
-        return []
-    name, level = (compression, None) if isinstance(compression, str) else tuple(compression)
-    if name == "zstd":
-        return [{"name": "zstd", "configuration": {"level": 1 if level is None else level, "checksum": False}}]
-    if name == "gzip":
-        return [{"name": "gzip", "configuration": {"level": 5 if level is None else level}}]
-    if name == "blosc":
-        return [{"name": "blosc", "configuration": {
-            "cname": "lz4", "clevel": 5 if level is None else level,
-            "shuffle": "noshuffle" if dt.itemsize == 1 else "shuffle",
-            "typesize": dt.itemsize, "blocksize": 0}}]
-    raise InvalidArgumentError(f"compression must be 'zstd', 'gzip', 'blosc' or None, got {compression!r}")
-
-
 def build_metadata(
     driver: str,
     *,
@@ -90,8 +76,10 @@ def build_metadata(
     ``chunks`` defaults to ~2 MiB chunks. With ``shards`` (zarr3 only) the chunk
     grid is the shard shape and ``chunks`` the inner chunk shape of a
     ``sharding_indexed`` codec (crc32c-protected index at the end).
-    ``compression``: "zstd" (level 1), "gzip", "blosc", a ``(name, level)`` pair,
-    or None. ``codecs`` (zarr3) overrides the codec list entirely.
+    ``compression``: a registered alias ("zstd" (level 1, no checksum), "gzip"
+    (level 5), "blosc" (lz4, clevel 5, byte shuffle)), a ``(name, level)``
+    pair, or None (see drivers/codecs/registry.py); InvalidArgumentError for
+    anything else. ``codecs`` (zarr3) overrides the codec list entirely.
     """
     shape = [int(s) for s in shape]
     dt = np.dtype(dtype)
@@ -101,8 +89,7 @@ def build_metadata(
     if len(chunks) != len(shape):
         raise InvalidArgumentError(f"chunks {chunks} must have the rank of shape {shape}")
     if driver == "zarr3":
-        comp = _compression_codecs(compression, dt)
-        inner = _z3.default_codecs(dt) + comp
+        inner = _z3.default_codecs(dt) + compression_codecs(compression, dt)
         if codecs is None:
             if order == "F":
                 inner = [{"name": "transpose", "configuration": {"order": list(range(len(shape)))[::-1]}}] + inner
@@ -128,18 +115,10 @@ def build_metadata(
     if driver == "zarr":
         if shards is not None:
             raise InvalidArgumentError("zarr v2 has no sharding; use driver 'zarr3'")
-        comp = None
-        if compression is not None:
-            name, level = (compression, None) if isinstance(compression, str) else tuple(compression)
-            comp = {"zstd": {"id": "zstd", "level": 1 if level is None else level},
-                    "gzip": {"id": "gzip", "level": 5 if level is None else level},
-                    "blosc": {"id": "blosc", "cname": "lz4", "clevel": 5 if level is None else level,
-                              "shuffle": 1, "blocksize": 0}}.get(name)
-            if comp is None:
-                raise InvalidArgumentError(f"compression must be 'zstd', 'gzip', 'blosc' or None, got {compression!r}")
         return {
             "zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dtype_to_v2(dt),
-            "compressor": comp, "fill_value": fill_to_v2(fill_value, dt), "order": order,
+            "compressor": compression_compressor(compression, dt),
+            "fill_value": fill_to_v2(fill_value, dt), "order": order,
             "filters": None, "dimension_separator": ".",
         }
     raise InvalidSpecError(f"array driver must be one of {_DRIVERS}, got {driver!r}")
@@ -231,9 +210,7 @@ async def open_driver(
         raise InvalidArgumentError("delete_existing=True requires create=True")
     if open is None:
         open = not delete_existing
-    mod = _z3 if driver == "zarr3" else _z2
-    cls = _z3.Zarr3Array if driver == "zarr3" else _z2.Zarr2Array
-    parse = _z3.Parsed if driver == "zarr3" else _z2.Parsed2
+    cls: type[ChunkedArray] = _z3.Zarr3Array if driver == "zarr3" else _z2.Zarr2Array
     key = cls.metadata_key
     budget = ByteBudget(bytes_in_flight or DEFAULT_BYTES_IN_FLIGHT)
     url = _url(kv)
@@ -245,16 +222,16 @@ async def open_driver(
         if res.state == "value":
             if not open:
                 raise InvalidSpecError(f"{driver} array at {url} already exists (open=False)")
-            stored = mod.decode_metadata(res.value, key)
-            parsed = parse(stored)
+            stored = cls.decode_metadata(res.value)
+            parsed = cls.parse_metadata(stored)
             _check_compatible(driver, given, stored, parsed, url)
             return cls.from_metadata(stored, kv, res.generation, cache_pool=cache_pool,
                                      budget=budget, parsed=parsed)
         if not create:
             raise NotFoundError(f"{driver} array not found: no {key} at {url}")
         meta = _complete(driver, given)
-        parsed = parse(meta)
-        raw = mod.encode_metadata(meta)
+        parsed = cls.parse_metadata(meta)
+        raw = cls.encode_metadata(meta)
         try:
             gen = await kv.write(key, raw, if_equal=Generation.NO_VALUE)
         except ConditionFailedError:

@@ -15,16 +15,12 @@ from typing import Any
 import numcodecs
 import numpy as np
 
-from tensorstore_py.core.budget import ByteBudget
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
-from tensorstore_py.drivers.cache import CachePool
-from tensorstore_py.drivers.codecs._limits import check_size
-from tensorstore_py.drivers.codecs.blosc_codec import blosc_decode
-from tensorstore_py.drivers.codecs.gzip_codec import inflate
-from tensorstore_py.drivers.codecs.zstd_codec import zstd_decode
+from tensorstore_py.drivers.codecs import v2_decoder
+from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.dtypes import dtype_from_v2, fill_from_v2
 from tensorstore_py.drivers.engine import ChunkedArray
-from tensorstore_py.kvstore.base import Buffer, Generation, KvStore
+from tensorstore_py.kvstore.base import Buffer
 
 __all__ = ["Parsed2", "Zarr2Array", "default_metadata2", "normalize_field2"]
 
@@ -57,19 +53,19 @@ def _codec(cfg: Any, field: str) -> numcodecs.abc.Codec:
         raise _err(field, f"bad configuration for codec {cfg['id']!r}: {e}") from None
 
 
-class V2ChunkCodec:
-    """filters + compressor for one chunk shape (the engine's ChunkCodec)."""
+class V2ChunkCodec(ChunkCodec):
+    """filters + compressor for one chunk shape; the compressor decodes through
+    its registered checked decoder (drivers/codecs/registry.py)."""
 
     def __init__(self, shape: tuple[int, ...], stored: np.dtype, native: np.dtype, order: str,
                  filters: list[Any], compressor: Any) -> None:
         self.shape, self.stored, self.native, self.order = shape, stored, native, order
         self.filters, self.compressor = filters, compressor
+        self._decoder = None if compressor is None else v2_decoder(compressor.codec_id)
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * stored.itemsize
-        swap = stored != native
-        self.raw = not filters and compressor is None and order == "C" and not swap
-        self.strided_out = False
-        self.direct = not filters and order == "C" and not swap and \
-            getattr(compressor, "codec_id", None) in ("zstd", "blosc")
+        plain = not filters and order == "C" and stored == native  # stored bytes = native C order
+        self.raw = plain and compressor is None
+        self.direct = plain and self._decoder is not None and self._decoder.decodes_into
 
     def encode(self, a: np.ndarray) -> Buffer:
         if a.dtype != self.stored:
@@ -84,34 +80,13 @@ class V2ChunkCodec:
             buf = self.compressor.encode(buf)
         return memoryview(np.ascontiguousarray(buf)).cast("B") if isinstance(buf, np.ndarray) else buf
 
-    def _decompress(self, buf: Buffer, key: str, out: Buffer | None) -> Buffer:
-        c = self.compressor
-        size = self.nbytes if not self.filters else None
-        limit = 4 * self.nbytes + (1 << 20)
-        cid = c.codec_id
-        if cid == "zstd":
-            return zstd_decode(c, buf, key=key, size=size, limit=limit, out=out)
-        if cid == "blosc":
-            return blosc_decode(c, buf, key=key, size=size, limit=limit, out=out)
-        if cid in ("zlib", "gzip"):
-            return inflate(buf, wbits=47 if cid == "gzip" else 15, codec=cid, key=key,
-                           size=size, limit=limit)
-        if cid == "lz4":
-            mv = memoryview(buf).cast("B")
-            if len(mv) < 4:
-                raise DataCorruptionError(f"chunk {key!r}: lz4 data is truncated")
-            check_size("lz4", key, int.from_bytes(mv[:4], "little"), size, limit)
-        try:
-            res = c.decode(buf)
-        except Exception as e:
-            raise DataCorruptionError(f"chunk {key!r}: invalid {cid} data: {e}") from None
-        check_size(cid, key, memoryview(res).nbytes, size, limit)
-        return res
-
     def decode(self, buf: Buffer, *, key: str, out: np.ndarray | None = None) -> np.ndarray:
         direct = memoryview(out.reshape(-1).view(np.uint8)) if out is not None and self.direct else None
-        if self.compressor is not None:
-            buf = self._decompress(buf, key, direct)
+        if self._decoder is not None:
+            buf = self._decoder.decode(
+                self.compressor, buf, key=key, size=self.nbytes if not self.filters else None,
+                limit=4 * self.nbytes + (1 << 20), out=direct,
+            )
             if direct is not None and np.shares_memory(np.frombuffer(buf, np.uint8), out):
                 return out  # type: ignore[return-value]
         for f in reversed(self.filters):
@@ -130,6 +105,8 @@ class V2ChunkCodec:
 
 
 class Parsed2:
+    """The validated, typed view of one .zarray document."""
+
     def __init__(self, meta: Any) -> None:
         if not isinstance(meta, dict):
             raise InvalidSpecError(f".zarray must be a JSON object, got {type(meta).__name__}")
@@ -167,6 +144,9 @@ class Parsed2:
             None if comp is None else _codec(comp, "compressor"),
         )
         self.dimension_names: tuple[str | None, ...] = (None,) * len(self.shape)
+
+    def chunk_key(self, cell: tuple[int, ...]) -> str:
+        return self.separator.join(map(str, cell)) if cell else "0"
 
 
 def default_metadata2(partial: dict[str, Any], *, chunk_shape: tuple[int, ...]) -> dict[str, Any]:
@@ -210,40 +190,11 @@ class Zarr2Array(ChunkedArray):
     driver = "zarr"
     metadata_key = METADATA_KEY
 
-    @classmethod
-    def from_metadata(
-        cls, meta: dict[str, Any], kvstore: KvStore, generation: Generation, *,
-        cache_pool: CachePool | None = None, budget: ByteBudget | None = None,
-        parsed: Parsed2 | None = None,
-    ) -> Zarr2Array:
-        p = parsed or Parsed2(meta)
-        arr = cls(
-            kvstore=kvstore, metadata=meta, shape=p.shape, dtype=p.dtype, fill_value=p.fill,
-            chunk_shape=p.chunk_shape, codec=p.codec, dimension_names=p.dimension_names,
-            metadata_generation=generation, cache_pool=cache_pool, budget=budget,
-        )
-        arr._sep = p.separator
-        return arr
+    @staticmethod
+    def parse_metadata(meta: dict[str, Any]) -> Parsed2:
+        return Parsed2(meta)
 
-    def chunk_key(self, cell: tuple[int, ...]) -> str:
-        return self._sep.join(map(str, cell)) if cell else "0"
-
-    def _encode_metadata(self, metadata: dict[str, Any]) -> bytes:
-        return encode_metadata(metadata)
-
-    def _decode_metadata(self, raw: Any) -> dict[str, Any]:
-        return decode_metadata(raw, ".zarray")
-
-
-def encode_metadata(meta: dict[str, Any]) -> bytes:
-    return json.dumps(meta, indent=4, sort_keys=True).encode()
-
-
-def decode_metadata(raw: Any, where: str) -> dict[str, Any]:
-    try:
-        meta = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidSpecError(f"{where}: not valid JSON: {e}") from None
-    if not isinstance(meta, dict):
-        raise InvalidSpecError(f"{where}: expected a JSON object, got {type(meta).__name__}")
-    return meta
+    @staticmethod
+    def encode_metadata(meta: dict[str, Any]) -> bytes:
+        """The stored .zarray: 4-space indent, sorted keys."""
+        return json.dumps(meta, indent=4, sort_keys=True).encode()

@@ -13,13 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.core.budget import ByteBudget
 from tensorstore_py.core.errors import InvalidSpecError
-from tensorstore_py.drivers.cache import CachePool
-from tensorstore_py.drivers.codecs.chain import CodecChain
+from tensorstore_py.drivers.codecs import CodecChain
+from tensorstore_py.drivers.codecs.base import ArrayArrayCodec, ArrayBytesCodec, Codec
+from tensorstore_py.drivers.codecs.registry import codec_class
 from tensorstore_py.drivers.dtypes import dtype_from_v3, fill_from_json, fill_to_json
-from tensorstore_py.drivers.engine import ChunkedArray
-from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.drivers.engine import ChunkedArray, json_object
 
 __all__ = ["Zarr3Array", "default_metadata", "normalize_field", "parse_metadata"]
 
@@ -91,16 +90,20 @@ def default_codecs(dt: np.dtype) -> list[dict[str, Any]]:
     return [{"name": "bytes", "configuration": {"endian": "little"}}]
 
 
+def _is(entry: Any, kind: type[Codec]) -> bool:
+    """Whether the codec list entry names a registered codec of ``kind``."""
+    name = entry.get("name") if isinstance(entry, dict) else entry
+    cls = codec_class(name) if isinstance(name, str) else None
+    return cls is not None and issubclass(cls, kind)
+
+
 def with_serializer(codecs: Any, dt: np.dtype) -> Any:
     """Insert the default ``bytes`` codec when a codec list has no array->bytes
     codec (as TensorStore does), e.g. ``[{"name": "zstd"}]``."""
-    if not isinstance(codecs, list):
-        return codecs
-    names = [c.get("name") if isinstance(c, dict) else c for c in codecs]
-    if "bytes" in names or "sharding_indexed" in names:
+    if not isinstance(codecs, list) or any(_is(c, ArrayBytesCodec) for c in codecs):
         return codecs
     n_aa = 0
-    while n_aa < len(names) and names[n_aa] == "transpose":
+    while n_aa < len(codecs) and _is(codecs[n_aa], ArrayArrayCodec):
         n_aa += 1
     return codecs[:n_aa] + default_codecs(dt) + codecs[n_aa:]
 
@@ -173,7 +176,12 @@ class Parsed:
             raise _err("attributes", f"expected an object, got {attrs!r}")
         if "codecs" not in meta:
             raise _err("codecs", "is required")
-        self.codecs = CodecChain.from_json(meta["codecs"], self.chunk_shape, self.dtype, self.fill)
+        self.codec = CodecChain.from_json(meta["codecs"], self.chunk_shape, self.dtype, self.fill)
+
+    def chunk_key(self, cell: tuple[int, ...]) -> str:
+        if self.key_name == "default":
+            return self.separator.join(("c", *map(str, cell)))
+        return self.separator.join(map(str, cell)) if cell else "0"
 
 
 def parse_metadata(meta: Any) -> Parsed:
@@ -206,45 +214,22 @@ class Zarr3Array(ChunkedArray):
     driver = "zarr3"
     metadata_key = METADATA_KEY
 
-    @classmethod
-    def from_metadata(
-        cls, meta: dict[str, Any], kvstore: KvStore, generation: Generation, *,
-        cache_pool: CachePool | None = None, budget: ByteBudget | None = None,
-        parsed: Parsed | None = None,
-    ) -> Zarr3Array:
-        p = parsed or Parsed(meta)
-        arr = cls(
-            kvstore=kvstore, metadata=meta, shape=p.shape, dtype=p.dtype, fill_value=p.fill,
-            chunk_shape=p.chunk_shape, codec=p.codecs, dimension_names=p.dimension_names,
-            metadata_generation=generation, cache_pool=cache_pool, budget=budget,
-        )
-        arr._key_name, arr._sep = p.key_name, p.separator
-        return arr
+    @staticmethod
+    def parse_metadata(meta: dict[str, Any]) -> Parsed:
+        return Parsed(meta)
 
-    def chunk_key(self, cell: tuple[int, ...]) -> str:
-        if self._key_name == "default":
-            return self._sep.join(("c", *map(str, cell)))
-        return self._sep.join(map(str, cell)) if cell else "0"
-
-    def _encode_metadata(self, metadata: dict[str, Any]) -> bytes:
-        return encode_metadata(metadata)
-
-    def _decode_metadata(self, raw: Any) -> dict[str, Any]:
-        return decode_metadata(raw, "zarr.json")
+    @staticmethod
+    def encode_metadata(meta: dict[str, Any]) -> bytes:
+        return encode_metadata(meta)
 
 
 def encode_metadata(meta: dict[str, Any]) -> bytes:
+    """The stored zarr.json: 2-space indent, fields in the order given."""
     return json.dumps(meta, indent=2).encode()
 
 
 def decode_metadata(raw: Any, where: str) -> dict[str, Any]:
-    try:
-        meta = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidSpecError(f"{where}: not valid JSON: {e}") from None
-    if not isinstance(meta, dict):
-        raise InvalidSpecError(f"{where}: expected a JSON object, got {type(meta).__name__}")
-    return meta
+    return json_object(raw, where)
 
 
 __all__ += ["decode_metadata", "encode_metadata", "fill_to_json"]

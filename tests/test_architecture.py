@@ -199,14 +199,8 @@ def _cycles() -> list[list[str]]:
 # that no longer applies fails the test too, so the lists only shrink.
 KNOWN_CYCLES: set[str] = {
     "tensorstore_py.kvstore.base <-> tensorstore_py.kvstore.registry <-> tensorstore_py.kvstore.transaction",
-    "tensorstore_py.drivers.codecs.chain <-> tensorstore_py.drivers.codecs.sharding",
-    "tensorstore_py.drivers.engine <-> tensorstore_py.drivers.fastpath",
 }
 KNOWN_LOCAL: set[str] = {
-    'drivers/codecs/chain.py:function-local import of tensorstore_py.drivers.codecs.sharding (import it at the top)',
-    'drivers/codecs/sharding.py:function-local import of tensorstore_py.drivers.codecs.chain (import it at the top)',
-    'drivers/codecs/sharding.py:function-local import of tensorstore_py.drivers.grid (import it at the top)',
-    'drivers/engine.py:function-local import of tensorstore_py.core.errors (import it at the top)',
     'kvstore/_gcs_auth.py:function-local import of google needs a short comment saying why it is lazy',
     'kvstore/_retry.py:function-local import of aiohttp, not an optional heavy dependency (import it at the top)',
     'kvstore/base.py:function-local import of json, not an optional heavy dependency (import it at the top)',

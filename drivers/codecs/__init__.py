@@ -1,9 +1,42 @@
-"""zarr v3 codecs, one per module, and :class:`CodecChain` that runs them.
+"""zarr v3 codecs, one per module, each registering itself; the chain that runs them.
 
-Supported: ``bytes``, ``transpose``, ``gzip``, ``zstd``, ``blosc``, ``crc32c``,
-``sharding_indexed``. Anything else raises UnsupportedError naming the codec.
+Modules:
+
+* ``base``          the three codec kinds, ChunkSpec (what a codec's factory sees),
+                    ChunkCodec (a whole chunk's encoding, as the engine uses it)
+* ``registry``      zarr3 name -> codec class, zarr v2 compressor id -> checked
+                    decoder, ``compression=`` alias -> zarr3 codec / v2 compressor
+* ``chain``         CodecChain: a zarr3 codec list bound to a chunk shape and dtype
+* ``bytes_codec``   ``bytes`` (endianness)
+* ``transpose``     ``transpose``
+* ``gzip_codec``    ``gzip``; zarr v2 ``gzip``/``zlib``; ``compression="gzip"``
+* ``zstd_codec``    ``zstd``; zarr v2 ``zstd``; ``compression="zstd"``
+* ``blosc_codec``   ``blosc``; zarr v2 ``blosc``; ``compression="blosc"``
+* ``crc32c_codec``  ``crc32c``
+* ``lz4_v2``        zarr v2 ``lz4`` (no zarr3 codec)
+* ``sharding``      ``sharding_indexed`` (inner chunks plus an index)
+* ``_limits``       size checks shared by the decompressors
+
+A codec name no module registered raises UnsupportedError naming it and listing
+the supported ones. Importing this package runs every registration below; adding
+a codec is one new module plus one import line here.
 """
 
+from tensorstore_py.drivers.codecs import (  # noqa: F401  (imported to register)
+    blosc_codec,
+    bytes_codec,
+    crc32c_codec,
+    gzip_codec,
+    lz4_v2,
+    sharding,
+    transpose,
+    zstd_codec,
+)
 from tensorstore_py.drivers.codecs.chain import CodecChain
+from tensorstore_py.drivers.codecs.registry import (
+    compression_codecs,
+    compression_compressor,
+    v2_decoder,
+)
 
-__all__ = ["CodecChain"]
+__all__ = ["CodecChain", "compression_codecs", "compression_compressor", "v2_decoder"]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tensorstore_py.core.errors import DataCorruptionError
+from tensorstore_py.kvstore.base import Buffer
 
 
 def check_size(codec: str, key: str, found: int, size: int | None, limit: int) -> None:
@@ -16,3 +19,15 @@ def check_size(codec: str, key: str, found: int, size: int | None, limit: int) -
             f"chunk {key!r}: {codec} data declares {found} decoded bytes, more than the "
             f"{limit} a chunk may hold"
         )
+
+
+def numcodecs_decode(codec: Any, buf: Buffer, *, key: str, size: int | None, limit: int,
+                     out: Buffer | None = None) -> Buffer:
+    """Decode with the numcodecs ``codec`` and check the size afterwards (for
+    compressors whose header declares no size to check first)."""
+    try:
+        res = codec.decode(buf)
+    except Exception as e:  # numcodecs raises RuntimeError/ValueError/...
+        raise DataCorruptionError(f"chunk {key!r}: invalid {codec.codec_id} data: {e}") from None
+    check_size(codec.codec_id, key, memoryview(res).nbytes, size, limit)
+    return res

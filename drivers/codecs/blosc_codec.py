@@ -1,4 +1,8 @@
-"""``blosc`` through numcodecs (C, releases the GIL)."""
+"""``blosc`` through numcodecs (C, releases the GIL).
+
+Also decodes the zarr v2 compressor ``blosc``, and is ``compression="blosc"``
+(lz4, clevel 5, byte shuffle for types wider than one byte).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,13 @@ from numcodecs import Blosc
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs._limits import check_size
-from tensorstore_py.drivers.codecs.base import BytesBytesCodec
+from tensorstore_py.drivers.codecs.base import BytesBytesCodec, ChunkSpec
+from tensorstore_py.drivers.codecs.registry import (
+    Compression,
+    register_codec,
+    register_compression,
+    register_v2_decoder,
+)
 from tensorstore_py.kvstore.base import Buffer
 
 _SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
@@ -36,8 +46,10 @@ def blosc_decode(b: Blosc, buf: Buffer, *, key: str, size: int | None, limit: in
         raise DataCorruptionError(f"chunk {key!r}: invalid blosc data: {e}") from None
 
 
+@register_codec
 class BloscCodec(BytesBytesCodec):
     name = "blosc"
+    decodes_into = True
 
     def __init__(self, *, cname: str = "lz4", clevel: int = 5, shuffle: str = "noshuffle",
                  typesize: int | None = None, blocksize: int = 0) -> None:
@@ -57,7 +69,8 @@ class BloscCodec(BytesBytesCodec):
                         blocksize=blocksize, typesize=typesize or 1)
 
     @classmethod
-    def from_json(cls, config: dict[str, Any], itemsize: int) -> BloscCodec:
+    def from_json(cls, config: dict[str, Any], chunk: ChunkSpec) -> BloscCodec:
+        itemsize = chunk.dtype.itemsize
         unknown = set(config) - {"cname", "clevel", "shuffle", "typesize", "blocksize"}
         if unknown:
             raise InvalidSpecError(f"blosc codec: unknown configuration fields {sorted(unknown)}")
@@ -79,3 +92,15 @@ class BloscCodec(BytesBytesCodec):
     def decode(self, buf: Buffer, *, key: str, size: int | None, limit: int,
                out: Buffer | None = None) -> Buffer:
         return blosc_decode(self._b, buf, key=key, size=size, limit=limit, out=out)
+
+
+register_v2_decoder("blosc", blosc_decode, decodes_into=True)
+register_compression(Compression(
+    "blosc", default_level=5,
+    zarr3=lambda level, dtype: {"name": "blosc", "configuration": {
+        "cname": "lz4", "clevel": level, "shuffle": "noshuffle" if dtype.itemsize == 1 else "shuffle",
+        "typesize": dtype.itemsize, "blocksize": 0}},
+    # numcodecs' byte shuffle (1) whatever the itemsize, as zarr-python writes it
+    zarr2=lambda level, dtype: {"id": "blosc", "cname": "lz4", "clevel": level, "shuffle": 1,
+                                "blocksize": 0},
+))

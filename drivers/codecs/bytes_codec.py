@@ -8,10 +8,12 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
-from tensorstore_py.drivers.codecs.base import ArrayBytesCodec
+from tensorstore_py.drivers.codecs.base import ArrayBytesCodec, ChunkSpec
+from tensorstore_py.drivers.codecs.registry import register_codec
 from tensorstore_py.kvstore.base import Buffer
 
 
+@register_codec
 class BytesCodec(ArrayBytesCodec):
     """Raw little/big-endian bytes; ``endian`` is None for 1-byte types."""
 
@@ -23,7 +25,8 @@ class BytesCodec(ArrayBytesCodec):
         self.endian = endian
 
     @classmethod
-    def from_json(cls, config: dict[str, Any], dtype: np.dtype) -> BytesCodec:
+    def from_json(cls, config: dict[str, Any], chunk: ChunkSpec) -> BytesCodec:
+        dtype = chunk.dtype
         unknown = set(config) - {"endian"}
         if unknown:
             raise InvalidSpecError(f"bytes codec: unknown configuration fields {sorted(unknown)}")
@@ -51,6 +54,9 @@ class BytesCodec(ArrayBytesCodec):
             dtype.itemsize > 1 and self.endian is not None
             and self.endian != sys.byteorder
         )
+
+    def stores_native(self, dtype: np.dtype) -> bool:
+        return not self.needs_swap(dtype)
 
     def encode(self, a: np.ndarray) -> Buffer:
         a = np.ascontiguousarray(a)

@@ -1,4 +1,10 @@
-"""A parsed zarr v3 codec list bound to a chunk shape and dtype."""
+"""A parsed zarr v3 codec list bound to a chunk shape and dtype.
+
+Each entry is built by the codec registered under its name
+(:mod:`~tensorstore_py.drivers.codecs.registry`); the chain checks the order of
+the three kinds and knows the shortcuts the engine may take (raw, direct,
+strided_out).
+"""
 
 from __future__ import annotations
 
@@ -7,24 +13,19 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
+from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs.base import (
     ArrayArrayCodec,
     ArrayBytesCodec,
     BytesBytesCodec,
+    ChunkCodec,
+    ChunkSpec,
     Codec,
 )
-from tensorstore_py.drivers.codecs.blosc_codec import BloscCodec
-from tensorstore_py.drivers.codecs.bytes_codec import BytesCodec
-from tensorstore_py.drivers.codecs.crc32c_codec import Crc32cCodec
-from tensorstore_py.drivers.codecs.gzip_codec import GzipCodec
-from tensorstore_py.drivers.codecs.transpose import TransposeCodec
-from tensorstore_py.drivers.codecs.zstd_codec import ZstdCodec
+from tensorstore_py.drivers.codecs.registry import codec_from_json
 from tensorstore_py.kvstore.base import Buffer
 
 __all__ = ["CodecChain"]
-
-KNOWN = ("blosc", "bytes", "crc32c", "gzip", "sharding_indexed", "transpose", "zstd")
 
 
 def _parse_one(
@@ -41,26 +42,10 @@ def _parse_one(
     config = entry.get("configuration", {}) or {}
     if not isinstance(config, dict):
         raise InvalidSpecError(f"{where}: codec {name!r} configuration must be an object")
-    if name == "bytes":
-        return BytesCodec.from_json(config, dtype)
-    if name == "transpose":
-        return TransposeCodec.from_json(config, len(shape))
-    if name == "gzip":
-        return GzipCodec.from_json(config)
-    if name == "zstd":
-        return ZstdCodec.from_json(config)
-    if name == "blosc":
-        return BloscCodec.from_json(config, dtype.itemsize)
-    if name == "crc32c":
-        return Crc32cCodec.from_json(config)
-    if name == "sharding_indexed":
-        from tensorstore_py.drivers.codecs.sharding import ShardingCodec
-
-        return ShardingCodec.from_json(config, shape, dtype, fill_value)
-    raise UnsupportedError(f"{where}: unsupported zarr3 codec {name!r}; supported: {', '.join(KNOWN)}")
+    return codec_from_json(name, config, ChunkSpec(shape, dtype, fill_value), where=where)
 
 
-class CodecChain:
+class CodecChain(ChunkCodec):
     """``array->array* , array->bytes , bytes->bytes*`` for chunks of ``shape``."""
 
     def __init__(
@@ -86,15 +71,12 @@ class CodecChain:
             self.bb_sizes.append(size)
             size = c.encoded_size(size)
         self.encoded_size = size
-        #: raw: the stored bytes are the array's native bytes in C order
-        self.raw = not self.aa and isinstance(ab, BytesCodec) and not ab.needs_swap(dtype) \
-            and not self.bb
-        #: direct: the last decode step can write native C-order bytes into ``out``
-        self.direct = not self.aa and isinstance(ab, BytesCodec) and not ab.needs_swap(dtype) \
-            and len(self.bb) == 1 and isinstance(self.bb[0], (ZstdCodec, BloscCodec))
-
-        #: strided_out: decode(out=any view of the right shape) fills it in place
-        self.strided_out = not self.aa and not self.bb and getattr(ab, "name", "") == "sharding_indexed"
+        native = not self.aa and ab.stores_native(dtype)
+        # see ChunkCodec: raw (stored bytes = the array), direct (the one
+        # compressor decodes into ``out``), strided_out (a shard fills views)
+        self.raw = native and not self.bb
+        self.direct = native and len(self.bb) == 1 and self.bb[0].decodes_into
+        self.strided_out = not self.aa and not self.bb and ab.fills_any_out
 
     @classmethod
     def from_json(

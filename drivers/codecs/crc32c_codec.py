@@ -7,15 +7,17 @@ from typing import Any
 import crc32c as _crc
 
 from tensorstore_py.core.errors import ChecksumError, DataCorruptionError, InvalidSpecError
-from tensorstore_py.drivers.codecs.base import BytesBytesCodec
+from tensorstore_py.drivers.codecs.base import BytesBytesCodec, ChunkSpec
+from tensorstore_py.drivers.codecs.registry import register_codec
 from tensorstore_py.kvstore.base import Buffer
 
 
+@register_codec
 class Crc32cCodec(BytesBytesCodec):
     name = "crc32c"
 
     @classmethod
-    def from_json(cls, config: dict[str, Any]) -> Crc32cCodec:
+    def from_json(cls, config: dict[str, Any], chunk: ChunkSpec) -> Crc32cCodec:
         if config:
             raise InvalidSpecError(f"crc32c codec: takes no configuration, got {config!r}")
         return cls()

@@ -1,4 +1,8 @@
-"""``gzip``: zlib's deflate in a gzip wrapper (zlib releases the GIL)."""
+"""``gzip``: zlib's deflate in a gzip wrapper (zlib releases the GIL).
+
+Also decodes the zarr v2 compressors ``gzip`` and ``zlib`` (the same deflate
+stream, other wrappers), and is ``compression="gzip"`` (level 5).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,13 @@ from typing import Any
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs._limits import check_size
-from tensorstore_py.drivers.codecs.base import BytesBytesCodec
+from tensorstore_py.drivers.codecs.base import BytesBytesCodec, ChunkSpec
+from tensorstore_py.drivers.codecs.registry import (
+    Compression,
+    register_codec,
+    register_compression,
+    register_v2_decoder,
+)
 from tensorstore_py.kvstore.base import Buffer
 
 
@@ -25,6 +35,7 @@ def inflate(buf: Buffer, *, wbits: int, codec: str, key: str, size: int | None, 
     return out
 
 
+@register_codec
 class GzipCodec(BytesBytesCodec):
     name = "gzip"
 
@@ -34,7 +45,7 @@ class GzipCodec(BytesBytesCodec):
         self.level = level
 
     @classmethod
-    def from_json(cls, config: dict[str, Any]) -> GzipCodec:
+    def from_json(cls, config: dict[str, Any], chunk: ChunkSpec) -> GzipCodec:
         unknown = set(config) - {"level"}
         if unknown:
             raise InvalidSpecError(f"gzip codec: unknown configuration fields {sorted(unknown)}")
@@ -51,3 +62,23 @@ class GzipCodec(BytesBytesCodec):
     def decode(self, buf: Buffer, *, key: str, size: int | None, limit: int,
                out: Buffer | None = None) -> Buffer:
         return inflate(buf, wbits=31, codec="gzip", key=key, size=size, limit=limit)
+
+
+def _v2_gzip(codec: Any, buf: Buffer, *, key: str, size: int | None, limit: int,
+             out: Buffer | None) -> Buffer:
+    # wbits 47: a gzip or zlib header, as numcodecs' GZip accepts
+    return inflate(buf, wbits=47, codec="gzip", key=key, size=size, limit=limit)
+
+
+def _v2_zlib(codec: Any, buf: Buffer, *, key: str, size: int | None, limit: int,
+             out: Buffer | None) -> Buffer:
+    return inflate(buf, wbits=15, codec="zlib", key=key, size=size, limit=limit)
+
+
+register_v2_decoder("gzip", _v2_gzip)
+register_v2_decoder("zlib", _v2_zlib)
+register_compression(Compression(
+    "gzip", default_level=5,
+    zarr3=lambda level, dtype: {"name": "gzip", "configuration": {"level": level}},
+    zarr2=lambda level, dtype: {"id": "gzip", "level": level},
+))

@@ -12,12 +12,16 @@ index is a DataCorruptionError naming the key, never garbage.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
-from tensorstore_py.drivers.codecs.base import ArrayBytesCodec
+from tensorstore_py.drivers.codecs.base import ArrayBytesCodec, ChunkSpec
+from tensorstore_py.drivers.codecs.chain import CodecChain
+from tensorstore_py.drivers.codecs.registry import register_codec
+from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.kvstore.base import Buffer, ByteRange
 
 MISSING = np.uint64(2**64 - 1)
@@ -41,16 +45,18 @@ def is_fill(a: np.ndarray, fill: np.ndarray) -> bool:
     return bool((u8 == fill.reshape(1).view(np.uint64)).all())
 
 
+@register_codec
 class ShardingCodec(ArrayBytesCodec):
     """Shards of ``shape`` made of inner chunks of ``chunk_shape``."""
 
     name = "sharding_indexed"
+    fills_any_out = True
 
-    def __init__(self, chunk_shape: tuple[int, ...], inner: Any, index: Any,
+    def __init__(self, chunk_shape: tuple[int, ...], inner: CodecChain, index: CodecChain,
                  index_location: str, shard_shape: tuple[int, ...], fill: np.ndarray) -> None:
         self.chunk_shape = chunk_shape
-        self.inner = inner  # CodecChain for inner chunks
-        self.index = index  # CodecChain for the index array
+        self.inner = inner  # the inner chunks' codecs
+        self.index = index  # the index array's codecs
         self.index_location = index_location
         self.shard_shape = shard_shape
         self.cps = tuple(s // c for s, c in zip(shard_shape, chunk_shape))
@@ -69,10 +75,8 @@ class ShardingCodec(ArrayBytesCodec):
         ]
 
     @classmethod
-    def from_json(cls, config: dict[str, Any], shape: tuple[int, ...], dtype: np.dtype,
-                  fill_value: Any) -> ShardingCodec:
-        from tensorstore_py.drivers.codecs.chain import CodecChain
-
+    def from_json(cls, config: dict[str, Any], chunk: ChunkSpec) -> ShardingCodec:
+        shape, dtype, fill_value = chunk.shape, chunk.dtype, chunk.fill_value
         where = "sharding_indexed codec"
         unknown = set(config) - {"chunk_shape", "codecs", "index_codecs", "index_location"}
         if unknown:
@@ -154,6 +158,31 @@ class ShardingCodec(ArrayBytesCodec):
             )
         return idx
 
+    # -- part of a shard (the engine's partial reads) ---------------------------------
+    def present_parts(self, idx: np.ndarray, parts: Iterable[ChunkPart],
+                      dest: np.ndarray) -> list[tuple[ChunkPart, int, int]]:
+        """Fill the parts of ``dest`` whose inner chunk the decoded index ``idx``
+        marks missing; return the others with their ``(offset, nbytes)``."""
+        present: list[tuple[ChunkPart, int, int]] = []
+        for ip in parts:
+            off, n = idx[ip.cell]
+            if off == MISSING:
+                dest[ip.out] = self.fill
+            else:
+                present.append((ip, int(off), int(n)))
+        return present
+
+    def decode_inner(self, buf: Buffer, ip: ChunkPart, off: int, n: int, *, key: str) -> np.ndarray:
+        """Decode inner chunk ``ip.cell``, read from bytes ``[off, off + n)`` of
+        shard ``key``; a short read is a DataCorruptionError."""
+        found = memoryview(buf).nbytes
+        if found != n:
+            raise DataCorruptionError(
+                f"shard {key!r}: inner chunk {list(ip.cell)} at bytes [{off}, {off + n}) is "
+                f"truncated ({found} bytes present)"
+            )
+        return self.inner.decode(buf, key=f"{key} (inner chunk {list(ip.cell)})")
+
     # -- whole shards -------------------------------------------------------------
     def encode(self, a: np.ndarray) -> Buffer:
         """Encode a whole shard; inner chunks equal to the fill value are omitted.
@@ -195,8 +224,6 @@ class ShardingCodec(ArrayBytesCodec):
         the others keep their stored bytes. Returns b"" when nothing is left
         but fill values (the shard should then be deleted).
         """
-        from tensorstore_py.drivers.grid import chunk_parts
-
         idx: list[list[int]] | None = None
         mv = memoryview(old).cast("B") if old is not None else None
         if mv is not None:

@@ -7,9 +7,11 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.core.errors import InvalidSpecError
-from tensorstore_py.drivers.codecs.base import ArrayArrayCodec
+from tensorstore_py.drivers.codecs.base import ArrayArrayCodec, ChunkSpec
+from tensorstore_py.drivers.codecs.registry import register_codec
 
 
+@register_codec
 class TransposeCodec(ArrayArrayCodec):
     """Encoded array = ``a.transpose(order)``."""
 
@@ -20,7 +22,8 @@ class TransposeCodec(ArrayArrayCodec):
         self.inverse = tuple(int(i) for i in np.argsort(self.order))
 
     @classmethod
-    def from_json(cls, config: dict[str, Any], ndim: int) -> TransposeCodec:
+    def from_json(cls, config: dict[str, Any], chunk: ChunkSpec) -> TransposeCodec:
+        ndim = len(chunk.shape)
         unknown = set(config) - {"order"}
         if unknown:
             raise InvalidSpecError(f"transpose codec: unknown configuration fields {sorted(unknown)}")

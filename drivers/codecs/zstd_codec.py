@@ -1,4 +1,8 @@
-"""``zstd`` through numcodecs (C, releases the GIL)."""
+"""``zstd`` through numcodecs (C, releases the GIL).
+
+Also decodes the zarr v2 compressor ``zstd``, and is ``compression="zstd"``
+(level 1, no checksum).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,13 @@ from numcodecs import Zstd
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs._limits import check_size
-from tensorstore_py.drivers.codecs.base import BytesBytesCodec
+from tensorstore_py.drivers.codecs.base import BytesBytesCodec, ChunkSpec
+from tensorstore_py.drivers.codecs.registry import (
+    Compression,
+    register_codec,
+    register_compression,
+    register_v2_decoder,
+)
 from tensorstore_py.kvstore.base import Buffer
 
 _MAGIC = b"\x28\xb5\x2f\xfd"
@@ -32,8 +42,10 @@ def frame_content_size(mv: memoryview, key: str) -> int | None:
     return v + 256 if n == 2 else v
 
 
+@register_codec
 class ZstdCodec(BytesBytesCodec):
     name = "zstd"
+    decodes_into = True
 
     def __init__(self, level: int = 0, checksum: bool = False) -> None:
         if not isinstance(level, int) or isinstance(level, bool) or not -131072 <= level <= 22:
@@ -44,7 +56,7 @@ class ZstdCodec(BytesBytesCodec):
         self._z = Zstd(level=level, checksum=checksum)
 
     @classmethod
-    def from_json(cls, config: dict[str, Any]) -> ZstdCodec:
+    def from_json(cls, config: dict[str, Any], chunk: ChunkSpec) -> ZstdCodec:
         unknown = set(config) - {"level", "checksum"}
         if unknown:
             raise InvalidSpecError(f"zstd codec: unknown configuration fields {sorted(unknown)}")
@@ -80,3 +92,11 @@ def zstd_decode(z: Zstd, buf: Buffer, *, key: str, size: int | None, limit: int,
         raise DataCorruptionError(f"chunk {key!r}: invalid zstd data: {e}") from None
     check_size("zstd", key, len(memoryview(res).cast("B")), size, limit)
     return res
+
+
+register_v2_decoder("zstd", zstd_decode, decodes_into=True)
+register_compression(Compression(
+    "zstd", default_level=1,
+    zarr3=lambda level, dtype: {"name": "zstd", "configuration": {"level": level, "checksum": False}},
+    zarr2=lambda level, dtype: {"id": "zstd", "level": level},
+))
