@@ -2,10 +2,14 @@
 
 Modules, top to bottom (each imports only modules below it):
 
-* ``open``      ``open_driver(spec, create=..., ...)`` and ``build_metadata(...)``
-                (the ``compression=`` aliases come from the codec registry)
-* ``zarr3``     zarr.json parsing/validation, chunk keys (default and v2 encodings)
-* ``zarr2``     .zarray parsing/validation, numcodecs filters and compressor
+* ``zarr3``     zarr.json parsing/validation, chunk keys (default and v2 encodings);
+                registers the ``zarr3`` format
+* ``zarr2``     .zarray parsing/validation, numcodecs filters and compressor;
+                registers the ``zarr`` (alias ``zarr2``) format
+* ``open``      ``open_driver(spec, create=..., ...)`` dispatches to the registered
+                format; ``build_metadata(driver, ...)``; ``open_document``, the
+                open/create flow of one-document formats
+* ``formats``   the array-format registry (``register_array_format``, detection)
 * ``engine``    ChunkedArray, the chunk engine: region -> chunks, concurrent I/O,
                 read-modify-write; a format adds its parsed metadata and JSON layout
 * ``fastpath``  batched blocking chunk I/O for stores that offer it (local files);
@@ -20,5 +24,9 @@ Modules, top to bottom (each imports only modules below it):
 * ``grid``      which chunks a strided region touches
 
 To add a codec: one module in ``codecs/`` plus one import line in
-``codecs/__init__.py``. The bytes-in-flight budget is ``tensorstore_py.core.budget``.
+``codecs/__init__.py``. To add an array format: one module that calls
+``register_array_format`` plus one import line below. The bytes-in-flight
+budget is ``tensorstore_py.core.budget``.
 """
+
+from tensorstore_py.drivers import zarr2, zarr3  # noqa: F401  (imported to register)

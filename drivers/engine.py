@@ -36,6 +36,7 @@ from typing import Any, Protocol, Self
 
 import numpy as np
 
+import tensorstore_py.drivers.fastpath as fastpath
 from tensorstore_py.core.budget import DEFAULT_BYTES_IN_FLIGHT, MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.core.errors import (
     ConditionFailedError,
@@ -45,7 +46,6 @@ from tensorstore_py.core.errors import (
     ReadOnlyError,
 )
 from tensorstore_py.core.pools import run_cpu, run_io
-from tensorstore_py.drivers import fastpath
 from tensorstore_py.drivers.base import ArrayDriver, Index
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.codecs.base import ChunkCodec

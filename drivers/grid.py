@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ChunkPart", "DimPart", "chunk_parts", "dim_parts", "out_shape"]
+__all__ = ["ChunkPart", "DimPart", "chunk_parts", "default_chunks", "dim_parts", "out_shape"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,18 @@ class ChunkPart:
     chunk: tuple[slice, ...]
     out: tuple[slice, ...]
     full: bool  # covers every in-bounds element of the chunk
+
+
+def default_chunks(shape: Sequence[int], itemsize: int, *, target_bytes: int = 2 << 20) -> tuple[int, ...]:
+    """A chunk shape of about ``target_bytes`` (1-4 MiB), halving the largest
+    dimension first so chunks stay close to cubes."""
+    chunks = [max(1, int(s)) for s in shape]
+    while math.prod(chunks) * itemsize > 2 * target_bytes:
+        d = max(range(len(chunks)), key=lambda i: chunks[i])
+        if chunks[d] == 1:
+            break
+        chunks[d] = -(-chunks[d] // 2)
+    return tuple(chunks)
 
 
 def out_shape(index: tuple[slice, ...]) -> tuple[int, ...]:

@@ -15,14 +15,22 @@ from typing import Any
 import numcodecs
 import numpy as np
 
-from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
-from tensorstore_py.drivers.codecs import v2_decoder
+from tensorstore_py.core.errors import (
+    DataCorruptionError,
+    InvalidArgumentError,
+    InvalidSpecError,
+    UnsupportedError,
+)
+from tensorstore_py.drivers.codecs import compression_compressor, v2_decoder
 from tensorstore_py.drivers.codecs.base import ChunkCodec
-from tensorstore_py.drivers.dtypes import dtype_from_v2, fill_from_v2
+from tensorstore_py.drivers.dtypes import dtype_from_v2, dtype_to_v2, fill_from_v2, fill_to_v2
 from tensorstore_py.drivers.engine import ChunkedArray
+from tensorstore_py.drivers.formats import ArrayFormat, MetadataOptions, register_array_format
+from tensorstore_py.drivers.grid import default_chunks
+from tensorstore_py.drivers.open import open_document
 from tensorstore_py.kvstore.base import Buffer
 
-__all__ = ["Parsed2", "Zarr2Array", "default_metadata2", "normalize_field2"]
+__all__ = ["Parsed2", "Zarr2Array", "build_metadata2", "default_metadata2", "normalize_field2"]
 
 METADATA_KEY = ".zarray"
 MAX_CHUNK_ELEMENTS = 2**31
@@ -184,11 +192,46 @@ def normalize_field2(field: str, value: Any, parsed: Parsed2) -> Any:
     return value
 
 
+def complete_metadata2(partial: Any) -> dict[str, Any]:
+    """A creatable .zarray from a partial one: defaults filled in, the fill value
+    normalised."""
+    if "dtype" not in partial or "shape" not in partial:
+        raise InvalidSpecError("zarr metadata fields 'shape' and 'dtype' are required to create an array")
+    dt = dtype_from_v2(partial["dtype"])
+    meta = default_metadata2(dict(partial), chunk_shape=default_chunks(partial["shape"], dt.itemsize))
+    if meta["fill_value"] is not None:
+        meta["fill_value"] = fill_to_v2(fill_from_v2(meta["fill_value"], dt), dt)
+    return meta
+
+
+def build_metadata2(o: MetadataOptions) -> dict[str, Any]:
+    """.zarray for ``tsp.open``'s keyword options (~2 MiB chunks by default;
+    ``compression`` as for zarr3, as a numcodecs compressor; no sharding)."""
+    shape = [int(s) for s in o.shape]
+    dt = np.dtype(o.dtype)
+    chunks = [int(c) for c in (o.chunks if o.chunks is not None else default_chunks(shape, dt.itemsize))]
+    if len(chunks) != len(shape):
+        raise InvalidArgumentError(f"chunks {chunks} must have the rank of shape {shape}")
+    if o.shards is not None:
+        raise InvalidArgumentError("zarr v2 has no sharding; use driver 'zarr3'")
+    if o.codecs is not None:
+        raise InvalidArgumentError("codecs= is a zarr3 codec list; zarr v2 takes compression=")
+    return {
+        "zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dtype_to_v2(dt),
+        "compressor": compression_compressor(o.compression, dt),
+        "fill_value": fill_to_v2(o.fill_value, dt), "order": o.order,
+        "filters": None, "dimension_separator": ".",
+    }
+
+
 class Zarr2Array(ChunkedArray):
     """A zarr v2 array over a kvstore folder."""
 
     driver = "zarr"
     metadata_key = METADATA_KEY
+    optional_fields = frozenset({"filters", "dimension_separator", "compressor"})
+    complete_metadata = staticmethod(complete_metadata2)
+    normalize_field = staticmethod(normalize_field2)
 
     @staticmethod
     def parse_metadata(meta: dict[str, Any]) -> Parsed2:
@@ -198,3 +241,9 @@ class Zarr2Array(ChunkedArray):
     def encode_metadata(meta: dict[str, Any]) -> bytes:
         """The stored .zarray: 4-space indent, sorted keys."""
         return json.dumps(meta, indent=4, sort_keys=True).encode()
+
+
+register_array_format(ArrayFormat(
+    driver="zarr", aliases=("zarr2",), probe_key=METADATA_KEY, build_metadata=build_metadata2,
+    open=lambda spec, kv, options: open_document(Zarr2Array, spec, kv, options),
+))

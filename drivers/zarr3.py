@@ -13,14 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.core.errors import InvalidSpecError
-from tensorstore_py.drivers.codecs import CodecChain
+from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError
+from tensorstore_py.drivers.codecs import CodecChain, compression_codecs
 from tensorstore_py.drivers.codecs.base import ArrayArrayCodec, ArrayBytesCodec, Codec
 from tensorstore_py.drivers.codecs.registry import codec_class
-from tensorstore_py.drivers.dtypes import dtype_from_v3, fill_from_json, fill_to_json
+from tensorstore_py.drivers.dtypes import dtype_from_v3, dtype_to_v3, fill_from_json, fill_to_json
 from tensorstore_py.drivers.engine import ChunkedArray, json_object
+from tensorstore_py.drivers.formats import ArrayFormat, MetadataOptions, register_array_format
+from tensorstore_py.drivers.grid import default_chunks
+from tensorstore_py.drivers.open import open_document
+from tensorstore_py.kvstore.base import Buffer
 
-__all__ = ["Zarr3Array", "default_metadata", "normalize_field", "parse_metadata"]
+__all__ = ["Zarr3Array", "build_metadata", "default_metadata", "normalize_field", "parse_metadata"]
 
 METADATA_KEY = "zarr.json"
 MAX_CHUNK_ELEMENTS = 2**31
@@ -208,11 +212,69 @@ def normalize_field(field: str, value: Any, parsed: Parsed) -> Any:
     return value
 
 
+def complete_metadata(partial: Any) -> dict[str, Any]:
+    """A creatable document from a partial one: defaults filled in, the fill
+    value normalised to JSON, a ``bytes`` serializer added where missing."""
+    if "data_type" not in partial or "shape" not in partial:
+        raise InvalidSpecError(
+            "zarr3 metadata fields 'shape' and 'data_type' are required to create an array"
+        )
+    dt = dtype_from_v3(partial["data_type"])
+    meta = default_metadata(dict(partial), chunk_shape=default_chunks(partial["shape"], dt.itemsize))
+    meta["fill_value"] = fill_to_json(fill_from_json(meta["fill_value"], dt), dt)
+    meta["codecs"] = with_serializer(meta["codecs"], dt)
+    return meta
+
+
+def build_metadata(o: MetadataOptions) -> dict[str, Any]:
+    """zarr.json for ``tsp.open``'s keyword options.
+
+    ``chunks`` defaults to ~2 MiB chunks. With ``shards`` the chunk grid is the
+    shard shape and ``chunks`` the inner chunk shape of a ``sharding_indexed``
+    codec (crc32c-protected index at the end). ``compression``: a registered
+    alias ("zstd" (level 1, no checksum), "gzip" (level 5), "blosc" (lz4,
+    clevel 5, byte shuffle)), a ``(name, level)`` pair, or None (see
+    drivers/codecs/registry.py). ``codecs`` overrides the codec list entirely.
+    """
+    shape = [int(s) for s in o.shape]
+    dt = np.dtype(o.dtype)
+    chunks = [int(c) for c in (o.chunks if o.chunks is not None else default_chunks(shape, dt.itemsize))]
+    if len(chunks) != len(shape):
+        raise InvalidArgumentError(f"chunks {chunks} must have the rank of shape {shape}")
+    codecs = o.codecs
+    inner = default_codecs(dt) + compression_codecs(o.compression, dt)
+    if codecs is None:
+        if o.order == "F":
+            inner = [{"name": "transpose", "configuration": {"order": list(range(len(shape)))[::-1]}}] + inner
+        codecs = inner
+        if o.shards is not None:
+            codecs = [{"name": "sharding_indexed", "configuration": {
+                "chunk_shape": chunks, "codecs": inner,
+                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                                 {"name": "crc32c"}],
+                "index_location": "end"}}]
+    grid = [int(s) for s in o.shards] if o.shards is not None else chunks
+    meta: dict[str, Any] = {
+        "zarr_format": 3, "node_type": "array", "shape": shape,
+        "data_type": dtype_to_v3(dt),
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": fill_to_json(0 if o.fill_value is None else o.fill_value, dt),
+        "codecs": codecs,
+    }
+    if o.dimension_names is not None:
+        meta["dimension_names"] = list(o.dimension_names)
+    return meta
+
+
 class Zarr3Array(ChunkedArray):
     """A zarr v3 array (optionally sharded) over a kvstore folder."""
 
     driver = "zarr3"
     metadata_key = METADATA_KEY
+    optional_fields = frozenset({"dimension_names", "storage_transformers"})
+    complete_metadata = staticmethod(complete_metadata)
+    normalize_field = staticmethod(normalize_field)
 
     @staticmethod
     def parse_metadata(meta: dict[str, Any]) -> Parsed:
@@ -233,3 +295,17 @@ def decode_metadata(raw: Any, where: str) -> dict[str, Any]:
 
 
 __all__ += ["decode_metadata", "encode_metadata", "fill_to_json"]
+
+
+def _is_array(raw: Buffer) -> bool:
+    """True unless ``zarr.json`` declares a node other than an array (a group)."""
+    try:
+        return json.loads(bytes(raw)).get("node_type", "array") == "array"
+    except (ValueError, AttributeError):
+        return True  # malformed: opening it reports the problem
+
+
+register_array_format(ArrayFormat(
+    driver="zarr3", probe_key=METADATA_KEY, build_metadata=build_metadata, is_array=_is_array,
+    open=lambda spec, kv, options: open_document(Zarr3Array, spec, kv, options),
+))

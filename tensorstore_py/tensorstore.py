@@ -16,7 +16,6 @@ are raised before any byte is read or written.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.future import Future, ready, spawn
 from tensorstore_py.drivers.base import ArrayDriver
+from tensorstore_py.drivers.formats import array_format, array_formats, detect_format
 from tensorstore_py.drivers.open import build_metadata, open_driver
 from tensorstore_py.indexing import DimSelector, IndexDomain, IndexTransform, Plan
 from tensorstore_py.kvstore.base import KvStore
@@ -42,7 +42,6 @@ from tensorstore_py.kvstore.transaction import Transaction
 
 __all__ = ["ChunkLayout", "TensorStore", "open"]
 
-_DRIVER_ALIASES = {"zarr3": "zarr3", "zarr": "zarr", "zarr2": "zarr"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -529,14 +528,12 @@ def open(
                        driver=driver, opts=opts, order=order))
 
 
-async def _detect(kv_spec: Any) -> str | None:
-    kv = await open_kvstore(kv_spec)
-    v3, v2 = await asyncio.gather(kv.read("zarr.json"), kv.read(".zarray"))
-    if v3.state == "value":
-        return "zarr3"
-    if v2.state == "value":
-        return "zarr"
-    return None
+async def _detect(spec: Mapping[str, Any]) -> str | None:
+    kv = await open_kvstore(spec["kvstore"])
+    if spec.get("path"):
+        kv = kv.with_path(str(spec["path"]))
+    fmt = await detect_format(kv)
+    return None if fmt is None else fmt.driver
 
 
 async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing: bool,
@@ -560,14 +557,13 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
         )
     name = driver or spec.get("driver")
     if name is None:
-        name = None if delete_existing else await _detect(spec["kvstore"])
+        name = None if delete_existing else await _detect(spec)
         if name is None:
             if not create:
-                raise NotFoundError(f"open: no zarr array (zarr.json or .zarray) at {spec['kvstore']}")
+                probes = ", ".join(sorted({f.probe_key for f in array_formats()}))
+                raise NotFoundError(f"open: no array at {spec['kvstore']} (none of {probes} found)")
             name = "zarr3"
-    if name not in _DRIVER_ALIASES:
-        raise InvalidSpecError(f"open: unknown driver {name!r}; known: zarr3, zarr (zarr2)")
-    spec["driver"] = _DRIVER_ALIASES[name]
+    spec["driver"] = array_format(name).driver
 
     given = {k: v for k, v in opts.items() if v is not None}
     if create and given:

@@ -1,0 +1,125 @@
+"""The array formats ``tsp.open`` knows: one registry, each format registers itself.
+
+A format module (``zarr3``, ``zarr2``, ...) calls :func:`register_array_format`
+with an :class:`ArrayFormat`: its driver name and aliases, the metadata key that
+identifies an existing array of the format (used when a spec names no driver),
+how to open or create an array from a spec, and how to build metadata from the
+keyword options of ``tsp.open(..., dtype=, shape=, chunks=, ...)``.
+
+Adding a format = one new module that registers itself plus one import line in
+``drivers/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tensorstore_py.core.budget import ByteBudget
+from tensorstore_py.core.errors import InvalidSpecError
+from tensorstore_py.drivers.base import ArrayDriver
+from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.kvstore.base import Buffer, KvStore
+
+__all__ = [
+    "ArrayFormat",
+    "MetadataOptions",
+    "OpenOptions",
+    "array_format",
+    "array_formats",
+    "detect_format",
+    "register_array_format",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenOptions:
+    """What ``open_driver`` was asked to do, for a format's ``open``."""
+
+    create: bool
+    open: bool
+    delete_existing: bool
+    cache_pool: CachePool | None
+    budget: ByteBudget
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataOptions:
+    """The keyword options of ``tsp.open`` that describe a new array."""
+
+    shape: Sequence[int]
+    dtype: Any
+    chunks: Sequence[int] | None = None
+    shards: Sequence[int] | None = None
+    codecs: Any = None
+    compression: Any = None
+    fill_value: Any = None
+    dimension_names: Sequence[str | None] | None = None
+    order: str = "C"
+
+
+OpenFn = Callable[[Mapping[str, Any], KvStore, OpenOptions], Awaitable[ArrayDriver]]
+BuildFn = Callable[[MetadataOptions], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayFormat:
+    """How one array format plugs into ``tsp.open``.
+
+    ``open(spec, kvstore, options)`` opens (or creates, per ``options``) the
+    array described by ``spec`` over ``kvstore`` (the spec's ``path`` already
+    applied); it validates its own spec fields. ``build_metadata(options)``
+    turns ``tsp.open``'s keyword options into the format's metadata document.
+    ``probe_key`` is read when a spec names no driver; ``is_array(raw)`` tells
+    whether that document describes an array (a group's document does not).
+    """
+
+    driver: str
+    probe_key: str
+    open: OpenFn
+    build_metadata: BuildFn
+    aliases: tuple[str, ...] = ()
+    is_array: Callable[[Buffer], bool] = lambda raw: True
+    #: spec fields the format accepts besides driver, kvstore, path, metadata
+    spec_fields: frozenset[str] = frozenset()
+
+
+_FORMATS: dict[str, ArrayFormat] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register_array_format(fmt: ArrayFormat) -> ArrayFormat:
+    """Make ``fmt`` known to ``tsp.open`` under its driver name and aliases.
+
+    Formats are probed in registration order when a spec names no driver.
+    """
+    _FORMATS[fmt.driver] = fmt
+    for name in (fmt.driver, *fmt.aliases):
+        _ALIASES[name] = fmt.driver
+    return fmt
+
+
+def array_formats() -> list[ArrayFormat]:
+    """Every registered format, in registration (probe) order."""
+    return list(_FORMATS.values())
+
+
+def array_format(name: Any) -> ArrayFormat:
+    """The format registered as ``name`` (a driver name or alias)."""
+    driver = _ALIASES.get(name) if isinstance(name, str) else None
+    if driver is None:
+        known = ", ".join(sorted(_ALIASES))
+        raise InvalidSpecError(f"unknown array driver {name!r}; known drivers: {known}")
+    return _FORMATS[driver]
+
+
+async def detect_format(kv: KvStore) -> ArrayFormat | None:
+    """The format of the array stored at ``kv``, or None if there is none."""
+    formats = array_formats()
+    results = await asyncio.gather(*(kv.read(f.probe_key) for f in formats))
+    for fmt, res in zip(formats, results):
+        if res.state == "value" and fmt.is_array(res.value):
+            return fmt
+    return None
