@@ -80,6 +80,7 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     condition_failed,
 )
+from tensorstore_py.kvstore.ids import check_id
 
 __all__ = ["CommitInfo", "Coordinator", "Participant", "Transaction", "TransactionalKvStore"]
 
@@ -183,8 +184,6 @@ class Transaction:
                 "shared by all processes, e.g. txn_id='step-100'"
             )
         if txn_id is not None:
-            from tensorstore_py.kvstore.versioned.format import check_id
-
             check_id("Transaction: txn_id", txn_id)
         if not timeout > 0:
             raise InvalidArgumentError(f"Transaction: timeout must be > 0 seconds, got {timeout!r}")

@@ -209,7 +209,6 @@ KNOWN_LOCAL: set[str] = {
     'kvstore/fault.py:function-local import of tensorstore_py.kvstore.registry (import it at the top)',
     'kvstore/fsspec_store.py:function-local import of fsspec, not an optional heavy dependency (import it at the top)',
     'kvstore/registry.py:function-local import of fsspec, not an optional heavy dependency (import it at the top)',
-    'kvstore/transaction.py:function-local import of tensorstore_py.kvstore.versioned.format (import it at the top)',
 }
 
 
