@@ -38,12 +38,14 @@ fragment); process 0 waits for all N fragments, merges them into ONE version
 and publishes the result, which every process's ``commit()`` returns. If a
 process never delivers its fragment, nothing is committed and the others raise
 :class:`~tensorstore_py.errors.DeadlineExceededError` after ``timeout`` seconds.
-``coordinator`` is an optional barrier object with ``publish(key, value)`` and
-``wait_for(key, timeout) -> value`` (str keys and values; see
-:class:`Coordinator`); without it the processes poll the store. An adapter over
+``coordinator`` is an optional :class:`Barrier`: an object with
+``publish(key, value)`` and ``wait_for(key, timeout) -> value`` (str keys and
+values); without it the processes poll the store. A checkpoint
+``tensorstore_py.checkpoint.Coordinator`` is a Barrier that also knows the
+process index and count, so it can be passed as is. An adapter over
 jax.distributed's key-value store is three lines::
 
-    class JaxCoordinator:
+    class JaxBarrier:
         def __init__(self, client): self.client = client   # jax's distributed client
         def publish(self, key, value): self.client.key_value_set(key, value)
         def wait_for(self, key, timeout):
@@ -82,7 +84,7 @@ from tensorstore_py.kvstore.base import (
 )
 from tensorstore_py.kvstore.ids import check_id
 
-__all__ = ["CommitInfo", "Coordinator", "Participant", "Transaction", "TransactionalKvStore"]
+__all__ = ["Barrier", "CommitInfo", "Participant", "Transaction", "TransactionalKvStore"]
 
 TxnState = Literal["open", "committing", "committed", "aborted", "failed"]
 
@@ -103,8 +105,8 @@ class CommitInfo:
     keys_changed: int = 0
 
 
-class Coordinator(Protocol):
-    """A barrier / broadcast service for multi-writer commits.
+class Barrier(Protocol):
+    """The barrier / broadcast service a multi-writer commit waits on.
 
     Both methods block and are called from worker threads. Keys used:
     ``tsp/<txn_id>/fragment/<i>`` (published by participant ``i > 0`` once its
@@ -168,7 +170,7 @@ class Transaction:
         process_index: int = 0,
         process_count: int = 1,
         timeout: float = 600.0,
-        coordinator: Coordinator | None = None,
+        coordinator: Barrier | None = None,
         message: str = "",
         metadata: dict[str, Any] | None = None,
     ) -> None:
