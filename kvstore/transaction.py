@@ -339,20 +339,26 @@ class Transaction:
     def aborted(self) -> bool:
         return self.state == "aborted"
 
+    def _leave(self, failed: bool) -> Future[CommitInfo] | None:
+        """Leaving a ``with`` block: abort when it raised, else commit (or join
+        the commit already started); returns the commit to wait for."""
+        if failed:
+            if self.state == "open":
+                self.abort()
+            return None
+        if self.state == "open":
+            return self.commit()
+        return self._commit_future
+
     def __enter__(self) -> Self:
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is not None:
-            if self.state == "open":
-                self.abort()
-            return
-        if self.state == "open":
-            self.commit().result()
-        elif self._commit_future is not None:
-            self._commit_future.result()
+        commit = self._leave(exc_type is not None)
+        if commit is not None:
+            commit.result()
 
     async def __aenter__(self) -> Self:
         return self
@@ -360,14 +366,9 @@ class Transaction:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is not None:
-            if self.state == "open":
-                self.abort()
-            return
-        if self.state == "open":
-            await self.commit()
-        elif self._commit_future is not None:
-            await self._commit_future
+        commit = self._leave(exc_type is not None)
+        if commit is not None:
+            await commit
 
 
 class SingleKeyParticipant(Participant):
