@@ -98,6 +98,7 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     validate_key,
 )
+from tensorstore_py.kvstore.registry import register_kvstore
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_ENDPOINT", "GcsKvStore", "GcsSpec", "validate_bucket"]
 
@@ -636,3 +637,6 @@ async def _multipart(key: str, value: Buffer, write_id: str) -> tuple[bytes, str
     else:
         body = b"".join([head, value, tail])
     return body, f"multipart/related; boundary={boundary}"
+
+
+register_kvstore(GcsKvStore, schemes=("gs",))

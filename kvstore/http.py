@@ -52,6 +52,7 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
+from tensorstore_py.kvstore.registry import register_kvstore
 
 __all__ = ["HttpKvStore", "loop_session", "RETRYABLE_STATUS"]
 
@@ -431,3 +432,6 @@ def _parse_retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+register_kvstore(HttpKvStore, schemes=("http", "https"))

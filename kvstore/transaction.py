@@ -80,6 +80,7 @@ from tensorstore_py.kvstore.base import (
     Generation,
     KvStore,
     ReadResult,
+    TransactionLike,
     condition_failed,
 )
 from tensorstore_py.kvstore.ids import check_id
@@ -212,6 +213,10 @@ class Transaction:
     @property
     def multi_writer(self) -> bool:
         return self.process_count > 1
+
+    def bind(self, store: KvStore) -> TransactionalKvStore:
+        """``store`` seen through this transaction (what ``store.with_transaction(self)`` returns)."""
+        return TransactionalKvStore(store, self)
 
     # -- participants ----------------------------------------------------------------
     def _participant_for(self, store: KvStore) -> Participant:
@@ -491,7 +496,7 @@ class TransactionalKvStore(KvStore):
     def _identity(self) -> Any:
         return (self.base._identity(), self.path, id(self.txn))
 
-    def with_transaction(self, txn: Transaction) -> KvStore:
+    def with_transaction(self, txn: TransactionLike) -> KvStore:
         if txn is self.txn:
             return self
         raise InvalidArgumentError(f"{self!r} is already bound to a transaction")
