@@ -3,7 +3,9 @@
 Backends (one module each, registering itself; the registry imports them only
 when a spec or URL needs one): ``memory``, ``file``, ``gcs``, ``http``,
 ``fsspec`` (the fallback for other fsspec URLs); adapters: ``versioned``
-(transactional, multi-version), ``fault`` (fault injection for tests).
+(transactional, multi-version), ``fault`` (fault injection for tests). The
+remote stores share one HTTP client layer (``_http``: sessions, retries,
+bounded concurrency).
 """
 
 from tensorstore_py.kvstore.base import (
