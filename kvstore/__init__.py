@@ -1,8 +1,11 @@
 """Key-value stores: bytes by key with honest conditional writes.
 
-Backends (one module each, imported lazily by the registry): ``memory``,
-``file``, ``gcs``, ``http``, ``fsspec``; adapters: ``versioned`` (transactional,
-multi-version), ``fault`` (fault injection for tests).
+Backends (one module each, registering itself; the registry imports them only
+when a spec or URL needs one): ``memory``, ``file``, ``gcs``, ``http``,
+``fsspec`` (the fallback for other fsspec URLs); adapters: ``versioned``
+(transactional, multi-version), ``fault`` (fault injection for tests). The
+remote stores share one HTTP client layer (``_http``: sessions, retries,
+bounded concurrency).
 """
 
 from tensorstore_py.kvstore.base import (

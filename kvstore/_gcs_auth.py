@@ -1,4 +1,5 @@
-"""Credentials for the gcs store: google-auth bearer tokens, or none.
+"""Credentials for the gcs store: google-auth bearer tokens, or none (an
+:class:`~tensorstore_py.kvstore._http.Auth` for the store's HTTP client).
 
 google-auth is imported lazily, only for stores that need credentials; a missing
 install raises ImportError naming the pip extra. Tokens are fetched and refreshed
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any, Literal
+
+import yarl
 
 from tensorstore_py.core.errors import StorageError
 from tensorstore_py.core.pools import run_io
@@ -33,7 +37,10 @@ class GcsAuth:
         self._creds: Any = None
         self._lock = threading.Lock()
 
-    async def headers(self) -> dict[str, str]:
+    async def headers(
+        self, method: str, url: str | yarl.URL, headers: Mapping[str, str], data: bytes | None
+    ) -> dict[str, str]:
+        """The Authorization header (a bearer token does not depend on the request)."""
         if self.anonymous:
             return {}
         creds = self._creds
@@ -44,19 +51,24 @@ class GcsAuth:
                 return {}
         return {"Authorization": f"Bearer {creds.token}"}
 
-    def invalidate(self) -> None:
+    def invalidate(self) -> bool:
+        """Drop the cached token (after HTTP 401); True when credentials are in use."""
+        if self.anonymous:
+            return False
         creds = self._creds
         if creds is not None:
             creds.expiry = None
             creds.token = None
+        return True
 
     def _refresh(self) -> None:
         with self._lock:
             if self.anonymous:
                 return
+            # google-auth is the optional gcs extra: imported only once credentials are used
             import google.auth
-            import google.auth.exceptions
-            from google.auth.transport.requests import Request
+            import google.auth.exceptions  # (lazy, as above)
+            from google.auth.transport.requests import Request  # (lazy, as above)
 
             if self._creds is None:
                 try:
@@ -79,8 +91,9 @@ class GcsAuth:
 
 def require_google_auth() -> None:
     try:
+        # google-auth is optional (the gcs extra): checked here, imported when used
         import google.auth
-        import google.auth.transport.requests  # noqa: F401
+        import google.auth.transport.requests  # noqa: F401 (lazy, as above)
     except ImportError as e:
         raise ImportError(
             f"the gcs kvstore needs google-auth for credentials ({e.name} is missing); "

@@ -26,23 +26,23 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol, cast, runtime_checkable
 
 from tensorstore_py.core.errors import (
     ConditionFailedError,
     InvalidArgumentError,
     InvalidKeyError,
+    InvalidSpecError,
     ReadOnlyError,
     UnsupportedError,
 )
 from tensorstore_py.core.future import Future, spawn, submit_blocking
 from tensorstore_py.core.ranges import Buffer, ByteRange, coalesce
-
-if TYPE_CHECKING:
-    from tensorstore_py.kvstore.transaction import Transaction
+from tensorstore_py.kvstore.registry import open_kvstore
 
 __all__ = [
     "BlockingRead",
@@ -54,6 +54,7 @@ __all__ = [
     "RangesResult",
     "ReadResult",
     "ReadState",
+    "TransactionLike",
     "validate_key",
     "validate_prefix",
 ]
@@ -167,6 +168,15 @@ def join_path(path: str, sub: str) -> str:
     return path + sub + "/"
 
 
+@runtime_checkable
+class TransactionLike(Protocol):
+    """What :meth:`KvStore.with_transaction` needs of a transaction: it binds a
+    store, i.e. returns a view of it whose reads and writes go through the
+    transaction (``tensorstore_py.Transaction`` is the implementation)."""
+
+    def bind(self, store: KvStore) -> KvStore: ...
+
+
 # Coalescing of nearby byte ranges into one request (see KvStore.read_ranges).
 DEFAULT_COALESCE_GAP = 1 << 20
 _MAX_RANGES_ATTEMPTS = 5
@@ -192,9 +202,21 @@ class KvStore(ABC):
     def open(spec: str | Mapping[str, Any] | KvStore) -> Future[KvStore]:
         """Open a store from a URL (``file:///abs/``, ``memory://``, ``gs://b/p``,
         ``http(s)://...``, any fsspec URL) or a JSON spec dict."""
-        from tensorstore_py.kvstore.registry import open_kvstore
+        return cast(Future[KvStore], spawn(open_kvstore(spec)))
 
-        return spawn(open_kvstore(spec))
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> KvStore | Awaitable[KvStore]:
+        """A store of this driver from its JSON spec (what :meth:`spec` returns).
+
+        Adapters, which open a base store first, return an awaitable. Every
+        registered driver implements it (``kvstore.registry`` calls it).
+        """
+        raise UnsupportedError(f"{cls.__name__} can not be opened from a spec")
+
+    @classmethod
+    def spec_from_url(cls, url: str) -> dict[str, Any]:
+        """The JSON spec of a URL of one of this driver's schemes (see the registry)."""
+        raise InvalidSpecError(f"{cls.__name__} has no URL form: {url!r}")
 
     # -- identity -----------------------------------------------------------
     def spec(self) -> dict[str, Any]:
@@ -223,8 +245,6 @@ class KvStore(ABC):
 
     def _identity(self) -> Any:
         """What makes two instances the same store (default: the spec)."""
-        import json
-
         return json.dumps(self.spec(), sort_keys=True)
 
     # -- sub-paths ----------------------------------------------------------
@@ -325,13 +345,15 @@ class KvStore(ABC):
 
         return spawn(run())
 
-    def with_transaction(self, txn: Transaction) -> KvStore:
+    def with_transaction(self, txn: TransactionLike) -> KvStore:
         """A view of this store whose reads and writes go through ``txn``."""
-        from tensorstore_py.kvstore.transaction import TransactionalKvStore
+        if not isinstance(txn, TransactionLike):
+            raise InvalidArgumentError(
+                f"with_transaction needs a tsp.Transaction, got {type(txn).__name__}"
+            )
+        return txn.bind(self)
 
-        return TransactionalKvStore(self, txn)
-
-    def _transaction_participant(self, txn: Transaction) -> Any:
+    def _transaction_participant(self, txn: TransactionLike) -> Any:
         """This store's part in ``txn``: stores with their own atomic multi-key
         commits (the versioned store) return a ``transaction.Participant``;
         None (the default) means the generic one-key participant."""

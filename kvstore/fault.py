@@ -44,6 +44,7 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
+from tensorstore_py.kvstore.registry import register_kvstore, spec_from_url
 
 __all__ = ["FaultEvent", "FaultKvStore", "FaultRule", "OPS"]
 
@@ -281,8 +282,6 @@ class FaultKvStore(KvStore):
     @classmethod
     def spec_from_url(cls, url: str) -> dict[str, Any]:
         """``fault+<base URL>``: the base store with no faults configured."""
-        from tensorstore_py.kvstore.registry import spec_from_url
-
         return {"driver": "fault", "base": spec_from_url(url.split("+", 1)[1]), "path": ""}
 
     def _spec_fields(self) -> dict[str, Any]:
@@ -396,3 +395,6 @@ class FaultKvStore(KvStore):
         after, _rng, n = await self._before("delete_range", prefix)
         await self.base.delete_range(prefix)
         self._after(after, "delete_range", prefix, n)
+
+
+register_kvstore(FaultKvStore, adapter=True)

@@ -53,6 +53,7 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     condition_failed,
 )
+from tensorstore_py.kvstore.registry import register_kvstore
 
 __all__ = ["FileKvStore"]
 
@@ -421,3 +422,6 @@ class FileKvStore(KvStore):
         keys = await self._list(prefix)
         for k in keys:  # bounded: the io pool limits concurrency anyway
             await self._delete(k, None)
+
+
+register_kvstore(FileKvStore, schemes=("file",))

@@ -1,5 +1,9 @@
 """Any fsspec filesystem as a store (s3://, az://, hdfs://, ...): driver ``"fsspec"``.
 
+It is the registry's fallback: a URL whose scheme no native store registered
+opens here when fsspec knows the protocol (``memory://`` and ``file://`` stay
+with the native stores).
+
 Spec: ``{"driver": "fsspec", "url": "s3://bucket/root/", "path": "",
 "storage_options": {...}}``. ``url`` is the filesystem root; ``path`` is the key
 prefix below it (as for every store); ``storage_options`` go to
@@ -29,6 +33,10 @@ import json
 import posixpath
 from typing import Any
 
+import fsspec
+from fsspec.registry import known_implementations
+from fsspec.registry import registry as fsspec_registry
+
 from tensorstore_py.core.errors import InvalidSpecError, StorageError, UnsupportedError
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.kvstore.base import (
@@ -38,6 +46,7 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
+from tensorstore_py.kvstore.registry import register_kvstore
 
 __all__ = ["FsspecKvStore"]
 
@@ -74,8 +83,6 @@ class FsspecKvStore(KvStore):
     def __init__(
         self, *, url: str, path: str = "", storage_options: dict[str, Any] | None = None
     ) -> None:
-        import fsspec
-
         if not isinstance(url, str) or "://" not in url:
             raise InvalidSpecError(f"fsspec kvstore: url must be protocol://root, got {url!r}")
         options = dict(storage_options or {})
@@ -245,3 +252,11 @@ class FsspecKvStore(KvStore):
             if key.startswith(prefix):
                 out.append(key)
         return out
+
+
+def _fsspec_knows(scheme: str) -> bool:
+    """True when fsspec has a filesystem for the URL scheme ``scheme``."""
+    return scheme in known_implementations or scheme in fsspec_registry
+
+
+register_kvstore(FsspecKvStore, fallback=_fsspec_knows)

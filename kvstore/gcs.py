@@ -66,7 +66,6 @@ import os
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 from urllib.parse import quote, urlencode
 
@@ -81,13 +80,14 @@ from tensorstore_py.core.errors import (
     StorageError,
 )
 from tensorstore_py.core.pools import run_cpu
-from tensorstore_py.core.retry import RetryPolicy, with_retries
+from tensorstore_py.core.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from tensorstore_py.kvstore._gcs_auth import CredentialsMode, GcsAuth, require_google_auth
-from tensorstore_py.kvstore._retry import (
-    TransientHttpError,
-    client_session,
-    is_retryable_status,
-    is_transient,
+from tensorstore_py.kvstore._http import (
+    HttpClient,
+    Response,
+    range_header,
+    retries_spec,
+    retry_policy,
 )
 from tensorstore_py.kvstore.base import (
     Buffer,
@@ -98,6 +98,7 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     validate_key,
 )
+from tensorstore_py.kvstore.registry import register_kvstore
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_ENDPOINT", "GcsKvStore", "GcsSpec", "validate_bucket"]
 
@@ -170,21 +171,12 @@ def _normalize_endpoint(endpoint: str) -> str:
     return endpoint
 
 
-@dataclass(frozen=True, slots=True)
-class _Response:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-    attempt: int  # > 1 when earlier attempts failed (a conditional write may have landed)
-
-    def json(self) -> dict[str, Any]:
-        return json.loads(self.body)  # type: ignore[no-any-return]
-
-    def message(self) -> str:
-        try:
-            return str(self.json()["error"]["message"])
-        except (ValueError, KeyError, TypeError):  # not a JSON error document
-            return self.body[:200].decode("utf-8", "replace")
+def _message(resp: Response) -> str:
+    """The message of a GCS JSON error document (else the start of the body)."""
+    try:
+        return str(resp.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):  # not a JSON error document
+        return resp.snippet()
 
 
 def _generation_of(token: Generation) -> int | None:
@@ -196,14 +188,6 @@ def _generation_of(token: Generation) -> int | None:
 def _write_id(meta: Mapping[str, Any]) -> str | None:
     """The write-id an upload of ours stored in the object's custom metadata."""
     return (meta.get("metadata") or {}).get(_WRITE_ID)
-
-
-def _seconds(retry_after: str | None) -> float | None:
-    """A Retry-After header in seconds (the HTTP-date form is ignored)."""
-    try:
-        return float(retry_after) if retry_after else None
-    except ValueError:
-        return None
 
 
 def _show(g: Generation) -> str:
@@ -266,14 +250,14 @@ class GcsKvStore(KvStore):
         if not anonymous:
             require_google_auth()
         self._auth = GcsAuth(mode, anonymous=anonymous)
-        if isinstance(retries, RetryPolicy):
-            self._retries_option: dict[str, Any] | None = retries.to_json()
-            self.retry_policy = retries
-        else:
-            self.retry_policy = RetryPolicy.from_json(retries)
-            self._retries_option = dict(retries) if retries is not None else None
-        # shared with with_path() views (copy.copy keeps the same dict)
-        self._sems: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self.retry_policy = retry_policy(retries, DEFAULT_RETRY_POLICY)
+        self._retries_option = retries_spec(retries)
+        # shared with with_path() views (copy.copy keeps the same client)
+        self._client = HttpClient(
+            concurrency=self.concurrency,
+            retries=self.retry_policy,
+            auth=self._auth,
+        )
 
     # -- spec ---------------------------------------------------------------------------
     @classmethod
@@ -342,16 +326,6 @@ class GcsKvStore(KvStore):
         )
 
     # -- HTTP plumbing ----------------------------------------------------------------
-    def _sem(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        sem = self._sems.get(loop)
-        if sem is None:
-            if len(self._sems) > 8:  # forget loops that are gone
-                for old in [lp for lp in self._sems if lp.is_closed()]:
-                    del self._sems[old]
-            sem = self._sems[loop] = asyncio.Semaphore(self.concurrency)
-        return sem
-
     def _object_url(self, key: str, query: Mapping[str, Any]) -> yarl.URL:
         return self._url(f"/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}",
                          query)
@@ -369,33 +343,12 @@ class GcsKvStore(KvStore):
         what: str,
         headers: Mapping[str, str] | None = None,
         data: bytes | None = None,
-    ) -> _Response:
+    ) -> Response:
         """One request with retries; returns any non-retryable answer."""
+        return await self._client.request(method, url, what=what, headers=headers, data=data)
 
-        async def attempt(n: int) -> _Response:
-            async with self._sem():
-                hdrs = await self._auth.headers()
-                if headers:
-                    hdrs.update(headers)
-                session = client_session()
-                async with session.request(method, url, headers=hdrs, data=data) as resp:
-                    body = await resp.read()
-                    status = resp.status
-                    if status == 401 and not self._auth.anonymous and n == 1:
-                        self._auth.invalidate()  # an expired token: refresh and retry once
-                        raise TransientHttpError(status, "unauthorized; refreshing credentials")
-                    if is_retryable_status(status):
-                        raise TransientHttpError(
-                            status,
-                            body[:200].decode("utf-8", "replace"),
-                            retry_after=_seconds(resp.headers.get("Retry-After")),
-                        )
-                    return _Response(status, resp.headers, body, n)
-
-        return await with_retries(attempt, what=what, policy=self.retry_policy, retry_on=is_transient)
-
-    def _fail(self, what: str, resp: _Response) -> StorageError:
-        return StorageError(f"gcs {what}: HTTP {resp.status}: {resp.message()}")
+    def _fail(self, what: str, resp: Response) -> StorageError:
+        return StorageError(f"gcs {what}: HTTP {resp.status}: {_message(resp)}")
 
     async def _stat(self, key: str) -> dict[str, Any] | None:
         """The object's metadata (generation, size, metadata), or None if absent."""
@@ -447,14 +400,7 @@ class GcsKvStore(KvStore):
         query: dict[str, Any] = {"alt": "media"}
         if if_not_equal is not None and _generation_of(if_not_equal) is not None:
             query["ifGenerationNotMatch"] = _generation_of(if_not_equal)
-        headers: dict[str, str] = {}
-        if byte_range is not None:
-            if byte_range.start < 0:
-                headers["Range"] = f"bytes=-{-byte_range.start}"
-            elif byte_range.stop is None:
-                headers["Range"] = f"bytes={byte_range.start}-"
-            else:
-                headers["Range"] = f"bytes={byte_range.start}-{byte_range.stop - 1}"
+        headers = {} if byte_range is None else {"Range": range_header(byte_range)}
         what = f"read of {self._where(key)}"
         resp = await self._call("GET", self._object_url(key, query), what=what, headers=headers)
         if resp.status == 404:
@@ -489,7 +435,7 @@ class GcsKvStore(KvStore):
                 value = bytes(byte_range.apply(value))
         return ReadResult("value", value, gen)
 
-    async def _verify(self, key: str, resp: _Response) -> None:
+    async def _verify(self, key: str, resp: Response) -> None:
         """Check a whole-object body against the crc32c GCS reports, if any."""
         for part in resp.headers.get("x-goog-hash", "").split(","):
             name, _, b64 = part.strip().partition("=")
@@ -527,7 +473,7 @@ class GcsKvStore(KvStore):
             raise self._condition_failed("write", key, if_equal, found)
         if resp.status == 404:
             raise NotFoundError(
-                f"gcs {what}: bucket {self.bucket!r} does not exist ({resp.message()})"
+                f"gcs {what}: bucket {self.bucket!r} does not exist ({_message(resp)})"
             )
         raise self._fail(what, resp)
 
@@ -636,3 +582,6 @@ async def _multipart(key: str, value: Buffer, write_id: str) -> tuple[bytes, str
     else:
         body = b"".join([head, value, tail])
     return body, f"multipart/related; boundary={boundary}"
+
+
+register_kvstore(GcsKvStore, schemes=("gs",))

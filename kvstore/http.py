@@ -15,36 +15,41 @@ Guarantees:
   A server that sends neither validator gets a fresh generation on every read
   (never "unchanged": correct, just not cacheable).
 * ``404``/``410`` are a missing key (a result, not an error).
-* Retries: ``429``, any ``5xx``, connection resets, truncated bodies and timeouts
-  are retried up to ``max_retries`` times with jittered exponential backoff
-  (honouring ``Retry-After`` up to the backoff cap); other statuses raise
-  StorageError naming the URL and status at once.
+* Retries: ``408``, ``429``, any ``5xx``, connection resets, truncated bodies and
+  timeouts are retried with jittered exponential backoff (honouring
+  ``Retry-After`` up to the backoff cap); other statuses raise StorageError
+  naming the URL and status at once. The policy is the spec's ``retries``
+  (``{"max_attempts": 7, "initial_delay": 0.05, "max_delay": 5.0}`` by default),
+  as for the gcs store. The older fields ``max_retries`` (retries after the first
+  attempt: ``max_attempts - 1``) and ``backoff_base`` (``initial_delay``) are
+  accepted as aliases, not together with ``retries``; a spec keeps the form it
+  was given in.
 * At most ``max_concurrency`` requests of one store run at a time.
 
-Connections: one ``aiohttp.ClientSession`` per event loop, created lazily on the
-library's loop and shared by all HTTP stores. It is closed at interpreter exit;
-after ``os.fork()`` the child's fresh loop gets a new session and the parent's is
-detached without touching the parent's sockets.
+Connections: the shared per-event-loop sessions of :mod:`tensorstore_py.kvstore._http`
+(closed at interpreter exit; a forked child gets its own without touching the
+parent's sockets).
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import email.utils
-import os
-import random
-import threading
-import time
 import uuid
-import weakref
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import aiohttp
 
 from tensorstore_py.core.errors import InvalidSpecError, StorageError, UnsupportedError
+from tensorstore_py.core.retry import RetryPolicy
+from tensorstore_py.kvstore._http import (
+    HttpClient,
+    Response,
+    partial_body,
+    range_header,
+    retries_spec,
+    retry_policy,
+)
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
@@ -52,95 +57,13 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
+from tensorstore_py.kvstore.registry import register_kvstore
 
-__all__ = ["HttpKvStore", "loop_session", "RETRYABLE_STATUS"]
+__all__ = ["DEFAULT_RETRIES", "HttpKvStore"]
 
-#: statuses retried with backoff (plus every 5xx)
-RETRYABLE_STATUS = frozenset({408, 429})
 _MISSING_STATUS = frozenset({404, 410})
-_BACKOFF_CAP = 5.0
-
-
-# -- one ClientSession per event loop ------------------------------------------------
-@dataclass
-class _LoopSession:
-    loop: asyncio.AbstractEventLoop
-    pid: int
-    session: aiohttp.ClientSession
-
-
-_sessions: dict[str, _LoopSession] = {}
-_sessions_lock = threading.Lock()
-# Sessions of a parent process, detached in a forked child: kept referenced so
-# their destructors never run (and warn) in the child.
-_orphans: list[Any] = []
-
-
-def loop_session(name: str = "http") -> aiohttp.ClientSession:
-    """The ClientSession for the running loop (call on the loop), created lazily.
-
-    A session made for another loop is closed on that loop if it still runs in
-    this process, else detached (a forked child must not use the parent's
-    sockets).
-    """
-    loop = asyncio.get_running_loop()
-    with _sessions_lock:
-        cur = _sessions.get(name)
-        if cur is not None and cur.loop is loop and cur.pid == os.getpid():
-            return cur.session
-        if cur is not None:
-            _retire(cur)
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),  # stores bound concurrency themselves
-            auto_decompress=False,  # byte ranges address the stored bytes
-            trust_env=False,
-        )
-        _sessions[name] = _LoopSession(loop, os.getpid(), session)
-        return session
-
-
-def _retire(entry: _LoopSession) -> None:
-    if entry.pid == os.getpid() and not entry.loop.is_closed() and entry.loop.is_running():
-        asyncio.run_coroutine_threadsafe(entry.session.close(), entry.loop)
-    else:
-        connector = entry.session.connector
-        entry.session.detach()
-        _orphans.append(connector)
-
-
-def _after_fork_in_child() -> None:
-    global _sessions_lock
-    _sessions_lock = threading.Lock()
-    for entry in _sessions.values():
-        _retire(entry)
-    _sessions.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-@atexit.register
-def _close_sessions() -> None:
-    for entry in list(_sessions.values()):
-        if entry.pid != os.getpid():
-            continue
-        if entry.loop.is_running() and not entry.loop.is_closed():
-            fut = asyncio.run_coroutine_threadsafe(entry.session.close(), entry.loop)
-            try:
-                fut.result(5)
-            except Exception:  # exiting anyway; nothing useful to do
-                pass
-    _sessions.clear()
-
-
-# -- the store -------------------------------------------------------------------
-class _Response:
-    __slots__ = ("status", "headers", "body")
-
-    def __init__(self, status: int, headers: Any, body: bytes) -> None:
-        self.status = status
-        self.headers = headers
-        self.body = body
+#: the retry policy when the spec sets none (7 attempts, backoff capped at 5 s)
+DEFAULT_RETRIES = RetryPolicy(max_attempts=7, initial_delay=0.05, max_delay=5.0)
 
 
 class HttpKvStore(KvStore):
@@ -155,9 +78,10 @@ class HttpKvStore(KvStore):
         base_url: str,
         path: str = "/",
         max_concurrency: int = 32,
-        max_retries: int = 6,
         request_timeout: float = 60.0,
-        backoff_base: float = 0.05,
+        retries: Mapping[str, Any] | RetryPolicy | None = None,
+        max_retries: int | None = None,
+        backoff_base: float | None = None,
     ) -> None:
         parts = urlsplit(base_url) if isinstance(base_url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
@@ -175,37 +99,45 @@ class HttpKvStore(KvStore):
             path = "/" + path
         if not path.endswith("/"):
             path += "/"
-        for name, v, lo in (
-            ("max_concurrency", max_concurrency, 1),
-            ("max_retries", max_retries, 0),
-        ):
-            if not isinstance(v, int) or v < lo:
-                raise InvalidSpecError(f"http kvstore: {name} must be an int >= {lo}, got {v!r}")
-        if not (request_timeout > 0 and backoff_base >= 0):
-            raise InvalidSpecError("http kvstore: request_timeout must be > 0, backoff_base >= 0")
+        if not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise InvalidSpecError(
+                f"http kvstore: max_concurrency must be an int >= 1, got {max_concurrency!r}"
+            )
+        if not request_timeout > 0:
+            raise InvalidSpecError("http kvstore: request_timeout must be > 0")
         super().__init__(path=path)
         self.base_url = f"{parts.scheme}://{parts.netloc}"
         self.max_concurrency = max_concurrency
-        self.max_retries = max_retries
         self.request_timeout = float(request_timeout)
-        self.backoff_base = float(backoff_base)
-        self._rng = random.Random()
-        # loop -> semaphore; shared by with_path() copies of this store
-        self._sems: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-            weakref.WeakKeyDictionary()
+        self.retry_policy = _policy(retries, max_retries, backoff_base)
+        self._retries_option = retries_spec(retries)
+        self._aliases = {
+            k: v
+            for k, v in (("max_retries", max_retries), ("backoff_base", backoff_base))
+            if v is not None and v != _ALIAS_DEFAULTS[k]
+        }
+        self._client = HttpClient(
+            concurrency=max_concurrency,
+            retries=self.retry_policy,
+            timeout=aiohttp.ClientTimeout(total=self.request_timeout),
         )
 
+    @property
+    def max_retries(self) -> int:
+        """Retries after the first attempt (``retry_policy.max_attempts - 1``)."""
+        return self.retry_policy.max_attempts - 1
+
+    @property
+    def backoff_base(self) -> float:
+        """The first retry's backoff window in seconds (``retry_policy.initial_delay``)."""
+        return self.retry_policy.initial_delay
+
     # -- spec -----------------------------------------------------------------------
-    _DEFAULTS = {
-        "max_concurrency": 32,
-        "max_retries": 6,
-        "request_timeout": 60.0,
-        "backoff_base": 0.05,
-    }
+    _DEFAULTS = {"max_concurrency": 32, "request_timeout": 60.0}
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> HttpKvStore:
-        allowed = {"driver", "base_url", "path", *cls._DEFAULTS}
+        allowed = {"driver", "base_url", "path", "retries", *cls._DEFAULTS, *_ALIAS_DEFAULTS}
         unknown = set(spec) - allowed
         if unknown:
             raise InvalidSpecError(
@@ -215,7 +147,7 @@ class HttpKvStore(KvStore):
             raise InvalidSpecError(
                 "http kvstore spec: 'base_url' (http(s)://host[:port]) is required"
             )
-        opts = {k: spec[k] for k in cls._DEFAULTS if k in spec}
+        opts = {k: spec[k] for k in (*cls._DEFAULTS, *_ALIAS_DEFAULTS, "retries") if k in spec}
         return cls(base_url=spec["base_url"], path=spec.get("path", "/"), **opts)
 
     @classmethod
@@ -244,6 +176,9 @@ class HttpKvStore(KvStore):
         for k, default in self._DEFAULTS.items():
             if getattr(self, k) != default:
                 d[k] = getattr(self, k)
+        if self._retries_option is not None:
+            d["retries"] = self._retries_option
+        d.update(self._aliases)
         return d
 
     def url(self) -> str:
@@ -252,44 +187,11 @@ class HttpKvStore(KvStore):
     def _key_url(self, full_key: str) -> str:
         return self.base_url + quote(full_key, safe="/")
 
-    # -- requests with retries ---------------------------------------------------------
-    def _semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        sem = self._sems.get(loop)
-        if sem is None:
-            sem = self._sems[loop] = asyncio.Semaphore(self.max_concurrency)
-        return sem
-
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        cap = min(_BACKOFF_CAP, self.backoff_base * (2**attempt))
-        delay = self._rng.uniform(0, cap)  # "full jitter"
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, _BACKOFF_CAP))
-        return delay
-
-    async def _request(self, method: str, url: str, headers: dict[str, str]) -> _Response:
-        headers = {"Accept-Encoding": "identity", **headers}
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout)
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            retry_after: float | None = None
-            try:
-                async with self._semaphore():
-                    session = loop_session()
-                    async with session.request(
-                        method, url, headers=headers, timeout=timeout, allow_redirects=True
-                    ) as resp:
-                        body = await resp.read() if method == "GET" else b""
-                        if resp.status < 500 and resp.status not in RETRYABLE_STATUS:
-                            return _Response(resp.status, resp.headers, body)
-                        last = f"HTTP {resp.status} {resp.reason}"
-                        retry_after = _parse_retry_after(resp.headers.get("Retry-After"))
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
-                last = f"{type(e).__name__}: {e}"
-            if attempt < self.max_retries:
-                await asyncio.sleep(self._backoff(attempt, retry_after))
-        raise StorageError(
-            f"http kvstore: {method} {url} failed after {self.max_retries + 1} attempts: {last}"
+    async def _request(self, method: str, url: str, headers: dict[str, str]) -> Response:
+        # identity: byte ranges and ETags address the stored bytes
+        return await self._client.request(
+            method, url, what=f"http kvstore: {method} {url}",
+            headers={"Accept-Encoding": "identity", **headers},
         )
 
     # -- reads -----------------------------------------------------------------------
@@ -306,7 +208,7 @@ class HttpKvStore(KvStore):
             return await self._head_empty(url, if_not_equal)
         headers = _if_none_match(if_not_equal)
         if byte_range is not None:
-            headers["Range"] = _range_header(byte_range)
+            headers["Range"] = range_header(byte_range)
         resp = await self._request("GET", url, headers)
         if resp.status in _MISSING_STATUS:
             return ReadResult.missing()
@@ -324,7 +226,7 @@ class HttpKvStore(KvStore):
                 value = byte_range.apply(memoryview(resp.body))
             return ReadResult("value", value, gen)
         if resp.status == 206 and byte_range is not None:
-            return ReadResult("value", _check_partial(url, byte_range, resp), gen)
+            return ReadResult("value", partial_body(f"http kvstore: GET {url}", byte_range, resp), gen)
         raise StorageError(
             f"http kvstore: GET {url}: unexpected HTTP {resp.status} "
             f"(expected 200, 206, 304, 404 or 416)"
@@ -364,14 +266,6 @@ def _if_none_match(if_not_equal: Generation | None) -> dict[str, str]:
     return {}
 
 
-def _range_header(r: ByteRange) -> str:
-    if r.start < 0:
-        return f"bytes={r.start}"  # suffix: "bytes=-n"
-    if r.stop is None:
-        return f"bytes={r.start}-"
-    return f"bytes={r.start}-{r.stop - 1}"
-
-
 def _generation(headers: Any) -> Generation:
     etag = headers.get("ETag")
     if etag:
@@ -387,47 +281,31 @@ def _generation(headers: Any) -> Generation:
     return Generation(b"u:" + uuid.uuid4().bytes)  # no validator: never "unchanged"
 
 
-def _check_partial(url: str, r: ByteRange, resp: _Response) -> Buffer:
-    """The requested bytes out of a 206 answer, checked against Content-Range."""
-    cr = resp.headers.get("Content-Range", "")
-    try:
-        unit, rest = cr.split(" ", 1)
-        span, total_s = rest.split("/", 1)
-        first_s, last_s = span.split("-", 1)
-        first, last = int(first_s), int(last_s)
-        total = None if total_s.strip() == "*" else int(total_s)
-        if unit.lower() != "bytes" or last - first + 1 != len(resp.body):
-            raise ValueError(cr)
-    except ValueError:
-        raise StorageError(
-            f"http kvstore: GET {url}: bad Content-Range {cr!r} for {len(resp.body)} body bytes"
-        ) from None
-    if r.start < 0:
-        want_start = first if total is None else max(0, total + r.start)
-        want_stop = last + 1 if total is None else total
-    else:
-        want_start = r.start
-        want_stop = last + 1 if r.stop is None else r.stop
-        if total is not None:
-            want_stop = min(want_stop, total)
-    if want_start < first or want_stop > last + 1:
-        raise StorageError(
-            f"http kvstore: GET {url}: asked for bytes {want_start}..{want_stop - 1}, "
-            f"server sent {cr!r}"
+_ALIAS_DEFAULTS: dict[str, Any] = {"max_retries": DEFAULT_RETRIES.max_attempts - 1,
+                                   "backoff_base": DEFAULT_RETRIES.initial_delay}
+
+
+def _policy(
+    retries: Mapping[str, Any] | RetryPolicy | None, max_retries: int | None, backoff_base: float | None
+) -> RetryPolicy:
+    """The retry policy from ``retries`` or from the older ``max_retries`` /
+    ``backoff_base`` fields (aliases; the backoff cap stays ``DEFAULT_RETRIES``')."""
+    if max_retries is None and backoff_base is None:
+        return retry_policy(retries, DEFAULT_RETRIES)
+    if retries is not None:
+        raise InvalidSpecError(
+            "http kvstore: give 'retries' or the older 'max_retries'/'backoff_base', not both"
         )
-    mv = memoryview(resp.body)
-    return mv[want_start - first : want_stop - first]
+    if max_retries is not None and (not isinstance(max_retries, int) or max_retries < 0):
+        raise InvalidSpecError(f"http kvstore: max_retries must be an int >= 0, got {max_retries!r}")
+    if backoff_base is not None and not (isinstance(backoff_base, (int, float)) and backoff_base >= 0):
+        raise InvalidSpecError(f"http kvstore: backoff_base must be >= 0, got {backoff_base!r}")
+    cap = DEFAULT_RETRIES.max_delay
+    return RetryPolicy(
+        max_attempts=(DEFAULT_RETRIES.max_attempts - 1 if max_retries is None else max_retries) + 1,
+        initial_delay=min(cap, DEFAULT_RETRIES.initial_delay if backoff_base is None else backoff_base),
+        max_delay=cap,
+    )
 
 
-def _parse_retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+register_kvstore(HttpKvStore, schemes=("http", "https"))

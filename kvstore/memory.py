@@ -22,6 +22,7 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     condition_failed,
 )
+from tensorstore_py.kvstore.registry import register_kvstore
 
 __all__ = ["MemoryKvStore"]
 
@@ -128,3 +129,6 @@ class MemoryKvStore(KvStore):
         for k in [k for k in self._data.values if k.startswith(prefix)]:
             del self._data.values[k]
             self._data.mtimes.pop(k, None)
+
+
+register_kvstore(MemoryKvStore, schemes=("memory",))

@@ -38,12 +38,14 @@ fragment); process 0 waits for all N fragments, merges them into ONE version
 and publishes the result, which every process's ``commit()`` returns. If a
 process never delivers its fragment, nothing is committed and the others raise
 :class:`~tensorstore_py.errors.DeadlineExceededError` after ``timeout`` seconds.
-``coordinator`` is an optional barrier object with ``publish(key, value)`` and
-``wait_for(key, timeout) -> value`` (str keys and values; see
-:class:`Coordinator`); without it the processes poll the store. An adapter over
+``coordinator`` is an optional :class:`Barrier`: an object with
+``publish(key, value)`` and ``wait_for(key, timeout) -> value`` (str keys and
+values); without it the processes poll the store. A checkpoint
+``tensorstore_py.checkpoint.Coordinator`` is a Barrier that also knows the
+process index and count, so it can be passed as is. An adapter over
 jax.distributed's key-value store is three lines::
 
-    class JaxCoordinator:
+    class JaxBarrier:
         def __init__(self, client): self.client = client   # jax's distributed client
         def publish(self, key, value): self.client.key_value_set(key, value)
         def wait_for(self, key, timeout):
@@ -78,10 +80,12 @@ from tensorstore_py.kvstore.base import (
     Generation,
     KvStore,
     ReadResult,
+    TransactionLike,
     condition_failed,
 )
+from tensorstore_py.kvstore.ids import check_id
 
-__all__ = ["CommitInfo", "Coordinator", "Participant", "Transaction", "TransactionalKvStore"]
+__all__ = ["Barrier", "CommitInfo", "Participant", "Transaction", "TransactionalKvStore"]
 
 TxnState = Literal["open", "committing", "committed", "aborted", "failed"]
 
@@ -102,8 +106,8 @@ class CommitInfo:
     keys_changed: int = 0
 
 
-class Coordinator(Protocol):
-    """A barrier / broadcast service for multi-writer commits.
+class Barrier(Protocol):
+    """The barrier / broadcast service a multi-writer commit waits on.
 
     Both methods block and are called from worker threads. Keys used:
     ``tsp/<txn_id>/fragment/<i>`` (published by participant ``i > 0`` once its
@@ -167,7 +171,7 @@ class Transaction:
         process_index: int = 0,
         process_count: int = 1,
         timeout: float = 600.0,
-        coordinator: Coordinator | None = None,
+        coordinator: Barrier | None = None,
         message: str = "",
         metadata: dict[str, Any] | None = None,
     ) -> None:
@@ -183,8 +187,6 @@ class Transaction:
                 "shared by all processes, e.g. txn_id='step-100'"
             )
         if txn_id is not None:
-            from tensorstore_py.kvstore.versioned.format import check_id
-
             check_id("Transaction: txn_id", txn_id)
         if not timeout > 0:
             raise InvalidArgumentError(f"Transaction: timeout must be > 0 seconds, got {timeout!r}")
@@ -211,6 +213,10 @@ class Transaction:
     @property
     def multi_writer(self) -> bool:
         return self.process_count > 1
+
+    def bind(self, store: KvStore) -> TransactionalKvStore:
+        """``store`` seen through this transaction (what ``store.with_transaction(self)`` returns)."""
+        return TransactionalKvStore(store, self)
 
     # -- participants ----------------------------------------------------------------
     def _participant_for(self, store: KvStore) -> Participant:
@@ -338,20 +344,26 @@ class Transaction:
     def aborted(self) -> bool:
         return self.state == "aborted"
 
+    def _leave(self, failed: bool) -> Future[CommitInfo] | None:
+        """Leaving a ``with`` block: abort when it raised, else commit (or join
+        the commit already started); returns the commit to wait for."""
+        if failed:
+            if self.state == "open":
+                self.abort()
+            return None
+        if self.state == "open":
+            return self.commit()
+        return self._commit_future
+
     def __enter__(self) -> Self:
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is not None:
-            if self.state == "open":
-                self.abort()
-            return
-        if self.state == "open":
-            self.commit().result()
-        elif self._commit_future is not None:
-            self._commit_future.result()
+        commit = self._leave(exc_type is not None)
+        if commit is not None:
+            commit.result()
 
     async def __aenter__(self) -> Self:
         return self
@@ -359,14 +371,9 @@ class Transaction:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is not None:
-            if self.state == "open":
-                self.abort()
-            return
-        if self.state == "open":
-            await self.commit()
-        elif self._commit_future is not None:
-            await self._commit_future
+        commit = self._leave(exc_type is not None)
+        if commit is not None:
+            await commit
 
 
 class SingleKeyParticipant(Participant):
@@ -489,7 +496,7 @@ class TransactionalKvStore(KvStore):
     def _identity(self) -> Any:
         return (self.base._identity(), self.path, id(self.txn))
 
-    def with_transaction(self, txn: Transaction) -> KvStore:
+    def with_transaction(self, txn: TransactionLike) -> KvStore:
         if txn is self.txn:
             return self
         raise InvalidArgumentError(f"{self!r} is already bound to a transaction")

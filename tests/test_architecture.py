@@ -197,20 +197,8 @@ def _cycles() -> list[list[str]]:
 
 # The floor plan is being cleaned up: what is listed here is still to go. An entry
 # that no longer applies fails the test too, so the lists only shrink.
-KNOWN_CYCLES: set[str] = {
-    "tensorstore_py.kvstore.base <-> tensorstore_py.kvstore.registry <-> tensorstore_py.kvstore.transaction",
-}
-KNOWN_LOCAL: set[str] = {
-    'kvstore/_gcs_auth.py:function-local import of google needs a short comment saying why it is lazy',
-    'kvstore/_retry.py:function-local import of aiohttp, not an optional heavy dependency (import it at the top)',
-    'kvstore/base.py:function-local import of json, not an optional heavy dependency (import it at the top)',
-    'kvstore/base.py:function-local import of tensorstore_py.kvstore.registry (import it at the top)',
-    'kvstore/base.py:function-local import of tensorstore_py.kvstore.transaction (import it at the top)',
-    'kvstore/fault.py:function-local import of tensorstore_py.kvstore.registry (import it at the top)',
-    'kvstore/fsspec_store.py:function-local import of fsspec, not an optional heavy dependency (import it at the top)',
-    'kvstore/registry.py:function-local import of fsspec, not an optional heavy dependency (import it at the top)',
-    'kvstore/transaction.py:function-local import of tensorstore_py.kvstore.versioned.format (import it at the top)',
-}
+KNOWN_CYCLES: set[str] = set()
+KNOWN_LOCAL: set[str] = set()
 
 
 def _shrinking(found: set[str], known: set[str], what: str) -> None:

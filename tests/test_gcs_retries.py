@@ -14,7 +14,7 @@ import pytest
 import tensorstore_py as tsp
 from tensorstore_py.core.retry import RetryPolicy, with_retries
 from tensorstore_py.errors import ConditionFailedError, StorageError
-from tensorstore_py.kvstore._retry import TransientHttpError, is_transient
+from tensorstore_py.kvstore._http import TransientHttpError, is_transient
 from tensorstore_py.kvstore.gcs import GcsKvStore
 from tensorstore_py.testing.fault_proxy import FAULT_KINDS, FaultProxy
 from tensorstore_py.testing.gcs_server import GcsEmulator

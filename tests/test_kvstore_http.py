@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -20,8 +21,9 @@ import pytest
 from aiohttp import web
 
 import tensorstore_py as tsp
+from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.errors import InvalidSpecError, StorageError
-from tensorstore_py.kvstore.http import HttpKvStore
+from tensorstore_py.kvstore.http import DEFAULT_RETRIES, HttpKvStore
 from tensorstore_py.testing.kvstore import ReadOnlyKvStoreConformance
 
 FILES: dict[str, bytes] = {
@@ -193,6 +195,40 @@ def test_gives_up_after_max_retries(serve_app: Callable) -> None:
     assert flaky.calls == 3
 
 
+def test_retries_spec_like_gcs(serve_app: Callable) -> None:
+    retries = {"max_attempts": 3, "initial_delay": 0.001, "max_delay": 0.01}
+    kv, flaky = _flaky_store(serve_app, 100, "503", retries=retries, backoff_base=None)
+    assert kv.spec()["retries"] == retries and "max_retries" not in kv.spec()
+    assert tsp.KvStore.open(kv.spec()).result() == kv
+    with pytest.raises(StorageError, match="after 3 attempt"):
+        kv.read("a.bin").result(30)
+    assert flaky.calls == 3
+
+
+def test_old_retry_fields_are_aliases_of_the_policy() -> None:
+    old = HttpKvStore(base_url="http://h", max_retries=2, backoff_base=0.5)
+    assert old.retry_policy == RetryPolicy(max_attempts=3, initial_delay=0.5, max_delay=5.0)
+    assert (old.max_retries, old.backoff_base) == (2, 0.5)
+    assert old.spec() == {"driver": "http", "base_url": "http://h", "path": "/",
+                          "max_retries": 2, "backoff_base": 0.5}
+    assert tsp.KvStore.open(old.spec()).result().retry_policy == old.retry_policy
+    assert HttpKvStore(base_url="http://h").retry_policy == DEFAULT_RETRIES
+    partial = HttpKvStore(base_url="http://h", retries={"max_attempts": 2})
+    assert partial.retry_policy == RetryPolicy(2, DEFAULT_RETRIES.initial_delay, DEFAULT_RETRIES.max_delay)
+    with pytest.raises(InvalidSpecError, match="not both"):
+        tsp.KvStore.open({"driver": "http", "base_url": "http://h", "max_retries": 1,
+                          "retries": {"max_attempts": 2}}).result()
+
+
+def test_store_pickles_as_its_settings(static_server: str) -> None:
+    kv = tsp.KvStore.open({"driver": "http", "base_url": static_server, "path": "/vol/",
+                           "retries": {"max_attempts": 2}}).result()
+    kv.read("dir/b.txt").result()
+    again = pickle.loads(pickle.dumps(kv))
+    assert again == kv and again.retry_policy == kv.retry_policy
+    assert bytes(again.read("dir/b.txt").result().value) == FILES["dir/b.txt"]
+
+
 def test_client_errors_are_not_retried(serve_app: Callable) -> None:
     kv, flaky = _flaky_store(serve_app, 100, "403")
     with pytest.raises(StorageError, match="403"):
@@ -267,6 +303,8 @@ def test_malformed_urls(url: str) -> None:
         {"driver": "http", "base_url": "ftp://h"},
         {"driver": "http", "base_url": "http://h/with/path"},
         {"driver": "http", "base_url": "http://h", "max_retries": -1},
+        {"driver": "http", "base_url": "http://h", "retries": {"max_attempts": 0}},
+        {"driver": "http", "base_url": "http://h", "retries": {"bogus": 1}},
         {"driver": "http", "base_url": "http://h", "bogus": 1},
     ],
 )

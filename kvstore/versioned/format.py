@@ -18,7 +18,8 @@ from typing import Any
 import crc32c as _crc32c
 import msgpack
 
-from tensorstore_py.core.errors import ChecksumError, DataCorruptionError, InvalidArgumentError
+from tensorstore_py.core.errors import ChecksumError, DataCorruptionError
+from tensorstore_py.kvstore.ids import check_id as check_id  # re-export (the rule lives in kvstore.ids)
 
 __all__ = [
     "FORMAT",
@@ -58,7 +59,6 @@ _REF_RE = {
     "nodes": re.compile(r"nodes/[0-9a-f]{32}\Z"),
     "changes": re.compile(r"changes/[0-9a-f]{32}\Z"),
 }
-_ID_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}\Z")
 
 
 def crc32c(data: Any) -> int:
@@ -120,15 +120,6 @@ def check_ref(kind: str, ref: Any, where: str) -> str:
             f"versioned store: {where} references {ref!r}, expected a '{kind}/<32 hex>' object"
         )
     return ref
-
-
-def check_id(what: str, value: str) -> str:
-    """Validate a transaction id or tag name (``[A-Za-z0-9_.-]{1,128}``)."""
-    if not isinstance(value, str) or not _ID_RE.match(value) or value in (".", ".."):
-        raise InvalidArgumentError(
-            f"{what} {value!r} must be 1 to 128 characters from [A-Za-z0-9_.-]"
-        )
-    return value
 
 
 # -- entries --------------------------------------------------------------------

@@ -50,7 +50,7 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
-from tensorstore_py.kvstore.registry import open_kvstore
+from tensorstore_py.kvstore.registry import open_kvstore, register_kvstore
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.data import (
     Pending,
@@ -575,3 +575,6 @@ async def _commit_batch(root: VersionedRoot, batch: list[_Op]) -> None:
             op.future.set_exception(err)
         else:
             op.future.set_result(None)
+
+
+register_kvstore(VersionedKvStore, adapter=True)

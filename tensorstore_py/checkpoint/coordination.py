@@ -18,12 +18,13 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from tensorstore_py.core.errors import DeadlineExceededError, InvalidArgumentError
+from tensorstore_py.kvstore.transaction import Barrier
 
 __all__ = ["Coordinator", "JaxCoordinator", "SingleProcess"]
 
 
 @runtime_checkable
-class Coordinator(Protocol):
+class Coordinator(Barrier, Protocol):
     """The processes of one job (blocking calls, made from worker threads)."""
 
     process_index: int
