@@ -55,7 +55,8 @@ class RetryPolicy:
 
     def delay(self, retry: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (1 = the first retry)."""
-        cap = min(self.max_delay, self.initial_delay * (2.0 ** (retry - 1)))
+        # the exponent is capped: 2.0 ** 1024 overflows, and 2 ** 60 is past any max_delay
+        cap = min(self.max_delay, self.initial_delay * (2.0 ** min(max(retry - 1, 0), 60)))
         return (rng or _rng).uniform(0.0, cap)
 
     def to_json(self) -> dict[str, Any]:

@@ -195,22 +195,9 @@ def _cycles() -> list[list[str]]:
     return sccs
 
 
-# The floor plan is being cleaned up: what is listed here is still to go. An entry
-# that no longer applies fails the test too, so the lists only shrink.
-KNOWN_CYCLES: set[str] = set()
-KNOWN_LOCAL: set[str] = set()
-
-
-def _shrinking(found: set[str], known: set[str], what: str) -> None:
-    new = sorted(found - known)
-    gone = sorted(known - found)
-    assert not new, f"{what}:\n" + "\n".join(new)
-    assert not gone, "listed as known but gone (remove from the list):\n" + "\n".join(gone)
-
-
 def test_no_import_cycles() -> None:
-    cycles = {" <-> ".join(c) for c in _cycles()}
-    _shrinking(cycles, KNOWN_CYCLES, "import cycles (module-level and function-local imports)")
+    cycles = [" <-> ".join(c) for c in _cycles()]
+    assert not cycles, "import cycles (module-level and function-local imports):\n" + "\n".join(cycles)
 
 
 def test_function_local_imports_are_only_for_optional_heavy_dependencies() -> None:
@@ -228,8 +215,7 @@ def test_function_local_imports_are_only_for_optional_heavy_dependencies() -> No
             elif not i.commented:
                 bad.append(f"{where}: function-local import of {i.target} needs a short comment "
                            "saying why it is lazy")
-    _shrinking({b.split(":", 2)[0] + ":" + b.split(": ", 1)[1] for b in bad},
-               KNOWN_LOCAL, "function-local imports")
+    assert not bad, "function-local imports:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("fixture", ["up", "cycle", "local"])

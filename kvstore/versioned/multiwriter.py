@@ -51,8 +51,6 @@ __all__ = [
 #: jitter): 5 ms on average, doubling up to 0.5 s. Polling ends at the
 #: transaction's deadline, not after a number of attempts.
 POLL = RetryPolicy(max_attempts=1, initial_delay=0.01, max_delay=1.0)
-#: POLL.delay's exponent stops growing here (the delay is at max_delay long before)
-_POLL_STEPS = 30
 
 
 def fragment_name(txn_id: str, index: int) -> str:
@@ -129,7 +127,7 @@ async def _backoff_poll(fn: Any, deadline: float, what: str) -> Any:
         left = deadline - time.monotonic()
         if left <= 0:
             raise DeadlineExceededError(what)
-        polls = min(polls + 1, _POLL_STEPS)
+        polls += 1
         await asyncio.sleep(min(left, POLL.delay(polls)))
 
 
