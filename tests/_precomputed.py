@@ -56,6 +56,12 @@ def cells(scale: ScaleMetadata):
     return itertools.product(*(range(g) for g in scale.grid_shape()))
 
 
+def region(scale: ScaleMetadata, cell: tuple[int, ...]) -> tuple[slice, ...]:
+    """Where a chunk lies in a whole-scale array indexed from 0 (not from voxel_offset)."""
+    begin, end = scale.chunk_box(cell)
+    return tuple(slice(b - o, e - o) for b, e, o in zip(begin, end, scale.voxel_offset))
+
+
 def read_volume(root: Path, scale_index: int = 0) -> np.ndarray:
     """The whole scale as an (x, y, z, channel) array; absent chunks read as 0."""
     info = read_info(root)
@@ -74,22 +80,23 @@ def read_volume(root: Path, scale_index: int = 0) -> np.ndarray:
                               limit=codec.max_encoded_size(shape))
         if data is None:
             continue
-        begin, end = scale.chunk_box(cell)
-        sl = tuple(slice(b - o, e - o) for b, e, o in zip(begin, end, scale.voxel_offset))
-        out[sl] = codec.decode(data, shape, key=key)
+        out[region(scale, cell)] = codec.decode(data, shape, key=key)
     return out
 
 
-def write_volume(root: Path, info: MultiscaleMetadata, array: np.ndarray, scale_index: int = 0) -> dict[str, bytes]:
-    """Write ``info`` and every chunk (or shard) of one scale; returns {key: bytes} written."""
+def write_volume(root: Path, info: MultiscaleMetadata, array: np.ndarray, scale_index: int = 0, *,
+                 skip_zero: bool = False) -> dict[str, bytes]:
+    """Write ``info`` and every chunk (or shard) of one scale; returns {key: bytes} written.
+    ``skip_zero`` leaves out all-zero chunks, as TensorStore does (they read as the fill value)."""
     scale = info.scales[scale_index]
     codec = ChunkCodec.for_scale(info, scale)
     files: dict[str, bytes] = {"info": info.encode()}
     shards: dict[str, dict[int, bytes]] = {}
     for cell in cells(scale):
-        begin, end = scale.chunk_box(cell)
-        sl = tuple(slice(b - o, e - o) for b, e, o in zip(begin, end, scale.voxel_offset))
-        data = codec.encode(array[sl])
+        chunk = array[region(scale, cell)]
+        if skip_zero and not chunk.any():
+            continue
+        data = codec.encode(chunk)
         if scale.sharding is None:
             files[scale.chunk_key(cell)] = data
         else:
