@@ -19,22 +19,10 @@ import numpy as np
 import pytest
 from _precomputed import label_volume, read_info, read_volume, ts_create, ts_open, write_volume
 
-from tensorstore_py.core.errors import (
-    DataCorruptionError,
-    InvalidArgumentError,
-    InvalidSpecError,
-    NotFoundError,
-    UnsupportedError,
-)
-from tensorstore_py.drivers.precomputed import (
-    ChunkCodec,
-    MultiscaleMetadata,
-    create_scale,
-    open_scale,
-    resolve_scale,
-    scale_spec,
-)
+from tensorstore_py.core import errors
+from tensorstore_py.drivers.precomputed import ChunkCodec, MultiscaleMetadata
 from tensorstore_py.drivers.precomputed.metadata import join_key
+from tensorstore_py.drivers.precomputed.spec import create_scale, open_scale, resolve_scale, scale_spec
 
 SIZE = (10, 7, 5)
 CHUNK = (4, 4, 2)
@@ -118,41 +106,41 @@ _SHARD = "scales.1.sharding"
 
 
 @pytest.mark.parametrize("path,value,error,names", [
-    ("@type", "something", InvalidSpecError, "@type"),
-    ("type", "mesh", InvalidSpecError, "type"),
-    ("type", _DELETE, InvalidSpecError, "type"),
-    ("data_type", "float64", UnsupportedError, "float64"),
-    ("data_type", 8, InvalidSpecError, "data_type"),
-    ("num_channels", 0, InvalidSpecError, "num_channels"),
-    ("num_channels", "1", InvalidSpecError, "num_channels"),
-    ("scales", {}, InvalidSpecError, "scales"),
-    ("scales.0.key", 5, InvalidSpecError, "scales[0].key"),
-    ("scales.0.key", _DELETE, InvalidSpecError, "scales[0].key"),
-    ("scales.0.size", [1, 2], InvalidSpecError, "scales[0].size"),
-    ("scales.0.size", [-1, 2, 3], InvalidSpecError, "scales[0].size[0]"),
-    ("scales.0.size", [2**62, 1, 1], InvalidSpecError, "scales[0].size"),
-    ("scales.0.voxel_offset", [0, 1.5, 0], InvalidSpecError, "scales[0].voxel_offset[1]"),
-    ("scales.0.resolution", [1, "a", 1], InvalidSpecError, "scales[0].resolution"),
-    ("scales.0.chunk_sizes", [], InvalidSpecError, "scales[0].chunk_sizes"),
-    ("scales.0.chunk_sizes", [[0, 1, 1]], InvalidSpecError, "scales[0].chunk_sizes[0][0]"),
-    ("scales.0.chunk_sizes", [[2**11, 2**11, 2**11]], InvalidSpecError, "scales[0].chunk_sizes[0]"),
-    ("scales.0.encoding", "zfp", UnsupportedError, "zfp"),
-    ("scales.0.compressed_segmentation_block_size", _DELETE, InvalidSpecError,
+    ("@type", "something", errors.InvalidSpecError, "@type"),
+    ("type", "mesh", errors.InvalidSpecError, "type"),
+    ("type", _DELETE, errors.InvalidSpecError, "type"),
+    ("data_type", "float64", errors.UnsupportedError, "float64"),
+    ("data_type", 8, errors.InvalidSpecError, "data_type"),
+    ("num_channels", 0, errors.InvalidSpecError, "num_channels"),
+    ("num_channels", "1", errors.InvalidSpecError, "num_channels"),
+    ("scales", {}, errors.InvalidSpecError, "scales"),
+    ("scales.0.key", 5, errors.InvalidSpecError, "scales[0].key"),
+    ("scales.0.key", _DELETE, errors.InvalidSpecError, "scales[0].key"),
+    ("scales.0.size", [1, 2], errors.InvalidSpecError, "scales[0].size"),
+    ("scales.0.size", [-1, 2, 3], errors.InvalidSpecError, "scales[0].size[0]"),
+    ("scales.0.size", [2**62, 1, 1], errors.InvalidSpecError, "scales[0].size"),
+    ("scales.0.voxel_offset", [0, 1.5, 0], errors.InvalidSpecError, "scales[0].voxel_offset[1]"),
+    ("scales.0.resolution", [1, "a", 1], errors.InvalidSpecError, "scales[0].resolution"),
+    ("scales.0.chunk_sizes", [], errors.InvalidSpecError, "scales[0].chunk_sizes"),
+    ("scales.0.chunk_sizes", [[0, 1, 1]], errors.InvalidSpecError, "scales[0].chunk_sizes[0][0]"),
+    ("scales.0.chunk_sizes", [[2**11, 2**11, 2**11]], errors.InvalidSpecError, "scales[0].chunk_sizes[0]"),
+    ("scales.0.encoding", "zfp", errors.UnsupportedError, "zfp"),
+    ("scales.0.compressed_segmentation_block_size", _DELETE, errors.InvalidSpecError,
      "compressed_segmentation_block_size"),
-    ("scales.0.compressed_segmentation_block_size", [8, 0, 8], InvalidSpecError,
+    ("scales.0.compressed_segmentation_block_size", [8, 0, 8], errors.InvalidSpecError,
      "compressed_segmentation_block_size[1]"),
-    ("scales.0.jpeg_quality", 50, InvalidSpecError, "scales[0].jpeg_quality"),
-    ("scales.1.png_level", 3, InvalidSpecError, "scales[1].png_level"),
-    ("scales.1.encoding", "jpeg", InvalidSpecError, "scales[1].encoding"),
-    ("scales.1.chunk_sizes", [[32, 32, 32], [16, 16, 16]], InvalidSpecError, "scales[1].chunk_sizes"),
-    (f"{_SHARD}.hash", "md5", InvalidSpecError, "scales[1].sharding"),
-    (f"{_SHARD}.@type", "v2", InvalidSpecError, "scales[1].sharding"),
-    (f"{_SHARD}.minishard_bits", 33, InvalidSpecError, "minishard_bits"),
-    (f"{_SHARD}.shard_bits", 63, InvalidSpecError, "shard_bits"),
-    (f"{_SHARD}.preshift_bits", -1, InvalidSpecError, "preshift_bits"),
-    (f"{_SHARD}.data_encoding", "zstd", InvalidSpecError, "data_encoding"),
-    (f"{_SHARD}.extra", 1, InvalidSpecError, "extra"),
-    ("scales.1.size", [2**40, 2**40, 1], InvalidSpecError, "scales[1].sharding"),
+    ("scales.0.jpeg_quality", 50, errors.InvalidSpecError, "scales[0].jpeg_quality"),
+    ("scales.1.png_level", 3, errors.InvalidSpecError, "scales[1].png_level"),
+    ("scales.1.encoding", "jpeg", errors.InvalidSpecError, "scales[1].encoding"),
+    ("scales.1.chunk_sizes", [[32, 32, 32], [16, 16, 16]], errors.InvalidSpecError, "scales[1].chunk_sizes"),
+    (f"{_SHARD}.hash", "md5", errors.InvalidSpecError, "scales[1].sharding"),
+    (f"{_SHARD}.@type", "v2", errors.InvalidSpecError, "scales[1].sharding"),
+    (f"{_SHARD}.minishard_bits", 33, errors.InvalidSpecError, "minishard_bits"),
+    (f"{_SHARD}.shard_bits", 63, errors.InvalidSpecError, "shard_bits"),
+    (f"{_SHARD}.preshift_bits", -1, errors.InvalidSpecError, "preshift_bits"),
+    (f"{_SHARD}.data_encoding", "zstd", errors.InvalidSpecError, "data_encoding"),
+    (f"{_SHARD}.extra", 1, errors.InvalidSpecError, "extra"),
+    ("scales.1.size", [2**40, 2**40, 1], errors.InvalidSpecError, "scales[1].sharding"),
 ])
 def test_info_validation_names_the_field(path: str, value: Any, error: type, names: str) -> None:
     with pytest.raises(error) as e:
@@ -169,7 +157,7 @@ def test_encodings_refuse_data_they_cannot_hold(encoding: str, data_type: str, c
         {"key": "s", "size": [4, 4, 4], "resolution": [1, 1, 1], "chunk_sizes": [[4, 4, 4]],
          "encoding": encoding, **({"compressed_segmentation_block_size": [2, 2, 2]}
                                   if encoding == "compressed_segmentation" else {})}]}
-    with pytest.raises(InvalidSpecError, match="scales\\[0\\].encoding"):
+    with pytest.raises(errors.InvalidSpecError, match="scales\\[0\\].encoding"):
         MultiscaleMetadata.from_json(info)
 
 
@@ -183,7 +171,7 @@ def test_lenient_where_tensorstore_is() -> None:
     m = MultiscaleMetadata.from_json(info)
     assert m.data_type == "uint64" and m.scales[0].encoding == "compressed_segmentation"
     assert m.scales[0].size == (100, 80, 60) and m.num_channels == 1
-    with pytest.raises(InvalidSpecError, match="not valid JSON"):
+    with pytest.raises(errors.InvalidSpecError, match="not valid JSON"):
         MultiscaleMetadata.decode(b"{not json")
 
 
@@ -205,18 +193,18 @@ def test_domain_grid_and_chunk_keys_match_tensorstore(tmp_path: Path) -> None:
     assert scale.chunk_box((2, 1, 2)) == ((9, 2, 7), (11, 5, 8))  # clipped at the upper edges
     assert scale.chunk_shape((2, 1, 2)) == (2, 3, 1)
     assert scale.chunk_key((0, 0, 0), path="vol") == "vol/1_1_1/1-5_-2-2_3-5"
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(errors.InvalidArgumentError):
         scale.chunk_box((3, 0, 0))
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(errors.InvalidArgumentError):
         scale.grid_shape((1, 1, 1))  # not one of the scale's chunk sizes
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(errors.InvalidArgumentError):
         scale.shard_key((0, 0, 0))
 
 
 def test_scale_keys_are_relative_to_the_volume() -> None:
     assert join_key("data/vol", "../other/8_8_8", "0-1_0-1_0-1") == "data/other/8_8_8/0-1_0-1_0-1"
     assert join_key("", "./s", "c") == "s/c"
-    with pytest.raises(InvalidSpecError, match="escapes"):
+    with pytest.raises(errors.InvalidSpecError, match="escapes"):
         join_key("vol", "../../s")
 
 
@@ -231,9 +219,9 @@ def test_open_scale_selects_and_checks() -> None:
     opened = open_scale(info, scale_metadata={"key": "8_8_8", "chunk_size": [32, 32, 32]},
                         multiscale_metadata={"data_type": "uint64", "num_channels": 1})
     assert opened.chunk_size == (32, 32, 32)
-    with pytest.raises(NotFoundError):
+    with pytest.raises(errors.NotFoundError):
         open_scale(info, scale_metadata={"resolution": [9, 9, 9]})
-    with pytest.raises(NotFoundError):
+    with pytest.raises(errors.NotFoundError):
         open_scale(info, scale_index=2)
     for sm, mm, field in [
         ({"key": "8_8_8", "size": [1, 2, 3]}, None, "size"),
@@ -249,11 +237,11 @@ def test_open_scale_selects_and_checks() -> None:
         if field is None:
             open_scale(info, scale_metadata=sm, multiscale_metadata=mm)
             continue
-        with pytest.raises(InvalidSpecError, match=field):
+        with pytest.raises(errors.InvalidSpecError, match=field):
             open_scale(info, scale_metadata=sm, multiscale_metadata=mm)
-    with pytest.raises(InvalidSpecError, match="key"):  # scale_index and key disagree
+    with pytest.raises(errors.InvalidSpecError, match="key"):  # scale_index and key disagree
         open_scale(info, scale_index=0, scale_metadata={"key": "16_16_16"})
-    with pytest.raises(InvalidSpecError, match="unknown members"):
+    with pytest.raises(errors.InvalidSpecError, match="unknown members"):
         open_scale(info, scale_metadata={"chunk_sizes": [[1, 1, 1]]})
 
 
@@ -307,16 +295,16 @@ def test_create_scale_adds_to_a_volume_and_refuses_bad_specs() -> None:
         (first.info, {**sm, "key": "other"}, {"data_type": "uint16"}, "data_type"),
     ]
     for info, s, m, match in bad:
-        with pytest.raises(InvalidSpecError, match=match):
+        with pytest.raises(errors.InvalidSpecError, match=match):
             create_scale(info, scale_metadata=s, multiscale_metadata=m)
-    with pytest.raises(InvalidSpecError, match="scale_index"):
+    with pytest.raises(errors.InvalidSpecError, match="scale_index"):
         create_scale(first.info, scale_index=0, scale_metadata={**sm, "key": "x"})
     # open if it exists, create if asked to
     opened, changed = resolve_scale(first.info, create=True, scale_metadata={"key": "1_1_1"})
     assert not changed and opened.index == 0
     made, changed = resolve_scale(first.info, create=True, scale_metadata={**sm, "resolution": [4, 4, 4]})
     assert changed and made.index == 1
-    with pytest.raises(NotFoundError):
+    with pytest.raises(errors.NotFoundError):
         resolve_scale(None, scale_metadata=sm, multiscale_metadata=mm)
 
 
@@ -411,16 +399,16 @@ def test_compresso_round_trips_and_matches_the_compresso_package() -> None:
 
 def test_corrupt_chunks_raise_data_corruption_naming_the_key() -> None:
     raw = ChunkCodec("raw", "uint16", 1)
-    with pytest.raises(DataCorruptionError, match="'k1'"):
+    with pytest.raises(errors.DataCorruptionError, match="'k1'"):
         raw.decode(b"\0" * 7, (2, 2, 2), key="k1")
     png = ChunkCodec("png", "uint8", 1)
     good_png = png.encode(np.zeros((4, 4, 2, 1), np.uint8))
     huge = bytearray(good_png)
     huge[16:24] = (1 << 30).to_bytes(4, "big") * 2  # a header declaring a 2**60-pixel image
     for bad in (b"", b"not an image", bytes(huge), good_png[:40]):
-        with pytest.raises(DataCorruptionError, match="'p'"):
+        with pytest.raises(errors.DataCorruptionError, match="'p'"):
             png.decode(bad, (4, 4, 2), key="p")
-    with pytest.raises(DataCorruptionError, match="does not hold"):
+    with pytest.raises(errors.DataCorruptionError, match="does not hold"):
         png.decode(good_png, (4, 4, 3), key="p")
     jpeg = ChunkCodec("jpeg", "uint8", 3)
     good_jpeg = jpeg.encode(np.zeros((4, 4, 2, 3), np.uint8))
@@ -429,9 +417,9 @@ def test_corrupt_chunks_raise_data_corruption_naming_the_key() -> None:
     huge[sof + 5:sof + 9] = b"\xff\xff\xff\xff"
     for bad in (b"\xff\xd8", b"\xff\xd8\xff\xda\x00\x02", bytes(huge), good_jpeg[: len(good_jpeg) // 2],
                 b"garbage"):
-        with pytest.raises(DataCorruptionError, match="'j'"):
+        with pytest.raises(errors.DataCorruptionError, match="'j'"):
             jpeg.decode(bad, (4, 4, 2), key="j")
-    with pytest.raises(DataCorruptionError, match="3 channels"):
+    with pytest.raises(errors.DataCorruptionError, match="3 channels"):
         ChunkCodec("jpeg", "uint8", 1).decode(good_jpeg, (4, 4, 2), key="j")
 
 
@@ -444,20 +432,20 @@ def test_corrupt_compresso_streams_are_refused_before_decoding() -> None:
     for bad, match in [(b"", "not a compresso"), (b"cpso" + b"\0" * 10, "not a compresso"),
                        (good, "does not hold"), (bytes(inflated), "sections")]:
         shape = (6, 5, 4) if bad is not good else (6, 5, 5)
-        with pytest.raises(DataCorruptionError, match=match):
+        with pytest.raises(errors.DataCorruptionError, match=match):
             codec.decode(bad, shape, key="c")
-    with pytest.raises(DataCorruptionError, match="data_width|does not hold"):
+    with pytest.raises(errors.DataCorruptionError, match="data_width|does not hold"):
         ChunkCodec("compresso", "uint64", 1).decode(good, (6, 5, 4))
 
 
 def test_encode_checks_shape_and_dtype() -> None:
     codec = ChunkCodec("raw", "uint16", 2)
     for bad in (np.zeros((2, 2, 2, 1), np.uint16), np.zeros((2, 2, 2, 2), np.int16), np.zeros((2, 2, 2), np.uint16)):
-        with pytest.raises(InvalidArgumentError):
+        with pytest.raises(errors.InvalidArgumentError):
             codec.encode(bad)
-    with pytest.raises(InvalidSpecError):
+    with pytest.raises(errors.InvalidSpecError):
         ChunkCodec("jpeg", "uint16", 1)
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(errors.InvalidArgumentError):
         ChunkCodec("zfp", "uint8", 1)
     big_endian = np.zeros((2, 2, 2, 2), ">u2") + 258
     assert codec.encode(big_endian) == codec.encode(big_endian.astype("<u2"))

@@ -53,22 +53,18 @@ _COMPRESSO_HEADER = 36
 _COMPRESSO_MAX_DIM = 0xFFFF  # the header stores each dimension as a u16
 
 
-def _imagecodecs() -> Any:
+def _optional(name: str) -> Any:
+    """``imagecodecs`` (jpeg, png) or ``compresso``, or an ImportError naming the extra."""
     try:
-        import imagecodecs  # optional: only jpeg/png chunks need it
+        if name == "imagecodecs":
+            import imagecodecs as module  # optional: only jpeg/png chunks need it
+        else:
+            import compresso as module  # optional: only compresso chunks need it
     except ImportError as e:
-        raise ImportError("jpeg and png chunks need the 'imagecodecs' package: "
+        chunks = "jpeg and png" if name == "imagecodecs" else name
+        raise ImportError(f"{chunks} chunks need the {name!r} package: "
                           "pip install 'tensorstore_py[precomputed]'") from e
-    return imagecodecs
-
-
-def _compresso() -> Any:
-    try:
-        import compresso  # optional: only compresso chunks need it
-    except ImportError as e:
-        raise ImportError("compresso chunks need the 'compresso' package: "
-                          "pip install 'tensorstore_py[precomputed]'") from e
-    return compresso
+    return module
 
 
 def _png_size(data: Buffer) -> tuple[int, int] | None:
@@ -193,7 +189,7 @@ class ChunkCodec:
         if size[0] * size[1] != x * y * z or comps != c:
             raise DataCorruptionError(f"chunk {key!r}: {fmt} image of {size[0]}x{size[1]} pixels "
                                       f"({comps} channels) does not hold a chunk of {list(full)}")
-        codecs = _imagecodecs()
+        codecs = _optional("imagecodecs")
         try:
             img = codecs.png_decode(data) if fmt == "png" else codecs.jpeg8_decode(data)
         except Exception as e:  # the codecs raise their own error types
@@ -204,7 +200,7 @@ class ChunkCodec:
         return img.reshape(z, y, x, c).transpose(2, 1, 0, 3)
 
     def _decode_compresso(self, data: Buffer, full: tuple[int, int, int, int], key: str) -> np.ndarray:
-        cpso = _compresso()
+        cpso = _optional("compresso")
         data = bytes(data)
         try:
             h = cpso.header(data) if len(data) >= _COMPRESSO_HEADER else None
@@ -249,12 +245,12 @@ class ChunkCodec:
             if max(array.shape[:3]) > _COMPRESSO_MAX_DIM:
                 raise InvalidArgumentError(f"compresso encodes at most {_COMPRESSO_MAX_DIM} voxels per "
                                            f"dimension, got {array.shape[:3]}")
-            return bytes(_compresso().compress(np.asfortranarray(array[..., 0])))
+            return bytes(_optional("compresso").compress(np.asfortranarray(array[..., 0])))
         x, y, z, c = array.shape
         img = np.ascontiguousarray(array.transpose(2, 1, 0, 3)).reshape(y * z, x, c)
         if c == 1:
             img = img[..., 0]
-        codecs = _imagecodecs()
+        codecs = _optional("imagecodecs")
         if self.encoding == "png":
             return bytes(codecs.png_encode(img, level=self.png_level))
         return bytes(codecs.jpeg8_encode(img, level=self.jpeg_quality))

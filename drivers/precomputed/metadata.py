@@ -97,25 +97,22 @@ def parse_resolution(v: Any, where: str) -> tuple[float, float, float]:
     return tuple(float(x) for x in v)  # type: ignore[return-value]
 
 
-def parse_data_type(v: Any, where: str = "data_type") -> str:
-    """A data type name (case-insensitive, as the neuroglancer spec says), lower-cased."""
+def _parse_name(v: Any, where: str, supported: Any, what: str) -> str:
+    """A name from ``supported``, case-insensitive (as the neuroglancer spec says), lower-cased."""
     if not isinstance(v, str):
         raise _err(where, f"expected a string, got {v!r}")
-    name = v.lower()
-    if name not in DATA_TYPES:
-        raise UnsupportedError(f"neuroglancer_precomputed {where}: data type {v!r} is not supported "
-                               f"(supported: {', '.join(DATA_TYPES)})")
-    return name
+    if v.lower() not in supported:
+        raise UnsupportedError(f"neuroglancer_precomputed {where}: {what} {v!r} is not supported "
+                               f"(supported: {', '.join(supported)})")
+    return v.lower()
+
+
+def parse_data_type(v: Any, where: str = "data_type") -> str:
+    return _parse_name(v, where, DATA_TYPES, "data type")
 
 
 def parse_encoding(v: Any, where: str = "encoding") -> str:
-    if not isinstance(v, str):
-        raise _err(where, f"expected a string, got {v!r}")
-    name = v.lower()
-    if name not in ENCODINGS:
-        raise UnsupportedError(f"neuroglancer_precomputed {where}: encoding {v!r} is not supported "
-                               f"(supported: {', '.join(ENCODINGS)})")
-    return name
+    return _parse_name(v, where, ENCODINGS, "encoding")
 
 
 def parse_volume_type(v: Any, where: str = "type") -> str:
