@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError, UnsupportedError
+from tensorstore_py.core.errors import InvalidArgumentError, UnsupportedError
+from tensorstore_py.drivers.precomputed._json import member, parse_enum, parse_int, spec_error
 from tensorstore_py.drivers.precomputed.sharding import ShardingSpec, compressed_morton_code, morton_bits
 
 __all__ = [
@@ -70,22 +71,9 @@ _SCALE_FIELDS = {
 _TOP_FIELDS = {"@type", "type", "data_type", "num_channels", "scales"}
 
 
-def _err(where: str, msg: str) -> InvalidSpecError:
-    return InvalidSpecError(f"neuroglancer_precomputed {where}: {msg}")
-
-
-def parse_int(v: Any, where: str, lo: int, hi: int) -> int:
-    """An integer in [lo, hi]; integral floats (``10.0``) are accepted as TensorStore does."""
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-        raise _err(where, f"expected an integer in [{lo}, {hi}], got {v!r}")
-    return v
-
-
 def parse_vec3(v: Any, where: str, lo: int, hi: int) -> tuple[int, int, int]:
     if not isinstance(v, (list, tuple)) or len(v) != 3:
-        raise _err(where, f"expected an array of 3 integers, got {v!r}")
+        raise spec_error(where, f"expected an array of 3 integers, got {v!r}")
     return tuple(parse_int(x, f"{where}[{i}]", lo, hi) for i, x in enumerate(v))  # type: ignore[return-value]
 
 
@@ -93,14 +81,14 @@ def parse_resolution(v: Any, where: str) -> tuple[float, float, float]:
     if not isinstance(v, (list, tuple)) or len(v) != 3 or not all(
         isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v
     ):
-        raise _err(where, f"expected an array of 3 finite numbers, got {v!r}")
+        raise spec_error(where, f"expected an array of 3 finite numbers, got {v!r}")
     return tuple(float(x) for x in v)  # type: ignore[return-value]
 
 
 def _parse_name(v: Any, where: str, supported: Any, what: str) -> str:
     """A name from ``supported``, case-insensitive (as the neuroglancer spec says), lower-cased."""
     if not isinstance(v, str):
-        raise _err(where, f"expected a string, got {v!r}")
+        raise spec_error(where, f"expected a string, got {v!r}")
     if v.lower() not in supported:
         raise UnsupportedError(f"neuroglancer_precomputed {where}: {what} {v!r} is not supported "
                                f"(supported: {', '.join(supported)})")
@@ -116,9 +104,7 @@ def parse_encoding(v: Any, where: str = "encoding") -> str:
 
 
 def parse_volume_type(v: Any, where: str = "type") -> str:
-    if v not in VOLUME_TYPES:
-        raise _err(where, f"expected one of {list(VOLUME_TYPES)}, got {v!r}")
-    return v
+    return parse_enum(v, where, VOLUME_TYPES)
 
 
 def check_encoding(encoding: str, data_type: str | None, num_channels: int | None, where: str) -> None:
@@ -133,9 +119,9 @@ def check_encoding(encoding: str, data_type: str | None, num_channels: int | Non
         return
     types, channels = allowed[encoding]
     if data_type is not None and data_type not in types:
-        raise _err(where, f"{encoding!r} encoding supports data types {list(types)}, not {data_type!r}")
+        raise spec_error(where, f"{encoding!r} encoding supports data types {list(types)}, not {data_type!r}")
     if channels is not None and num_channels is not None and num_channels not in channels:
-        raise _err(where, f"{encoding!r} encoding supports {list(channels)} channels, not {num_channels}")
+        raise spec_error(where, f"{encoding!r} encoding supports {list(channels)} channels, not {num_channels}")
 
 
 def default_scale_key(resolution: Sequence[float]) -> str:
@@ -153,7 +139,7 @@ def join_key(*parts: str) -> str:
                 continue
             if seg == "..":
                 if not out:
-                    raise _err("key", f"{'/'.join(p for p in parts if p)!r} escapes the store's root")
+                    raise spec_error("key", f"{'/'.join(p for p in parts if p)!r} escapes the store's root")
                 out.pop()
             else:
                 out.append(seg)
@@ -194,15 +180,14 @@ class ScaleMetadata:
     def from_json(cls, j: Any, *, data_type: str | None = None, num_channels: int | None = None,
                   where: str = "scale") -> ScaleMetadata:
         if not isinstance(j, Mapping):
-            raise _err(where, f"expected an object, got {j!r}")
+            raise spec_error(where, f"expected an object, got {j!r}")
         for name in ("key", "size", "resolution", "chunk_sizes", "encoding"):
-            if name not in j:
-                raise _err(f"{where}.{name}", "is required")
+            member(j, name, where)
         if not isinstance(j["key"], str):
-            raise _err(f"{where}.key", f"expected a string, got {j['key']!r}")
+            raise spec_error(f"{where}.key", f"expected a string, got {j['key']!r}")
         sizes = j["chunk_sizes"]
         if not isinstance(sizes, (list, tuple)) or not sizes:
-            raise _err(f"{where}.chunk_sizes", f"expected a non-empty array of [x, y, z], got {sizes!r}")
+            raise spec_error(f"{where}.chunk_sizes", f"expected a non-empty array of [x, y, z], got {sizes!r}")
         encoding = parse_encoding(j["encoding"], f"{where}.encoding")
         block = j.get("compressed_segmentation_block_size")
         sharding = j.get("sharding")
@@ -232,29 +217,29 @@ class ScaleMetadata:
         for name, only in (("jpeg_quality", "jpeg"), ("png_level", "png"),
                            ("compressed_segmentation_block_size", "compressed_segmentation")):
             if getattr(self, name) is not None and self.encoding != only:
-                raise _err(f"{where}.{name}", f"only valid with the {only!r} encoding, not {self.encoding!r}")
+                raise spec_error(f"{where}.{name}", f"only valid with the {only!r} encoding, not {self.encoding!r}")
         if self.encoding == "compressed_segmentation" and self.compressed_segmentation_block_size is None:
-            raise _err(f"{where}.compressed_segmentation_block_size", "is required with compressed_segmentation")
+            raise spec_error(f"{where}.compressed_segmentation_block_size", "is required with compressed_segmentation")
         for d in range(3):
             lo, hi = self.voxel_offset[d], self.voxel_offset[d] + self.size[d]
             if not -MAX_EXTENT < lo <= hi < MAX_EXTENT:
-                raise _err(f"{where}.size", f"size {list(self.size)} at voxel_offset "
+                raise spec_error(f"{where}.size", f"size {list(self.size)} at voxel_offset "
                                             f"{list(self.voxel_offset)} leaves the representable range")
         per_voxel = num_channels or 1
         for i, cs in enumerate(self.chunk_sizes):
             if math.prod(cs) * per_voxel > MAX_CHUNK_ELEMENTS:
-                raise _err(f"{where}.chunk_sizes[{i}]", f"a chunk of {list(cs)} x {per_voxel} channels "
+                raise spec_error(f"{where}.chunk_sizes[{i}]", f"a chunk of {list(cs)} x {per_voxel} channels "
                                                         f"exceeds {MAX_CHUNK_ELEMENTS} elements")
         block = self.compressed_segmentation_block_size
         if block is not None and math.prod(block) > MAX_CHUNK_ELEMENTS:
-            raise _err(f"{where}.compressed_segmentation_block_size",
+            raise spec_error(f"{where}.compressed_segmentation_block_size",
                        f"a block of {list(block)} exceeds {MAX_CHUNK_ELEMENTS} elements")
         if self.sharding is not None:
             if len(self.chunk_sizes) != 1:
-                raise _err(f"{where}.chunk_sizes", "the sharded format allows exactly one chunk size")
+                raise spec_error(f"{where}.chunk_sizes", "the sharded format allows exactly one chunk size")
             bits = sum(morton_bits(self.grid_shape()))
             if bits > 64:
-                raise _err(f"{where}.sharding", f"size {list(self.size)} with chunk size "
+                raise spec_error(f"{where}.sharding", f"size {list(self.size)} with chunk size "
                                                 f"{list(self.chunk_size)} needs {bits} > 64 bits of chunk id")
 
     def to_json(self) -> dict[str, Any]:
@@ -355,17 +340,16 @@ class MultiscaleMetadata:
     def from_json(cls, j: Any) -> MultiscaleMetadata:
         """Parse and validate a decoded ``info`` document."""
         if not isinstance(j, Mapping):
-            raise _err("info", f"expected a JSON object, got {type(j).__name__}")
+            raise spec_error("info", f"expected a JSON object, got {type(j).__name__}")
         if "@type" in j and j["@type"] != VOLUME_TYPE_ID:
-            raise _err("@type", f"expected {VOLUME_TYPE_ID!r}, got {j['@type']!r}")
+            raise spec_error("@type", f"expected {VOLUME_TYPE_ID!r}, got {j['@type']!r}")
         for name in ("type", "data_type", "num_channels", "scales"):
-            if name not in j:
-                raise _err(name, "is required")
+            member(j, name, "info")
         data_type = parse_data_type(j["data_type"])
         num_channels = parse_int(j["num_channels"], "num_channels", 1, 2**31 - 1)
         if not isinstance(j["scales"], (list, tuple)):
-            raise _err("scales", f"expected an array, got {j['scales']!r}")
-        meta = cls(
+            raise spec_error("scales", f"expected an array, got {j['scales']!r}")
+        return cls(
             type=parse_volume_type(j["type"]),
             data_type=data_type,
             num_channels=num_channels,
@@ -373,7 +357,6 @@ class MultiscaleMetadata:
                                                  where=f"scales[{i}]") for i, s in enumerate(j["scales"])),
             extra={k: v for k, v in j.items() if k not in _TOP_FIELDS},
         )
-        return meta
 
     @classmethod
     def decode(cls, data: bytes | str) -> MultiscaleMetadata:
@@ -381,7 +364,7 @@ class MultiscaleMetadata:
         try:
             j = json.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
-            raise _err("info", f"not valid JSON: {e}") from None
+            raise spec_error("info", f"not valid JSON: {e}") from None
         return cls.from_json(j)
 
     def validate(self) -> None:

@@ -34,14 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.core.errors import (
-    DataCorruptionError,
-    InvalidArgumentError,
-    InvalidSpecError,
-    UnsupportedError,
-)
+from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, UnsupportedError
 from tensorstore_py.core.ranges import Buffer, ByteRange
 from tensorstore_py.drivers.codecs.gzip_codec import inflate
+from tensorstore_py.drivers.precomputed._json import member, parse_enum, parse_int, spec_error
 
 try:  # optional (extra "precomputed"): only the murmurhash3_x86_128 hash needs it
     import mmh3
@@ -87,47 +83,24 @@ def _low_mask(bits: int) -> int:
     return (1 << bits) - 1
 
 
-def _spec_int(j: Mapping[str, Any], name: str, lo: int, hi: int, where: str) -> int:
-    if name not in j:
-        raise InvalidSpecError(f"{where}: {name!r} is required")
-    v = j[name]
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-        raise InvalidSpecError(f"{where}: {name!r} must be an integer in [{lo}, {hi}], got {v!r}")
-    return v
-
-
-def _spec_enum(j: Mapping[str, Any], name: str, allowed: tuple[str, ...], where: str,
-               default: str | None = None) -> str:
-    if name not in j:
-        if default is None:
-            raise InvalidSpecError(f"{where}: {name!r} is required (one of {list(allowed)})")
-        return default
-    v = j[name]
-    if v not in allowed:
-        raise InvalidSpecError(f"{where}: {name!r} must be one of {list(allowed)}, got {v!r}")
-    return v
-
-
 def _parse_sharding(j: Any, where: str) -> dict[str, Any]:
     if not isinstance(j, Mapping):
-        raise InvalidSpecError(f"{where}: expected an object, got {j!r}")
+        raise spec_error(where, f"expected an object, got {j!r}")
     if j.get("@type") != SHARDING_TYPE:
-        raise InvalidSpecError(f"{where}: '@type' must be {SHARDING_TYPE!r}, got {j.get('@type')!r}")
+        raise spec_error(f"{where}.@type", f"expected {SHARDING_TYPE!r}, got {j.get('@type')!r}")
     fields = {"@type", "preshift_bits", "hash", "minishard_bits", "shard_bits",
               "minishard_index_encoding", "data_encoding"}
     extra = sorted(set(j) - fields)
     if extra:
-        raise InvalidSpecError(f"{where}: unknown members {extra}")
-    minishard_bits = _spec_int(j, "minishard_bits", 0, 32, where)
+        raise spec_error(where, f"unknown members {extra}")
+    minishard_bits = parse_int(member(j, "minishard_bits", where), f"{where}.minishard_bits", 0, 32)
     return {
-        "preshift_bits": _spec_int(j, "preshift_bits", 0, 64, where),
-        "hash": _spec_enum(j, "hash", HASHES, where),
+        "preshift_bits": parse_int(member(j, "preshift_bits", where), f"{where}.preshift_bits", 0, 64),
+        "hash": parse_enum(member(j, "hash", where), f"{where}.hash", HASHES),
         "minishard_bits": minishard_bits,
-        "shard_bits": _spec_int(j, "shard_bits", 0, 64 - minishard_bits, where),
-        "minishard_index_encoding": _spec_enum(j, "minishard_index_encoding", DATA_ENCODINGS, where, "raw"),
-        "data_encoding": _spec_enum(j, "data_encoding", DATA_ENCODINGS, where, "raw"),
+        "shard_bits": parse_int(member(j, "shard_bits", where), f"{where}.shard_bits", 0, 64 - minishard_bits),
+        **{name: parse_enum(j.get(name, "raw"), f"{where}.{name}", DATA_ENCODINGS)
+           for name in ("minishard_index_encoding", "data_encoding")},
     }
 
 

@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tensorstore_py.core.errors import InvalidSpecError, NotFoundError
+from tensorstore_py.core.errors import NotFoundError
+from tensorstore_py.drivers.precomputed._json import parse_int, spec_error
 from tensorstore_py.drivers.precomputed.metadata import (
     MAX_EXTENT,
     MultiscaleMetadata,
@@ -35,7 +36,6 @@ from tensorstore_py.drivers.precomputed.metadata import (
     default_scale_key,
     parse_data_type,
     parse_encoding,
-    parse_int,
     parse_resolution,
     parse_vec3,
     parse_volume_type,
@@ -67,10 +67,10 @@ def _obj(j: Any, where: str, fields: set[str]) -> Mapping[str, Any]:
     if j is None:
         return {}
     if not isinstance(j, Mapping):
-        raise InvalidSpecError(f"neuroglancer_precomputed {where}: expected an object, got {j!r}")
+        raise spec_error(where, f"expected an object, got {j!r}")
     extra = sorted(set(j) - fields)
     if extra:
-        raise InvalidSpecError(f"neuroglancer_precomputed {where}: unknown members {extra}")
+        raise spec_error(where, f"unknown members {extra}")
     return j
 
 
@@ -123,9 +123,9 @@ class ScaleConstraints:
         j = _obj(j, w, {"key", "size", "voxel_offset", "resolution", "chunk_size", "encoding", "jpeg_quality",
                         "png_level", "compressed_segmentation_block_size", "sharding"})
         if "voxel_offset" in j and "size" not in j:
-            raise InvalidSpecError(f"neuroglancer_precomputed {w}.voxel_offset: cannot be given without 'size'")
+            raise spec_error(f"{w}.voxel_offset", "cannot be given without 'size'")
         if "key" in j and not isinstance(j["key"], str):
-            raise InvalidSpecError(f"neuroglancer_precomputed {w}.key: expected a string, got {j['key']!r}")
+            raise spec_error(f"{w}.key", f"expected a string, got {j['key']!r}")
 
         def get(name: str, parse: Any, *args: Any) -> Any:
             return None if name not in j else parse(j[name], f"{w}.{name}", *args)
@@ -174,8 +174,8 @@ class ScaleConstraints:
         if self.sharding is not UNSET:
             _expect(f"{where}.sharding", self.sharding, scale.sharding)
         if self.chunk_size is not None and self.chunk_size not in scale.chunk_sizes:
-            raise InvalidSpecError(f"neuroglancer_precomputed {where}.chunk_size: expected one of "
-                                   f"{[list(c) for c in scale.chunk_sizes]}, got {list(self.chunk_size)}")
+            raise spec_error(f"{where}.chunk_size", f"expected one of {[list(c) for c in scale.chunk_sizes]}, "
+                                                    f"got {list(self.chunk_size)}")
 
 
 def _show(v: Any) -> Any:
@@ -184,8 +184,7 @@ def _show(v: Any) -> Any:
 
 def _expect(where: str, want: Any, found: Any) -> None:
     if want != found:
-        raise InvalidSpecError(f"neuroglancer_precomputed {where}: expected {_show(want)!r}, "
-                               f"found {_show(found)!r} in the stored info")
+        raise spec_error(where, f"expected {_show(want)!r}, found {_show(found)!r} in the stored info")
 
 
 @dataclass(frozen=True)
@@ -241,21 +240,19 @@ def create_scale(info: MultiscaleMetadata | None, *, scale_index: int | None = N
     if info is None:
         for name in ("type", "data_type", "num_channels"):
             if getattr(mc, name) is None:
-                raise InvalidSpecError(f"neuroglancer_precomputed multiscale_metadata.{name}: "
-                                       "is required to create a volume")
+                raise spec_error(f"multiscale_metadata.{name}", "is required to create a volume")
         info = MultiscaleMetadata(mc.type, mc.data_type, mc.num_channels, ())  # type: ignore[arg-type]
     else:
         mc.check(info)
     n = len(info.scales)
     if scale_index is not None and parse_int(scale_index, "scale_index", 0, 2**31) != n:
-        raise InvalidSpecError(f"neuroglancer_precomputed scale_index: a new scale gets index {n}, "
-                               f"not {scale_index}")
+        raise spec_error("scale_index", f"a new scale gets index {n}, not {scale_index}")
     for name in ("size", "resolution", "chunk_size"):
         if getattr(sc, name) is None:
-            raise InvalidSpecError(f"neuroglancer_precomputed scale_metadata.{name}: is required to create a scale")
+            raise spec_error(f"scale_metadata.{name}", "is required to create a scale")
     key = sc.key if sc.key is not None else default_scale_key(sc.resolution)  # type: ignore[arg-type]
     if any(s.key == key for s in info.scales):
-        raise InvalidSpecError(f"neuroglancer_precomputed scale_metadata.key: a scale {key!r} already exists")
+        raise spec_error("scale_metadata.key", f"a scale {key!r} already exists")
     encoding = sc.encoding or "raw"
     scale = ScaleMetadata(
         key=key,
