@@ -163,7 +163,7 @@ class ShardingSpec:
                 "pip install 'tensorstore_py[precomputed]'"
             )
         # the low 8 bytes of the 128-bit hash of the little-endian id, seed 0
-        return mmh3.hash128(x.to_bytes(8, "little"), 0, False, False) & _U64
+        return mmh3.hash128(x.to_bytes(8, "little"), seed=0, x64arch=False, signed=False) & _U64
 
     def shard_and_minishard(self, chunk_id: int) -> tuple[int, int]:
         """The shard number and the minishard number (within it) of a chunk id."""
@@ -196,6 +196,24 @@ def morton_bits(grid_shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(max(int(g) - 1, 0).bit_length() for g in grid_shape)
 
 
+def _interleave(coords: Sequence[Any], bits: Sequence[int], code: Any) -> Any:
+    """OR the interleaved bits of ``coords`` into ``code``: Python ints or uint64 arrays alike."""
+    j = 0
+    for i in range(max(bits, default=0)):
+        for d, n in enumerate(bits):
+            if i < n:
+                code |= ((coords[d] >> i) & 1) << j
+                j += 1
+    return code
+
+
+def _check_grid(grid_shape: Sequence[int]) -> tuple[int, ...]:
+    bits = morton_bits(grid_shape)
+    if sum(bits) > 64:
+        raise InvalidArgumentError(f"a grid of {list(grid_shape)} cells needs {sum(bits)} > 64 bits of chunk id")
+    return bits
+
+
 def compressed_morton_code(cell: Sequence[int], grid_shape: Sequence[int]) -> int:
     """The chunk id of grid cell ``cell`` (x, y, z) in a grid of ``grid_shape`` cells.
 
@@ -204,16 +222,7 @@ def compressed_morton_code(cell: Sequence[int], grid_shape: Sequence[int]) -> in
     """
     if len(cell) != len(grid_shape) or any(not 0 <= c < g for c, g in zip(cell, grid_shape)):
         raise InvalidArgumentError(f"grid cell {list(cell)} is outside the grid {list(grid_shape)}")
-    bits = morton_bits(grid_shape)
-    code, j = 0, 0
-    for i in range(max(bits, default=0)):
-        for d, c in enumerate(cell):
-            if i < bits[d]:
-                code |= ((int(c) >> i) & 1) << j
-                j += 1
-    if j > 64:
-        raise InvalidArgumentError(f"a grid of {list(grid_shape)} cells needs {j} > 64 bits of chunk id")
-    return code
+    return _interleave([int(c) for c in cell], _check_grid(grid_shape), 0)
 
 
 def compressed_morton_codes(cells: np.ndarray, grid_shape: Sequence[int]) -> np.ndarray:
@@ -223,18 +232,8 @@ def compressed_morton_codes(cells: np.ndarray, grid_shape: Sequence[int]) -> np.
         raise InvalidArgumentError(f"cells must be an (n, {len(grid_shape)}) array, got shape {cells.shape}")
     if cells.size and ((cells < 0).any() or (cells >= np.asarray(grid_shape)).any()):
         raise InvalidArgumentError(f"grid cells outside the grid {list(grid_shape)}")
-    bits = morton_bits(grid_shape)
-    if sum(bits) > 64:
-        raise InvalidArgumentError(f"a grid of {list(grid_shape)} cells needs {sum(bits)} > 64 bits of chunk id")
     c = cells.astype(np.uint64)
-    code = np.zeros(len(c), np.uint64)
-    j = 0
-    for i in range(max(bits, default=0)):
-        for d in range(len(bits)):
-            if i < bits[d]:
-                code |= ((c[:, d] >> np.uint64(i)) & np.uint64(1)) << np.uint64(j)
-                j += 1
-    return code
+    return _interleave([c[:, d] for d in range(c.shape[1])], _check_grid(grid_shape), np.zeros(len(c), np.uint64))
 
 
 # -- data and index encodings ----------------------------------------------------------------
