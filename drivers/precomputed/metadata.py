@@ -224,23 +224,23 @@ class ScaleMetadata:
             lo, hi = self.voxel_offset[d], self.voxel_offset[d] + self.size[d]
             if not -MAX_EXTENT < lo <= hi < MAX_EXTENT:
                 raise spec_error(f"{where}.size", f"size {list(self.size)} at voxel_offset "
-                                            f"{list(self.voxel_offset)} leaves the representable range")
+                                                  f"{list(self.voxel_offset)} leaves the representable range")
         per_voxel = num_channels or 1
         for i, cs in enumerate(self.chunk_sizes):
             if math.prod(cs) * per_voxel > MAX_CHUNK_ELEMENTS:
-                raise spec_error(f"{where}.chunk_sizes[{i}]", f"a chunk of {list(cs)} x {per_voxel} channels "
-                                                        f"exceeds {MAX_CHUNK_ELEMENTS} elements")
+                raise spec_error(f"{where}.chunk_sizes[{i}]",
+                                 f"a chunk of {list(cs)} x {per_voxel} channels exceeds {MAX_CHUNK_ELEMENTS} elements")
         block = self.compressed_segmentation_block_size
         if block is not None and math.prod(block) > MAX_CHUNK_ELEMENTS:
             raise spec_error(f"{where}.compressed_segmentation_block_size",
-                       f"a block of {list(block)} exceeds {MAX_CHUNK_ELEMENTS} elements")
+                             f"a block of {list(block)} exceeds {MAX_CHUNK_ELEMENTS} elements")
         if self.sharding is not None:
             if len(self.chunk_sizes) != 1:
                 raise spec_error(f"{where}.chunk_sizes", "the sharded format allows exactly one chunk size")
             bits = sum(morton_bits(self.grid_shape()))
             if bits > 64:
                 raise spec_error(f"{where}.sharding", f"size {list(self.size)} with chunk size "
-                                                f"{list(self.chunk_size)} needs {bits} > 64 bits of chunk id")
+                                                      f"{list(self.chunk_size)} needs {bits} > 64 bits of chunk id")
 
     def to_json(self) -> dict[str, Any]:
         """The scale's ``info`` entry (unknown members included)."""
