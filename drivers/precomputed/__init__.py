@@ -19,7 +19,7 @@ from tensorstore_py.drivers.precomputed.metadata import INFO_KEY, Domain, Multis
 from tensorstore_py.drivers.precomputed.sharding import ShardingSpec, compressed_morton_code
 from tensorstore_py.drivers.precomputed.spec import (
     MultiscaleConstraints,
-    OpenedScale,
+    ResolvedScale,
     ScaleConstraints,
     create_scale,
     open_scale,
@@ -33,7 +33,7 @@ __all__ = [
     "Domain",
     "MultiscaleConstraints",
     "MultiscaleMetadata",
-    "OpenedScale",
+    "ResolvedScale",
     "ScaleConstraints",
     "ScaleMetadata",
     "ShardingSpec",

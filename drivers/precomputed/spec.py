@@ -44,7 +44,7 @@ from tensorstore_py.drivers.precomputed.sharding import ShardingSpec
 
 __all__ = [
     "MultiscaleConstraints",
-    "OpenedScale",
+    "ResolvedScale",
     "ScaleConstraints",
     "create_scale",
     "open_scale",
@@ -188,8 +188,8 @@ def _expect(where: str, want: Any, found: Any) -> None:
 
 
 @dataclass(frozen=True)
-class OpenedScale:
-    """A scale picked from an ``info`` by the spec, and the chunk size to use."""
+class ResolvedScale:
+    """A scale of an ``info`` (opened or newly created) and the chunk size to use."""
 
     info: MultiscaleMetadata
     index: int
@@ -209,7 +209,7 @@ def _constraints(scale_metadata: Any, multiscale_metadata: Any) -> tuple[ScaleCo
 
 def open_scale(info: MultiscaleMetadata, *, scale_index: int | None = None,
                scale_metadata: ScaleConstraints | Mapping[str, Any] | None = None,
-               multiscale_metadata: MultiscaleConstraints | Mapping[str, Any] | None = None) -> OpenedScale:
+               multiscale_metadata: MultiscaleConstraints | Mapping[str, Any] | None = None) -> ResolvedScale:
     """Select the scale of an existing volume that the spec names, checking every constraint."""
     sc, mc = _constraints(scale_metadata, multiscale_metadata)
     mc.check(info)
@@ -225,12 +225,12 @@ def open_scale(info: MultiscaleMetadata, *, scale_index: int | None = None,
                                 f"(scales: {[s.key for s in info.scales]})")
         index = found[0]
     sc.check(info.scales[index], f"scale_metadata (scale {index})")
-    return OpenedScale(info, index, sc.chunk_size or info.scales[index].chunk_size)
+    return ResolvedScale(info, index, sc.chunk_size or info.scales[index].chunk_size)
 
 
 def create_scale(info: MultiscaleMetadata | None, *, scale_index: int | None = None,
                  scale_metadata: ScaleConstraints | Mapping[str, Any] | None = None,
-                 multiscale_metadata: MultiscaleConstraints | Mapping[str, Any] | None = None) -> OpenedScale:
+                 multiscale_metadata: MultiscaleConstraints | Mapping[str, Any] | None = None) -> ResolvedScale:
     """A new scale (in a new volume when ``info`` is None), as described by the spec.
 
     The result's ``info`` is the new document, to be written by the caller
@@ -267,14 +267,14 @@ def create_scale(info: MultiscaleMetadata | None, *, scale_index: int | None = N
         png_level=sc.png_level,
     )
     info = info.with_scale(scale)
-    return OpenedScale(info, n, scale.chunk_size)
+    return ResolvedScale(info, n, scale.chunk_size)
 
 
 def resolve_scale(info: MultiscaleMetadata | None, *, open: bool = True, create: bool = False,
                   scale_index: int | None = None,
                   scale_metadata: ScaleConstraints | Mapping[str, Any] | None = None,
                   multiscale_metadata: MultiscaleConstraints | Mapping[str, Any] | None = None
-                  ) -> tuple[OpenedScale, bool]:
+                  ) -> tuple[ResolvedScale, bool]:
     """Open the scale the spec names or, failing that and if ``create``, make it.
 
     Returns the scale and whether ``info`` changed (and must be written).
@@ -292,7 +292,7 @@ def resolve_scale(info: MultiscaleMetadata | None, *, open: bool = True, create:
                         multiscale_metadata=multiscale_metadata), True
 
 
-def scale_spec(opened: OpenedScale) -> dict[str, Any]:
+def scale_spec(opened: ResolvedScale) -> dict[str, Any]:
     """``scale_index``, ``scale_metadata`` and ``multiscale_metadata`` describing an open scale."""
     s = opened.scale
     sc = ScaleConstraints(
