@@ -200,6 +200,16 @@ class ChunkedArray(ArrayDriver):
     def decode_chunk(self, key: str, data: Any) -> np.ndarray:
         return self._codec.decode(data, key=key)
 
+    def codec_at(self, cell: tuple[int, ...]) -> ChunkCodec:
+        """The codec of the chunk at grid position ``cell``: the array's codec.
+
+        Formats that store edge chunks clipped to the array (n5, neuroglancer
+        precomputed) override this with a codec that decodes a stored edge
+        chunk into the full chunk shape (the rest filled) and encodes the full
+        chunk's in-bounds part. Every per-chunk encode/decode goes through it.
+        """
+        return self._codec
+
     @property
     def raw_chunk_nbytes(self) -> int | None:
         if not self._codec.raw:
@@ -382,12 +392,13 @@ class ChunkedArray(ArrayDriver):
         """Decode one chunk and copy its part into ``dest``; returns the chunk
         array when it is a standalone copy (so it may be cached)."""
         whole = dest.shape == self._chunk_shape
-        if whole and self._cache is None and (dest.flags.c_contiguous or self._codec.strided_out):
-            arr = self._codec.decode(buf, key=key, out=dest)
+        codec = self.codec_at(p.cell)
+        if whole and self._cache is None and (dest.flags.c_contiguous or codec.strided_out):
+            arr = codec.decode(buf, key=key, out=dest)
             if arr is not dest:
                 np.copyto(dest, arr)
             return None
-        arr = self._codec.decode(buf, key=key)
+        arr = codec.decode(buf, key=key)
         dest[...] = arr if whole else arr[p.chunk]
         return arr
 
@@ -478,7 +489,7 @@ class ChunkedArray(ArrayDriver):
             arr[self._in_bounds(p.cell)] = src
         if is_fill(arr, self._fill_arr):
             return None
-        enc = self._codec.encode(arr)
+        enc = self.codec_at(p.cell).encode(arr)
         return None if len(enc) == 0 else enc
 
     def _modify(self, res: ReadResult, key: str, p: ChunkPart, src: np.ndarray) -> Any:
@@ -486,14 +497,15 @@ class ChunkedArray(ArrayDriver):
             enc = self._shard.update(None if res.state == "missing" else res.value, p.chunk, src,
                                      key=key)
             return None if len(enc) == 0 else enc
+        codec = self.codec_at(p.cell)
         if res.state == "missing":
             arr = np.full(self._chunk_shape, self._fill_arr, dtype=self._dtype)
         else:
-            arr = np.array(self._codec.decode(res.value, key=key), copy=True)
+            arr = np.array(codec.decode(res.value, key=key), copy=True)
         arr[p.chunk] = src
         if is_fill(arr, self._fill_arr):
             return None
-        enc = self._codec.encode(arr)
+        enc = codec.encode(arr)
         return None if len(enc) == 0 else enc
 
     async def _write_part(self, p: ChunkPart, src: np.ndarray) -> None:

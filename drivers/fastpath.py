@@ -50,6 +50,8 @@ class ChunkOps(Protocol):
 
     def chunk_key(self, cell: tuple[int, ...]) -> str: ...
 
+    def codec_at(self, cell: tuple[int, ...]) -> ChunkCodec: ...
+
     def _decode_into(self, buf: Any, key: str, p: ChunkPart, dest: np.ndarray) -> np.ndarray | None:
         """Decode one chunk and copy its part into ``dest``."""
 
