@@ -14,7 +14,8 @@ from tensorstore_py.drivers.codecs.base import BytesBytesCodec, ChunkSpec
 from tensorstore_py.drivers.open import build_metadata
 from tensorstore_py.errors import InvalidArgumentError, UnsupportedError
 
-BUILTIN = ["blosc", "bytes", "crc32c", "gzip", "sharding_indexed", "transpose", "zstd"]
+BUILTIN = ["blosc", "bytes", "crc32c", "gzip", "sharding_indexed", "transpose", "vlen-bytes",
+           "vlen-utf8", "zstd"]
 
 
 def test_every_builtin_codec_is_registered() -> None:

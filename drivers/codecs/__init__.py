@@ -14,6 +14,8 @@ Modules:
 * ``blosc_codec``   ``blosc``; zarr v2 ``blosc``; ``compression="blosc"``
 * ``crc32c_codec``  ``crc32c``
 * ``lz4_v2``        zarr v2 ``lz4`` (no zarr3 codec)
+* ``vlen``          ``vlen-utf8``, ``vlen-bytes`` (strings, bytes); the zarr v2
+                    object codecs of the same ids
 * ``sharding``      ``sharding_indexed`` (inner chunks plus an index)
 * ``_limits``       size checks shared by the decompressors
 
@@ -30,6 +32,7 @@ from tensorstore_py.drivers.codecs import (  # noqa: F401  (imported to register
     lz4_v2,
     sharding,
     transpose,
+    vlen,
     zstd_codec,
 )
 from tensorstore_py.drivers.codecs.chain import CodecChain
