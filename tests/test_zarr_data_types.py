@@ -349,3 +349,15 @@ def test_natural_dtypes() -> None:
         == np.dtype("M8")
     assert dtype_from_v2("<M8[ns]") == np.dtype("M8[ns]")
     assert dtype_from_v2(">U3") == np.dtype(">U3")  # stored big-endian, read native
+
+
+def test_checkpoints_store_fixed_size_types_and_refuse_variable_length_ones(tmp_path: Path) -> None:
+    """Checkpoint chunks are raw bytes: times and fixed-length text round-trip,
+    strings and object arrays are refused up front (their memory is pointers)."""
+    tree = {"t": VALUES["datetime"], "u": VALUES["U"], "s": VALUES["S"]}
+    tsp.checkpoint.save(str(tmp_path), tree, step=1).result()
+    back = tsp.checkpoint.restore(str(tmp_path), step=1)
+    assert all(same(back[k], v) for k, v in tree.items())
+    for leaf in (VALUES["string"], VALUES["bytes"]):
+        with pytest.raises(InvalidArgumentError, match="can not be stored"):
+            tsp.checkpoint.save(str(tmp_path), {"x": leaf}, step=2).result()
