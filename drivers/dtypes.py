@@ -310,7 +310,10 @@ def dtype_to_v2(dtype: Any) -> str:
     if is_variable_length(dt):
         return "|O"
     if dt.kind not in _V2_KINDS or dt.fields is not None or dt.subdtype is not None:
-        raise UnsupportedError(f"numpy dtype {dt} has no zarr v2 dtype string")
+        raise UnsupportedError(
+            f"numpy dtype {dt} has no zarr v2 dtype string; supported: kinds {', '.join(_V2_KINDS)}, "
+            f"{', '.join(_ML_NAMES)}, str and bytes"
+        )
     return dt.str
 
 

@@ -342,6 +342,20 @@ def test_v2_unknown_codec_lists_the_supported_ones(tmp_path: Path) -> None:
         tsp.open("file://" + str(tmp_path)).result()
 
 
+@pytest.mark.parametrize("driver", ["zarr3", "zarr"])
+def test_creating_an_unsupported_dtype_names_it_and_the_supported_ones(tmp_path: Path, driver: str) -> None:
+    dt = np.dtype([("a", "<i4")])
+    with pytest.raises(UnsupportedError, match=r"\[\('a', '<i4'\)\].*supported: .*(string|str and bytes)"):
+        tsp.open({"driver": driver, "kvstore": "file://" + str(tmp_path)}, create=True, dtype=dt,
+                 shape=[2]).result()
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_byte_budget_counts_an_estimate_per_variable_length_element(tmp_path: Path) -> None:
+    a = tsp.open("file://" + str(tmp_path), create=True, dtype=str, shape=[100], chunks=[10]).result()
+    assert a.base._driver._chunk_nbytes == 10 * (STRING_DTYPE.itemsize + 64)
+
+
 def test_natural_dtypes() -> None:
     assert dtype_from_v3("string") == STRING_DTYPE and STRING_DTYPE.kind == "T"
     assert dtype_from_v3("variable_length_bytes") == BYTES_DTYPE == np.dtype(object)
