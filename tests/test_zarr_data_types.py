@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import struct
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,8 @@ from tensorstore_py.errors import (
     UnsupportedError,
 )
 
-warnings.filterwarnings("ignore", message=".*not part of the Zarr format 3.*")
-warnings.filterwarnings("ignore", category=UserWarning, module="zarr")
+# zarr-python warns that these data types have no zarr3 specification yet
+pytestmark = pytest.mark.filterwarnings("ignore:The data type .* does not have a Zarr V3 specification")
 
 SHAPE = (9,)
 CHUNKS = (2,)
