@@ -7,6 +7,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Union
 
+from tensorstore_py.checkpoint.assembly import Assemble
 from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.leaves import array_leaves, open_leaf
 from tensorstore_py.checkpoint.restoring import ReadStats, restore_step
@@ -76,12 +77,16 @@ class Root:
         with _seq_lock:
             _seq += 1
             namespace = f"tsp/checkpoint/save-{_seq}-step-{step}"
-        return spawn(
+        fut = spawn(
             run_save(
                 self.store, step, snap, coordinator=coord, namespace=namespace,
                 metrics=metrics, options=options, on_commit=on_commit,
             )
         )
+        # "pinned_host" staging: the writes copy the last chunks off the caller's
+        # arrays; return once they are no longer needed (or the save failed)
+        snap.staged.wait()
+        return fut
 
     def restore(
         self,
@@ -90,9 +95,11 @@ class Root:
         *,
         max_bytes_in_flight: int = 512 << 20,
         stats: ReadStats | None = None,
+        assemble: Assemble = "auto",
     ) -> Any:
         return restore_step(
-            self.store, step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats
+            self.store, step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats,
+            assemble=assemble,
         )
 
 
@@ -107,8 +114,10 @@ def save(
 ) -> Future[StepInfo]:
     """Save ``tree`` as ``step`` under ``root``; returns a Future of its :class:`StepInfo`.
 
-    The device-to-host copy is done when this returns (the caller may then change
-    or donate its arrays); writing and the commit continue in the background.
+    When this returns the caller may change, donate or delete its arrays: what is
+    saved has been staged (``options.staging``: a device-side snapshot, pinned or
+    ordinary host memory; see :class:`SaveOptions`); the copy to the host, writing
+    and the commit continue in the background.
     The step becomes visible atomically (one commit) when the Future completes,
     or never. In a multi-process JAX job every process calls it with the same
     arguments. Raises :class:`ConditionFailedError` if ``step`` already exists.
@@ -123,6 +132,7 @@ def restore(
     target: Any = None,
     max_bytes_in_flight: int = 512 << 20,
     stats: ReadStats | None = None,
+    assemble: Assemble = "auto",
 ) -> Any:
     """Restore ``step`` (default: the newest) from ``root``.
 
@@ -131,10 +141,17 @@ def restore(
     ``jax.Array`` or ``jax.ShapeDtypeStruct`` becomes a ``jax.Array`` with the
     target's sharding, read only where this process's devices need it. Raises
     :class:`NotFoundError` for a missing step or leaf. ``max_bytes_in_flight``
-    bounds the read buffers held at once (host memory peaks near the restored
-    size plus this).
+    bounds the read buffers held at once. ``assemble`` says where the block of
+    each device is put together: ``"host"`` (then transferred; host memory peaks
+    near the restored size plus the budget, and on CPU devices the host blocks
+    become the arrays without a copy), ``"device"`` (each piece is transferred as
+    soon as it is read and written into the block on the device: host memory
+    holds only the budget) or ``"auto"`` (the device for accelerators, the host
+    for CPU devices).
     """
-    return Root(root).restore(step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats)
+    return Root(root).restore(
+        step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, assemble=assemble
+    )
 
 
 def leaf_paths(root: RootLike, *, step: int | None = None) -> Future[list[str]]:
