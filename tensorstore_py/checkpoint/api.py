@@ -83,6 +83,7 @@ class Root:
                 metrics=metrics, options=options, on_commit=on_commit,
             )
         )
+        fut.add_done_callback(lambda _f: snap.release())
         # "pinned_host" staging: the writes copy the last chunks off the caller's
         # arrays; return once they are no longer needed (or the save failed)
         snap.staged.wait()

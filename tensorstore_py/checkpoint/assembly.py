@@ -19,13 +19,13 @@ JAX is never imported here: these functions are only reached with jax targets.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any, Literal
 
 import numpy as np
 
-from tensorstore_py.core.errors import InvalidArgumentError
+from tensorstore_py.checkpoint.jax_adapter import jax_module
+from tensorstore_py.checkpoint.staging import check_choice
 
 __all__ = ["ASSEMBLIES", "Assemble", "DeviceBlock", "assemble_on_device", "check_assemble"]
 
@@ -33,16 +33,9 @@ Assemble = Literal["auto", "host", "device"]
 ASSEMBLIES: tuple[str, ...] = ("auto", "host", "device")
 
 
-def _jax() -> Any:
-    return sys.modules["jax"]
-
-
 def check_assemble(assemble: str) -> None:
     """InvalidArgumentError unless ``assemble`` is one of :data:`ASSEMBLIES`."""
-    if assemble not in ASSEMBLIES:
-        raise InvalidArgumentError(
-            f"restore: assemble must be one of {', '.join(map(repr, ASSEMBLIES))}; got {assemble!r}"
-        )
+    check_choice("restore: assemble", assemble, ASSEMBLIES)
 
 
 def _default_memory(sharding: Any) -> bool:
@@ -73,7 +66,7 @@ def _update() -> Any:
     per (block, piece) shape and dtype, the offsets are traced."""
     global _update_fn
     if _update_fn is None:
-        jax = _jax()
+        jax = jax_module()
         _update_fn = jax.jit(
             lambda block, piece, starts: jax.lax.dynamic_update_slice(block, piece, starts),
             donate_argnums=0,
@@ -99,7 +92,7 @@ class DeviceBlock:
     def put(self, dst: tuple[slice, ...] | None, piece: np.ndarray) -> None:
         """Place the host array ``piece`` at ``dst`` of the block (None: it is the
         whole block)."""
-        jax = _jax()
+        jax = jax_module()
         if piece.dtype != self.dtype or not piece.dtype.isnative:
             piece = piece.astype(self.dtype)  # numpy's casting, as the host path
         if not piece.flags.c_contiguous:
@@ -119,9 +112,9 @@ class DeviceBlock:
     def result(self) -> Any:
         """The assembled block (a single-device ``jax.Array``)."""
         if self._block is None:  # no piece: an empty block
-            return _jax().device_put(np.zeros(self.shape, self.dtype), self.device)
+            return jax_module().device_put(np.zeros(self.shape, self.dtype), self.device)
         return self._block
 
     def to(self, device: Any) -> Any:
         """The block on another local device (replicated regions are read once)."""
-        return _jax().device_put(self.result(), device)
+        return jax_module().device_put(self.result(), device)

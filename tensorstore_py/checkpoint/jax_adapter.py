@@ -27,6 +27,7 @@ __all__ = [
     "distributed_coordinator",
     "global_array",
     "is_jax_array",
+    "jax_module",
     "shards_to_save",
     "target_regions",
 ]
@@ -34,6 +35,12 @@ __all__ = [
 
 def _jax() -> Any:
     return sys.modules.get("jax")
+
+
+def jax_module() -> Any:
+    """The imported ``jax`` module (callers reach here only with jax values, so
+    it is imported already)."""
+    return sys.modules["jax"]
 
 
 def is_jax_array(x: Any) -> bool:

@@ -128,6 +128,12 @@ class Snapshot:
         if self.unstaged <= 0:
             self.staged.set()
 
+    def release(self) -> None:
+        """The save ended (committed or failed): drop what is staged (device memory)
+        and release a caller still waiting for the staging."""
+        self.chunks = []
+        self.staged.set()
+
 
 def _scalar_json(x: Any) -> dict[str, Any]:
     if isinstance(x, bool):
@@ -313,30 +319,8 @@ async def run_save(
 ) -> StepInfo:
     """Phases 2 and 3 (background). Raises ConditionFailedError if ``step`` exists.
 
-    Sets ``snap.staged`` when it ends, however it ends, so that a caller still
-    waiting for the staging is released (a failed save then raises from the
-    Future)."""
-    try:
-        return await _write_and_commit(
-            store, step, snap, coordinator=coordinator, namespace=namespace, metrics=metrics,
-            options=options, on_commit=on_commit,
-        )
-    finally:
-        snap.chunks = []  # drop staged shards (device memory) even when the save failed
-        snap.staged.set()
-
-
-async def _write_and_commit(
-    store: StepStore,
-    step: int,
-    snap: Snapshot,
-    *,
-    coordinator: Coordinator,
-    namespace: str,
-    metrics: dict[str, Any],
-    options: SaveOptions,
-    on_commit: Callable[[StepInfo], Awaitable[Any]] | None,
-) -> StepInfo:
+    The caller releases the snapshot (:meth:`Snapshot.release`) when this ends,
+    however it ends."""
     p, n = coordinator.process_index, coordinator.process_count
     timeout = options.commit_timeout
     if n > 1:

@@ -48,18 +48,19 @@ JAX is never imported here: these functions are only reached with jax arrays.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
+from tensorstore_py.checkpoint.jax_adapter import jax_module
 from tensorstore_py.checkpoint.layout import host_copy
 from tensorstore_py.core.errors import InvalidArgumentError
 
 __all__ = [
     "STAGINGS",
     "Staging",
+    "check_choice",
     "check_staging",
     "choose_staging",
     "chunk_fetcher",
@@ -75,16 +76,15 @@ DEVICE_ROOM_SHARE = 0.9
 _HOST_KINDS = ("pinned_host", "unpinned_host")
 
 
-def _jax() -> Any:
-    return sys.modules["jax"]
+def check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
+    """InvalidArgumentError naming ``what`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise InvalidArgumentError(f"{what} must be one of {', '.join(map(repr, choices))}; got {value!r}")
 
 
 def check_staging(staging: str) -> None:
     """InvalidArgumentError unless ``staging`` is one of :data:`STAGINGS`."""
-    if staging not in STAGINGS:
-        raise InvalidArgumentError(
-            f"SaveOptions.staging must be one of {', '.join(map(repr, STAGINGS))}; got {staging!r}"
-        )
+    check_choice("SaveOptions.staging", staging, STAGINGS)
 
 
 def _device(x: Any) -> Any:
@@ -149,7 +149,7 @@ def stage(shards: list[Any], mode: str) -> list[Any]:
         else:
             on_device.append(i)
     if mode == "device" and on_device:
-        jax = _jax()
+        jax = jax_module()
         copies = jax.device_put(
             [shards[i] for i in on_device], [shards[i].sharding for i in on_device], may_alias=False
         )
@@ -185,7 +185,7 @@ _pinned_shardings: dict[Any, Any] = {}
 def _pinned(device: Any) -> Any | None:
     """The pinned-host sharding of ``device`` (None when it has no such memory)."""
     if device not in _pinned_shardings:
-        jax = _jax()
+        jax = jax_module()
         _pinned_shardings[device] = (
             jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
             if has_pinned_host(device) else None
@@ -199,7 +199,7 @@ def chunk_fetcher(src: Any, index: tuple[tuple[int, int], ...] | None) -> Callab
     a zero-copy host view of it (C-ordered). Runs on an I/O thread."""
 
     def fetch() -> np.ndarray:
-        jax = _jax()
+        jax = jax_module()
         piece = src
         if index is not None:
             piece = jax.lax.slice(src, [a for a, _ in index], [b for _, b in index])
