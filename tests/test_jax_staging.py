@@ -289,3 +289,19 @@ def test_kill_during_a_streamed_save_publishes_nothing_partial(tmp_path: Path) -
 def test_kill_at_many_points_of_a_streamed_save(tmp_path: Path, staging: str) -> None:
     for delay in (0.0, 0.05, 0.12, 0.2, 0.3, 0.5):
         _kill_mid_save(tmp_path, staging, delay)
+
+
+@pytest.mark.slow
+def test_the_accelerator_benchmark_runs_on_cpu_devices(tmp_path: Path) -> None:
+    # the case meant for a GPU (benchmarks/checkpoint.py --device gpu) on CPU devices,
+    # tiny: every system in its own processes, every leaf checked bit-exact
+    script = Path(__file__).parent.parent / "benchmarks" / "checkpoint.py"
+    r = subprocess.run(
+        [sys.executable, str(script), "--device", "cpu", "--gib", "0.01", "--systems", "tsp,tsp_pinned,floor",
+         "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("436 leaves bit-exact") == 2, r.stdout
+    for line in ("tsp_blocked:", "tsp_pinned_durable:", "floor_d2h_pinned:", "ratio_restore_floor_over_tsp:"):
+        assert line in r.stdout, r.stdout

@@ -150,9 +150,11 @@ def stage(shards: list[Any], mode: str) -> list[Any]:
             on_device.append(i)
     if mode == "device" and on_device:
         jax = jax_module()
-        copies = jax.device_put(
-            [shards[i] for i in on_device], [shards[i].sharding for i in on_device], may_alias=False
-        )
+        xs = [shards[i] for i in on_device]
+        try:
+            copies = jax.device_put(xs, [x.sharding for x in xs], may_alias=False)
+        except TypeError:  # an older JAX without device_put(may_alias=): one copy per shard
+            copies = [jax.numpy.array(x, copy=True) for x in xs]
         # wait: the caller may donate or delete its arrays as soon as save() returns
         jax.block_until_ready(copies)
         for i, c in zip(on_device, copies):
