@@ -240,6 +240,47 @@ def test_restore_of_a_1gib_leaf_holds_at_most_the_budget_beyond_it(tmp_path: Pat
     _restore_extra_rss(tmp_path, 1 << 30, 512 << 20)
 
 
+_SAVE_RSS = """
+import json, sys
+import jax, jax.numpy as jnp
+import tensorstore_py as tsp
+from tensorstore_py.checkpoint import SaveOptions
+root, n, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+state = {f"w{i}": jnp.full((n // 4 // 4 // 1024, 1024), float(i), jnp.float32) for i in range(4)}
+jax.block_until_ready(state)
+opts = SaveOptions(staging="pinned_host", max_bytes_in_flight=budget, target_chunk_bytes=budget // 4)
+mgr = tsp.CheckpointManager(root, options=opts)
+mgr.save(0, state).result()  # load the code paths (and compile the slices) first
+
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak (VmHWM) to the current RSS
+base = status("VmRSS:")
+mgr.save(1, state).result()
+print(json.dumps({"extra": status("VmHWM:") - base}))
+"""
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs /proc/self/clear_refs")
+def test_a_streamed_save_holds_the_budget_not_the_state(tmp_path: Path) -> None:
+    # "pinned_host" staging on CPU devices: the state stays on the (host-backed)
+    # device; host memory grows by the chunks in flight, not by the state. (On CPU
+    # a chunk cut from a shard is first sliced into a device buffer, which is host
+    # memory there: up to twice the budget; on an accelerator that slice is on the
+    # device.)
+    n, budget = 256 << 20, 32 << 20
+    r = subprocess.run([sys.executable, "-c", _SAVE_RSS, f"file://{tmp_path}/", str(n), str(budget)],
+                       capture_output=True, text=True, timeout=300, check=False,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr
+    extra = json.loads(r.stdout.strip().splitlines()[-1])["extra"]
+    assert extra < 2 * budget + (48 << 20), extra / 2**20
+
+
 _KILLED_SAVE = """
 import sys, jax, jax.numpy as jnp, numpy as np
 import tensorstore_py as tsp
