@@ -505,3 +505,44 @@ def test_format_1_stores_without_a_watermark_are_reclaimed_once(tmp_path: Any) -
     assert [v.version for v in kv.versions().result(T)] == [5, 6, 7, 8]
     assert kv.read("k").result(T).value == b"5" * 500
     assert verify(kv).result(T) == []
+
+
+class _WithTemporaries(MemoryKvStore):
+    """Stands in for the file store's side of issue 10 item 13: a base store
+    that keeps temporaries of crashed writers beside its keys and sweeps them
+    with ``sweep_temporaries(older_than, *, dry_run) -> Future[list[str]]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.temporaries: dict[str, float] = {}  # name -> change time
+        self.calls: list[tuple[float, bool]] = []
+
+    def sweep_temporaries(self, older_than: float, *, dry_run: bool = True) -> Any:
+        from tensorstore_py.core.future import ready
+
+        self.calls.append((older_than, dry_run))
+        now = time.time()
+        found = sorted(n for n, t in self.temporaries.items() if now - t >= older_than)
+        if not dry_run:
+            for n in found:
+                del self.temporaries[n]
+        return ready(found)
+
+
+def test_gc_sweeps_the_base_stores_temporaries_older_than_grace_and_every_writer() -> None:
+    base = _WithTemporaries()
+    kv = VersionedKvStore(base)
+    kv.write("a", b"1").result(T)
+    base.temporaries = {"data/.__tsp__/x.1.tmp": time.time() - 30, "nodes/.__tsp__/y.2.tmp": time.time()}
+    dry = gc(kv, grace=10).result(T)
+    assert dry.temporaries == ("data/.__tsp__/x.1.tmp",) and base.calls == [(10.0, True)]
+    assert len(base.temporaries) == 2
+    txn = tsp.Transaction()  # a writer in flight: its temporaries are younger than it is
+    kv.with_transaction(txn).write("big", os.urandom(300_000)).result(T)
+    held = gc(kv, grace=10, dry_run=False).result(T)
+    assert held.temporaries == () and base.calls[-1][0] >= 60  # older than the writer's start
+    txn.commit().result(T)  # releases the writer
+    done = gc(kv, grace=10, dry_run=False).result(T)
+    assert done.temporaries == ("data/.__tsp__/x.1.tmp",) and base.calls[-1] == (10.0, False)
+    assert list(base.temporaries) == ["nodes/.__tsp__/y.2.tmp"]
+    assert gc(VersionedKvStore(MemoryKvStore())).result(T).temporaries == ()  # stores without it
