@@ -15,6 +15,7 @@ resolved by reading the record back and comparing write-ids (FORMAT.md §6.3).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -142,6 +143,7 @@ class VersionedRoot:
         self._hint_task: asyncio.Future[None] | None = None
         self._hint_time = -HINT_INTERVAL
         self._hint_later = False  # a rewrite is due when the interval has passed
+        self._hint_known = [0]  # what it will say (shared with the pending rewrite)
         #: this process's lease on the store (docs/FORMAT.md §9.3)
         self.leases = LeaseKeeper(base)
 
@@ -380,18 +382,19 @@ class VersionedRoot:
         ends up naming the newest version this process committed (``verify``
         uses that to notice a deleted newest record)."""
         now = time.monotonic()
+        self._hint_known[0] = self.known
         if self._hint_task is not None or now - self._hint_time < HINT_INTERVAL:
             if not self._hint_later:
                 self._hint_later = True
                 delay = max(0.05, self._hint_time + HINT_INTERVAL - now)
-                asyncio.get_running_loop().call_later(delay, self._hint_due)
+                # weakly: a root lives only as long as its users (get_root must
+                # not hand a stale root to a store recreated at the same place);
+                # if it is gone by then, its last known version is written anyway
+                asyncio.get_running_loop().call_later(
+                    delay, _hint_due, weakref.ref(self), self.base, self._hint_known)
             return
         self._hint_time = now
         self._hint_task = asyncio.ensure_future(self._write_hint())
-
-    def _hint_due(self) -> None:
-        self._hint_later = False
-        self._maybe_write_hint()
 
     async def _write_hint(self) -> None:
         try:
@@ -410,6 +413,20 @@ class VersionedRoot:
         self.committer = None
         self._hint_task = None
         self._hint_later = False
+
+
+def _hint_due(ref: weakref.ref[VersionedRoot], base: KvStore, known: list[int]) -> None:
+    root = ref()
+    if root is not None:
+        root._hint_later = False
+        root._maybe_write_hint()
+    else:
+        asyncio.ensure_future(_write_hint_of(base, known[0]))
+
+
+async def _write_hint_of(base: KvStore, version: int) -> None:
+    with contextlib.suppress(Exception):
+        await base.write(HINT_NAME, frame(MAGIC_HINT, {"version": version}))
 
 
 class RootView:
