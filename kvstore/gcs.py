@@ -6,7 +6,8 @@ Spec::
      "endpoint": "http://127.0.0.1:4443",   # optional; else $STORAGE_EMULATOR_HOST, else GCS
      "concurrency": 32,                     # optional; requests in flight per store
      "credentials": "auto",                 # optional; "auto" | "default" | "anonymous"
-     "retries": {"max_attempts": 10, "initial_delay": 0.05, "max_delay": 10.0}}
+     "retries": {"max_attempts": 10, "initial_delay": 0.05, "max_delay": 10.0},
+     "emulator_workarounds": false}         # optional; for fake-gcs-server (see below)
 
 URL form: ``gs://bucket/path/``.
 
@@ -31,20 +32,22 @@ Guarantees:
 Retried conditional writes. A conditional write whose response was lost may have
 landed; its retry then fails its own precondition (412), which at the HTTP level
 looks exactly like a lost race. Each upload therefore carries a unique write-id
-in its custom metadata (``tsp-write-id``), and a 412 on a *retry* is resolved by
-reading the object's metadata back: if it carries our write-id, the write landed
-and its generation is returned. For create-only writes this is exact (nobody
-else can have created the object after ours; only an unconditional overwrite or
-a delete in between would hide it). For compare-and-swap one window remains: a
-lost response followed by another writer's successful swap before our retry; the
-call then reports ConditionFailedError although our value was stored (briefly).
-Layers that need exactly-once commits stamp their own write-ids into what they
-write and read them back, as the transactional store does.
+in its custom metadata (``tsp-write-id``), and a 412 after an attempt that may
+have landed is resolved by reading the object back: our write-id means the
+write landed (its generation is returned); a create-only write that finds
+another writer's object lost; a compare-and-swap that finds another writer's
+generation (it may have landed first and been replaced) raises
+CommitOutcomeUnknownError carrying the write-id, never ConditionFailedError
+(see :mod:`~tensorstore_py.kvstore._objstore`). The same when every attempt
+failed in transit.
 
-Conditional deletes. fake-gcs-server ignores preconditions on DELETE, so a
-conditional delete first reads the object's generation (failing fast with the
-found generation in the message), then deletes with ``ifGenerationMatch``; real
-GCS enforces that atomically, the emulator does not.
+Conditional deletes send ``ifGenerationMatch``, which GCS enforces atomically.
+A 404 or 412 after an attempt that may have landed is not taken for success or
+for a lost race: our delete may have happened first, so the outcome is
+unknown (CommitOutcomeUnknownError). ``emulator_workarounds`` (set by the test
+fixture for fake-gcs-server, which ignores DELETE preconditions) reads the
+generation first and refuses a mismatch; that check and the delete are then
+two steps, not one.
 
 A missing bucket reads as missing keys (GCS answers 404 to both) but makes
 ``list`` raise NotFoundError.
@@ -52,13 +55,14 @@ A missing bucket reads as missing keys (GCS answers 404 to both) but makes
 Credentials (``"auto"``): anonymous when ``STORAGE_EMULATOR_HOST`` is set or the
 endpoint is plain ``http://`` (an emulator or test proxy; tokens must not travel
 unencrypted); otherwise google-auth's application-default credentials, falling
-back to anonymous access (public buckets) with a warning when none are found.
-``"default"`` requires those credentials; ``"anonymous"`` never sends any.
+back to anonymous access (public buckets) with one warning when none are found,
+and looking again after a minute or an access denial
+(:mod:`~tensorstore_py.kvstore._auth`). ``"default"`` requires those
+credentials; ``"anonymous"`` never sends any.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime
 import json
@@ -69,7 +73,6 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 from urllib.parse import quote, urlencode
 
-import crc32c as _crc32c
 import yarl
 
 from tensorstore_py.core.errors import (
@@ -81,13 +84,24 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.core.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from tensorstore_py.kvstore._auth import check_mode
+from tensorstore_py.kvstore._checksums import crc32c_b64
 from tensorstore_py.kvstore._gcs_auth import CredentialsMode, GcsAuth, require_google_auth
 from tensorstore_py.kvstore._http import (
     HttpClient,
     Response,
+    RetriesExhaustedError,
     range_header,
     retries_spec,
     retry_policy,
+)
+from tensorstore_py.kvstore._objstore import (
+    WRITE_ID,
+    ObjectState,
+    delete_all,
+    new_write_id,
+    settle_delete,
+    settle_write,
 )
 from tensorstore_py.kvstore.base import (
     Buffer,
@@ -104,8 +118,7 @@ __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_ENDPOINT", "GcsKvStore", "GcsSpec", "
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 DEFAULT_CONCURRENCY = 32
-_WRITE_ID = "tsp-write-id"
-_BIG = 1 << 20  # values above this are checksummed/assembled off the loop thread
+_BIG = 1 << 20  # values above this are assembled off the loop thread
 
 
 class RetriesSpec(TypedDict, total=False):
@@ -124,6 +137,7 @@ class GcsSpec(TypedDict, total=False):
     concurrency: int
     credentials: CredentialsMode
     retries: RetriesSpec
+    emulator_workarounds: bool
 
 
 # Bucket names: https://cloud.google.com/storage/docs/buckets#naming
@@ -185,9 +199,9 @@ def _generation_of(token: Generation) -> int | None:
     return int(t) if t.isdigit() else None
 
 
-def _write_id(meta: Mapping[str, Any]) -> str | None:
-    """The write-id an upload of ours stored in the object's custom metadata."""
-    return (meta.get("metadata") or {}).get(_WRITE_ID)
+def _state(meta: Mapping[str, Any]) -> ObjectState:
+    """Generation and write-id (from the custom metadata) of an object resource."""
+    return ObjectState(_gen(meta["generation"]), (meta.get("metadata") or {}).get(WRITE_ID))
 
 
 def _show(g: Generation) -> str:
@@ -216,6 +230,7 @@ class GcsKvStore(KvStore):
         concurrency: int | None = None,
         credentials: CredentialsMode | None = None,
         retries: Mapping[str, Any] | RetryPolicy | None = None,
+        emulator_workarounds: bool = False,
     ) -> None:
         self.bucket = validate_bucket(bucket)
         if not isinstance(path, str):
@@ -237,19 +252,21 @@ class GcsKvStore(KvStore):
             raise InvalidSpecError(f"gcs: concurrency must be an int >= 1, got {concurrency!r}")
         self._concurrency_option = concurrency
         self.concurrency = concurrency or DEFAULT_CONCURRENCY
-        mode = credentials or "auto"
-        if mode not in ("auto", "default", "anonymous"):
-            raise InvalidSpecError(
-                f"gcs: credentials must be 'auto', 'default' or 'anonymous', got {credentials!r}"
-            )
+        mode = check_mode("gcs", credentials)
         self._credentials_option = credentials
         # "auto": no credentials for an emulator, nor over unencrypted http
+        why = "credentials 'anonymous'" if mode == "anonymous" else (
+            "auto: STORAGE_EMULATOR_HOST is set" if from_env else "auto: the endpoint is plain http")
         anonymous = mode == "anonymous" or (
             mode == "auto" and (from_env or self.endpoint.startswith("http://"))
         )
         if not anonymous:
             require_google_auth()
-        self._auth = GcsAuth(mode, anonymous=anonymous)
+        self._auth = GcsAuth(mode, anonymous=anonymous, why_anonymous=why)
+        if not isinstance(emulator_workarounds, bool):
+            raise InvalidSpecError(
+                f"gcs: emulator_workarounds must be true or false, got {emulator_workarounds!r}")
+        self.emulator_workarounds = emulator_workarounds
         self.retry_policy = retry_policy(retries, DEFAULT_RETRY_POLICY)
         self._retries_option = retries_spec(retries)
         # shared with with_path() views (copy.copy keeps the same client)
@@ -262,7 +279,8 @@ class GcsKvStore(KvStore):
     # -- spec ---------------------------------------------------------------------------
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> GcsKvStore:
-        allowed = {"driver", "bucket", "path", "endpoint", "concurrency", "credentials", "retries"}
+        allowed = {"driver", "bucket", "path", "endpoint", "concurrency", "credentials", "retries",
+                   "emulator_workarounds"}
         unknown = set(spec) - allowed
         if unknown:
             raise InvalidSpecError(
@@ -277,6 +295,7 @@ class GcsKvStore(KvStore):
             concurrency=spec.get("concurrency"),
             credentials=spec.get("credentials"),
             retries=spec.get("retries"),
+            emulator_workarounds=spec.get("emulator_workarounds", False),
         )
 
     @classmethod
@@ -304,6 +323,8 @@ class GcsKvStore(KvStore):
             d["credentials"] = self._credentials_option
         if self._retries_option is not None:
             d["retries"] = self._retries_option
+        if self.emulator_workarounds:
+            d["emulator_workarounds"] = True
         return d
 
     def url(self) -> str:
@@ -360,24 +381,25 @@ class GcsKvStore(KvStore):
             raise self._fail(f"stat of {self._where(key)}", resp)
         return resp.json()
 
-    async def _found(self, key: str) -> Generation | None:
-        """Current generation of ``key`` for error messages (None if unknown)."""
+    async def _object_state(self, key: str) -> ObjectState | None:
+        meta = await self._stat(key)
+        return None if meta is None else _state(meta)
+
+    async def _found(self, key: str) -> ObjectState | None:
+        """The current state of ``key`` for error messages (None if absent or unknown)."""
         try:
-            meta = await self._stat(key)
+            return await self._object_state(key)
         except (StorageError, ValueError, KeyError):
             return None
-        return Generation.NO_VALUE if meta is None else _gen(meta["generation"])
 
     def _condition_failed(
-        self, op: str, key: str, expected: Generation, found: Generation | None
+        self, op: str, key: str, expected: Generation, found: ObjectState | None
     ) -> ConditionFailedError:
         if expected.is_no_value:
             want = "the key to be absent" if op == "delete" else "create-only: the key to be absent"
         else:
             want = f"generation {_show(expected)}"
-        got = "unknown" if found is None else (
-            "the key is absent" if found.is_no_value else f"generation {_show(found)}"
-        )
+        got = "the key is absent" if found is None else f"generation {_show(found.generation)}"
         return ConditionFailedError(
             f"gcs conditional {op} of {self._where(key)}: expected {want}, found {got}"
         )
@@ -441,12 +463,12 @@ class GcsKvStore(KvStore):
             name, _, b64 = part.strip().partition("=")
             if name != "crc32c" or not b64:
                 continue
-            expected = int.from_bytes(base64.b64decode(b64), "big")
-            actual = await _checksum(resp.body)
+            expected = base64.b64decode(b64).hex()
+            actual = base64.b64decode(await crc32c_b64(resp.body)).hex()
             if actual != expected:
                 raise ChecksumError(
                     f"gcs read of {self._where(key)}: crc32c of the {len(resp.body)} bytes "
-                    f"received is {actual:08x}, GCS reports {expected:08x}"
+                    f"received is {actual}, GCS reports {expected}"
                 )
 
     # -- writes -------------------------------------------------------------------------
@@ -457,48 +479,71 @@ class GcsKvStore(KvStore):
             if expected is None:  # not a GCS generation: it can never match
                 raise self._condition_failed("write", key, if_equal, await self._found(key))
             query["ifGenerationMatch"] = expected
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         body, content_type = await _multipart(key, value, write_id)
         what = f"write of {self._where(key)}"
         url = self._url(f"/upload/storage/v1/b/{quote(self.bucket, safe='')}/o", query)
-        resp = await self._call("POST", url, what=what, data=body,
-                                headers={"Content-Type": content_type})
+        try:
+            resp = await self._call("POST", url, what=what, data=body,
+                                    headers={"Content-Type": content_type})
+        except RetriesExhaustedError as e:
+            if if_equal is None or not e.maybe_applied:
+                raise
+            return await self._settle(key, write_id, if_equal, what, refused=False,
+                                      maybe_applied=True)
         if resp.status == 200:
             return _gen(resp.json()["generation"])
         if resp.status == 412 and if_equal is not None:
-            meta = await self._stat(key)
-            if resp.attempt > 1 and meta is not None and _write_id(meta) == write_id:
-                return _gen(meta["generation"])  # an earlier attempt landed; its answer was lost
-            found = Generation.NO_VALUE if meta is None else _gen(meta["generation"])
-            raise self._condition_failed("write", key, if_equal, found)
+            return await self._settle(key, write_id, if_equal, what, refused=True,
+                                      maybe_applied=resp.maybe_applied)
         if resp.status == 404:
             raise NotFoundError(
                 f"gcs {what}: bucket {self.bucket!r} does not exist ({_message(resp)})"
             )
         raise self._fail(what, resp)
 
+    async def _settle(self, key: str, write_id: str, if_equal: Generation, what: str, *,
+                      refused: bool, maybe_applied: bool) -> Generation:
+        return await settle_write(
+            what=f"gcs {what}", key=key, write_id=write_id, if_equal=if_equal, refused=refused,
+            maybe_applied=maybe_applied, current=lambda: self._object_state(key),
+            lost=lambda st: self._condition_failed("write", key, if_equal, st))
+
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
         what = f"delete of {self._where(key)}"
         query: dict[str, Any] = {}
         if if_equal is not None:
-            # fake-gcs-server ignores DELETE preconditions; check first (see module doc).
-            meta = await self._stat(key)
-            found = Generation.NO_VALUE if meta is None else _gen(meta["generation"])
-            if found != if_equal:
-                raise self._condition_failed("delete", key, if_equal, found)
-            if if_equal.is_no_value:
-                return  # absent, as required
-            query["ifGenerationMatch"] = _generation_of(if_equal)
-        resp = await self._call("DELETE", self._object_url(key, query), what=what)
+            expected = None if if_equal.is_no_value else _generation_of(if_equal)
+            if expected is None or self.emulator_workarounds:
+                # "delete if absent", a foreign generation (never matches), or an emulator
+                # that ignores DELETE preconditions: compare with the generation found
+                found = await self._object_state(key)
+                if (found.generation if found else Generation.NO_VALUE) != if_equal:
+                    raise self._condition_failed("delete", key, if_equal, found)
+                if if_equal.is_no_value:
+                    return  # absent, as required
+            query["ifGenerationMatch"] = expected
+        try:
+            resp = await self._call("DELETE", self._object_url(key, query), what=what)
+        except RetriesExhaustedError as e:
+            if if_equal is None or not e.maybe_applied:
+                raise
+            await self._settle_delete(key, if_equal, what, True, await self._found(key))
+            raise  # not reached: settling always raises
         if resp.status in (200, 204):
             return
-        if resp.status == 404:
-            if if_equal is None or resp.attempt > 1:
-                return  # absent (or our earlier attempt deleted it and its answer was lost)
-            raise self._condition_failed("delete", key, if_equal, Generation.NO_VALUE)
-        if resp.status == 412 and if_equal is not None:
-            raise self._condition_failed("delete", key, if_equal, await self._found(key))
+        if resp.status == 404 and if_equal is None:
+            return  # absent (or our earlier attempt deleted it and its answer was lost)
+        if resp.status in (404, 412) and if_equal is not None:
+            found = None if resp.status == 404 else await self._found(key)
+            await self._settle_delete(key, if_equal, what, resp.maybe_applied, found)
         raise self._fail(what, resp)
+
+    async def _settle_delete(self, key: str, if_equal: Generation, what: str,
+                             maybe_applied: bool, found: ObjectState | None) -> None:
+        await settle_delete(what=f"gcs {what}", key=key, expected=if_equal,
+                            maybe_applied=maybe_applied, state=found,
+                            lost=lambda st: self._condition_failed("delete", key, if_equal, st))
 
     # -- listing ------------------------------------------------------------------------
     async def _list(self, prefix: str) -> list[str]:
@@ -551,25 +596,12 @@ class GcsKvStore(KvStore):
 
     async def _delete_range(self, prefix: str) -> None:
         """List, then delete concurrently (bounded by ``concurrency``); not atomic."""
-        names = await self._list_names(prefix)
-        for i in range(0, len(names), 1000):  # keeps the number of pending tasks modest
-            await asyncio.gather(*(self._delete(k, None) for k in names[i:i + 1000]))
-
-
-async def _checksum(data: Buffer) -> int:
-    if len(data) > _BIG:
-        return await run_cpu(_crc32c.crc32c, data)
-    return _crc32c.crc32c(data)
+        await delete_all(await self._list_names(prefix), lambda k: self._delete(k, None))
 
 
 async def _multipart(key: str, value: Buffer, write_id: str) -> tuple[bytes, str]:
     """A multipart/related upload body: JSON metadata, then the value."""
-    crc = await _checksum(value)
-    meta = {
-        "name": key,
-        "crc32c": base64.b64encode(crc.to_bytes(4, "big")).decode(),
-        "metadata": {_WRITE_ID: write_id},
-    }
+    meta = {"name": key, "crc32c": await crc32c_b64(value), "metadata": {WRITE_ID: write_id}}
     # 128 random bits: the chance that the value contains the delimiter is nil.
     boundary = "tsp" + uuid.uuid4().hex
     head = (

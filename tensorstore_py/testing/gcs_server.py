@@ -15,7 +15,10 @@ The server listens on 127.0.0.1 only, on a free port, with the in-memory backend
 
 Behaviour of fake-gcs-server (1.5x) worth knowing, checked by our tests:
 preconditions (``ifGenerationMatch``) are enforced on multipart uploads but not
-on DELETE, and ``ifGenerationNotMatch`` is ignored on media downloads.
+on DELETE nor on resumable uploads; resumable uploads append every chunk
+whatever its ``Content-Range`` says, and a status query finalizes the upload;
+``ifGenerationNotMatch`` is ignored on media downloads. :meth:`GcsEmulator.spec`
+therefore sets the store's ``emulator_workarounds``.
 """
 
 from __future__ import annotations
@@ -199,7 +202,7 @@ class GcsEmulator:
     ) -> dict[str, Any]:
         """A gcs kvstore spec for ``bucket`` on this emulator, plus ``extra`` spec fields."""
         return {"driver": "gcs", "bucket": bucket, "path": path, "endpoint": self.endpoint,
-                **(extra or {})}
+                "emulator_workarounds": True, **(extra or {})}
 
     def __repr__(self) -> str:
         state = f"port {self.port}" if self._proc is not None else "stopped"
