@@ -228,7 +228,7 @@ class FaultProxy:
             if kind == "reset":
                 writer.transport.abort()
             else:
-                await _answer(writer, int(kind))
+                await _answer(writer, int(kind), head_only=request.startswith(b"HEAD "))
             return
         with self._lock:
             self._counts["forwarded"] += 1
@@ -305,7 +305,7 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
     return out + (await reader.readexactly(length) if length else b"")
 
 
-async def _answer(writer: asyncio.StreamWriter, status: int) -> None:
+async def _answer(writer: asyncio.StreamWriter, status: int, *, head_only: bool = False) -> None:
     reason = {503: "Service Unavailable", 429: "Too Many Requests"}[status]
     body = (
         f'{{"error": {{"code": {status}, "message": "injected fault: {reason}"}}}}'
@@ -313,6 +313,6 @@ async def _answer(writer: asyncio.StreamWriter, status: int) -> None:
     writer.write(
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nRetry-After: 0\r\nConnection: close\r\n\r\n".encode()
-        + body
+        + (b"" if head_only else body)  # an answer to HEAD has no body
     )
     await writer.drain()
