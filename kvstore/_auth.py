@@ -38,6 +38,8 @@ __all__ = ["RELOOKUP_SECONDS", "CachedCredentials", "CredentialsMode", "check_mo
 CredentialsMode = Literal["auto", "default", "anonymous"]
 #: how long "auto" mode stays anonymous after a lookup found nothing
 RELOOKUP_SECONDS = 60.0
+#: (driver, reason) pairs already warned about: one warning per process, not per store
+_warned: set[tuple[str, str]] = set()
 
 
 def check_mode(driver: str, value: Any) -> CredentialsMode:
@@ -66,7 +68,6 @@ class CachedCredentials(ABC):
         self._creds: Any = None
         self._none_until = 0.0  # auto mode found nothing: anonymous until then
         self._none_reason = ""
-        self._warned = False
         self._lock = threading.Lock()
         self._log = logging.getLogger(f"tensorstore_py.kvstore.{self.driver}")
 
@@ -165,8 +166,8 @@ class CachedCredentials(ABC):
                         raise StorageError(f"{self.driver}: no credentials found: {reason}")
                     self._none_until = time.monotonic() + RELOOKUP_SECONDS
                     self._none_reason = f"no credentials found: {reason}"
-                    if not self._warned:
-                        self._warned = True
+                    if (self.driver, reason) not in _warned:
+                        _warned.add((self.driver, reason))
                         self._log.warning(
                             "%s: no credentials found (%s); using anonymous access, looking "
                             "again in %.0f s or after an access denial",

@@ -37,7 +37,7 @@ class GcsAuth(CachedCredentials):
         try:
             creds, _project = google.auth.default(scopes=[_SCOPE])
         except google.auth.exceptions.DefaultCredentialsError as e:
-            return None, f"google-auth application-default credentials: {e}"
+            return None, f"google-auth application-default credentials ({e})"
         return creds, ""
 
     def _usable(self, creds: Any) -> bool:
