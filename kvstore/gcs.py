@@ -13,11 +13,16 @@ URL form: ``gs://bucket/path/``.
 
 Guarantees:
 
-* Atomicity: every write is one single-request multipart upload, so an object
-  is replaced as a whole. Conditions use GCS preconditions: ``ifGenerationMatch``
-  (0 = create-only); a lost condition (HTTP 412) raises
-  :class:`~tensorstore_py.errors.ConditionFailedError`. The multipart path is
-  also the one on which fake-gcs-server enforces preconditions.
+* Atomicity: an object is replaced as a whole: values up to
+  ``resumable_threshold`` (16 MiB) in one multipart upload request, larger ones
+  in a resumable upload that sends ``chunk_size`` slices of the caller's buffer
+  (bounded memory: no joined copy) and, after a failed chunk, asks the server
+  how much it has and resumes from there (:mod:`~tensorstore_py.kvstore._gcs_upload`).
+  Conditions use GCS preconditions: ``ifGenerationMatch`` (0 = create-only); a
+  lost condition (HTTP 412) raises
+  :class:`~tensorstore_py.errors.ConditionFailedError`. With
+  ``emulator_workarounds`` every write is a multipart request (fake-gcs-server
+  enforces preconditions only there).
 * Durability: GCS acknowledges an upload only once it is durably stored.
 * Generation: the object generation (``x-goog-generation``), which changes on
   every write.
@@ -29,25 +34,15 @@ Guarantees:
 * Concurrency: at most ``concurrency`` requests of one store (and its
   ``with_path`` views) are in flight at once.
 
-Retried conditional writes. A conditional write whose response was lost may have
-landed; its retry then fails its own precondition (412), which at the HTTP level
-looks exactly like a lost race. Each upload therefore carries a unique write-id
-in its custom metadata (``tsp-write-id``), and a 412 after an attempt that may
-have landed is resolved by reading the object back: our write-id means the
-write landed (its generation is returned); a create-only write that finds
-another writer's object lost; a compare-and-swap that finds another writer's
-generation (it may have landed first and been replaced) raises
-CommitOutcomeUnknownError carrying the write-id, never ConditionFailedError
-(see :mod:`~tensorstore_py.kvstore._objstore`). The same when every attempt
-failed in transit.
-
-Conditional deletes send ``ifGenerationMatch``, which GCS enforces atomically.
-A 404 or 412 after an attempt that may have landed is not taken for success or
-for a lost race: our delete may have happened first, so the outcome is
-unknown (CommitOutcomeUnknownError). ``emulator_workarounds`` (set by the test
-fixture for fake-gcs-server, which ignores DELETE preconditions) reads the
-generation first and refuses a mismatch; that check and the delete are then
-two steps, not one.
+Lost answers. Each upload carries a write-id in its custom metadata
+(``tsp-write-id``); a 412 after an attempt that may have landed is resolved by
+reading it back: ours -> success; a compare-and-swap that finds another
+writer's generation -> CommitOutcomeUnknownError with the write-id, never
+ConditionFailedError (:mod:`~tensorstore_py.kvstore._objstore`). Conditional
+deletes send ``ifGenerationMatch`` (atomic on GCS, no read first); a 404 or 412
+after an attempt that may have landed is an unknown outcome too, not success.
+``emulator_workarounds`` (the test fixture's, for fake-gcs-server, which
+ignores DELETE preconditions) reads the generation first: two steps, not one.
 
 A missing bucket reads as missing keys (GCS answers 404 to both) but makes
 ``list`` raise NotFoundError.
@@ -65,10 +60,8 @@ from __future__ import annotations
 
 import base64
 import datetime
-import json
 import os
 import re
-import uuid
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 from urllib.parse import quote, urlencode
@@ -82,11 +75,11 @@ from tensorstore_py.core.errors import (
     NotFoundError,
     StorageError,
 )
-from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.core.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from tensorstore_py.kvstore._auth import check_mode
 from tensorstore_py.kvstore._checksums import crc32c_b64
 from tensorstore_py.kvstore._gcs_auth import CredentialsMode, GcsAuth, require_google_auth
+from tensorstore_py.kvstore._gcs_upload import multipart_body, resumable_upload
 from tensorstore_py.kvstore._http import (
     HttpClient,
     Response,
@@ -118,7 +111,6 @@ __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_ENDPOINT", "GcsKvStore", "GcsSpec", "
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 DEFAULT_CONCURRENCY = 32
-_BIG = 1 << 20  # values above this are assembled off the loop thread
 
 
 class RetriesSpec(TypedDict, total=False):
@@ -220,6 +212,10 @@ class GcsKvStore(KvStore):
     driver = "gcs"
     #: objects per list request (GCS allows up to 1000)
     list_page_size: int = 1000
+    #: values above this go up in a resumable upload (bounded memory, resumed on failure)
+    resumable_threshold: int = 16 << 20
+    #: bytes per resumable chunk (a multiple of 256 KiB)
+    chunk_size: int = 8 << 20
 
     def __init__(
         self,
@@ -480,18 +476,21 @@ class GcsKvStore(KvStore):
                 raise self._condition_failed("write", key, if_equal, await self._found(key))
             query["ifGenerationMatch"] = expected
         write_id = new_write_id()
-        body, content_type = await _multipart(key, value, write_id)
         what = f"write of {self._where(key)}"
-        url = self._url(f"/upload/storage/v1/b/{quote(self.bucket, safe='')}/o", query)
         try:
-            resp = await self._call("POST", url, what=what, data=body,
-                                    headers={"Content-Type": content_type})
+            if len(value) > self.resumable_threshold and not self.emulator_workarounds:
+                resp = await resumable_upload(self, key, value, query, write_id, what)
+            else:
+                body, content_type = await multipart_body(key, value, write_id)
+                url = self._url(f"/upload/storage/v1/b/{quote(self.bucket, safe='')}/o", query)
+                resp = await self._call("POST", url, what=what, data=body,
+                                        headers={"Content-Type": content_type})
         except RetriesExhaustedError as e:
             if if_equal is None or not e.maybe_applied:
                 raise
             return await self._settle(key, write_id, if_equal, what, refused=False,
                                       maybe_applied=True)
-        if resp.status == 200:
+        if resp.status in (200, 201):
             return _gen(resp.json()["generation"])
         if resp.status == 412 and if_equal is not None:
             return await self._settle(key, write_id, if_equal, what, refused=True,
@@ -597,23 +596,6 @@ class GcsKvStore(KvStore):
     async def _delete_range(self, prefix: str) -> None:
         """List, then delete concurrently (bounded by ``concurrency``); not atomic."""
         await delete_all(await self._list_names(prefix), lambda k: self._delete(k, None))
-
-
-async def _multipart(key: str, value: Buffer, write_id: str) -> tuple[bytes, str]:
-    """A multipart/related upload body: JSON metadata, then the value."""
-    meta = {"name": key, "crc32c": await crc32c_b64(value), "metadata": {WRITE_ID: write_id}}
-    # 128 random bits: the chance that the value contains the delimiter is nil.
-    boundary = "tsp" + uuid.uuid4().hex
-    head = (
-        f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
-        f"{json.dumps(meta)}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
-    ).encode()
-    tail = f"\r\n--{boundary}--\r\n".encode()
-    if len(value) > _BIG:
-        body = await run_cpu(b"".join, [head, value, tail])
-    else:
-        body = b"".join([head, value, tail])
-    return body, f"multipart/related; boundary={boundary}"
 
 
 register_kvstore(GcsKvStore, schemes=("gs",))

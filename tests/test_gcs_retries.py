@@ -18,7 +18,7 @@ from tensorstore_py.errors import ConditionFailedError, StorageError
 from tensorstore_py.kvstore._http import TransientHttpError, is_transient
 from tensorstore_py.kvstore.gcs import GcsKvStore
 from tensorstore_py.testing.fault_proxy import FAULT_KINDS, FaultProxy
-from tensorstore_py.testing.gcs_server import GcsEmulator
+from tensorstore_py.testing.gcs_server import GcsEmulator, ResumableUploadFront
 from tensorstore_py.testing.kvstore import cas_increment
 
 T = 120
@@ -322,3 +322,71 @@ def test_cas_ledger_race_through_faults(
         c = proxy.counters()
     print("ledger race:", out, c)
     assert c["by_kind"]["lost_response"] > 0, c
+
+
+# -- resumable uploads (issue 10 item 16) -------------------------------------------------------
+@pytest.fixture
+def front(gcs_emulator: GcsEmulator) -> Iterator[ResumableUploadFront]:
+    with ResumableUploadFront(gcs_emulator.endpoint) as f:
+        yield f
+
+
+def _resumable_store(emulator: GcsEmulator, bucket: str, upstream: str) -> GcsKvStore:
+    kv = GcsKvStore.from_spec(emulator.spec(bucket, extra={
+        "endpoint": upstream, "retries": PATIENT, "emulator_workarounds": False}))
+    kv.resumable_threshold, kv.chunk_size = 1 << 20, 512 * 1024
+    return kv
+
+
+def test_large_values_resume_after_failed_chunks(
+    gcs_emulator: GcsEmulator, bucket: str, direct: GcsKvStore, front: ResumableUploadFront
+) -> None:
+    """4 MiB in 512 KiB chunks (slices of the buffer, never joined); a lost answer,
+    a 503 and a truncated answer on chunks: each costs at most one chunk resent
+    (the store asks the session how far it got), not the whole value."""
+    data = random.Random(1).randbytes(4 << 20)
+    with FaultProxy(front.endpoint, fault_rate=0.0) as proxy:
+        kv = _resumable_store(gcs_emulator, bucket, proxy.endpoint)
+        # open, chunk 1, chunk 2 (lost), status, chunk 3, chunk 4 (503), chunk 4, 5 (truncated)
+        proxy.script([None, None, "lost_response", None, None, "503", None, "truncate"])
+        g = kv.write("big", data, if_equal=tsp.Generation.NO_VALUE).result(T)
+        c = proxy.counters()
+    assert c["faults"] == 3, c
+    assert c["bytes_forwarded"] < len(data) + 3 * 512 * 1024, c  # a full resend would double it
+    r = direct.read("big").result(T)
+    assert bytes(r.value) == data and r.generation == g
+    # preconditions hold at completion: create-only again, a stale CAS
+    kv = _resumable_store(gcs_emulator, bucket, front.endpoint)
+    with pytest.raises(ConditionFailedError):
+        kv.write("big", data, if_equal=tsp.Generation.NO_VALUE).result(T)
+    g2 = kv.write("big", data[::-1], if_equal=g).result(T)
+    with pytest.raises(ConditionFailedError):
+        kv.write("big", data, if_equal=g).result(T)
+    assert direct.read("big").result(T).generation == g2
+
+
+def test_lost_answer_of_the_last_chunk(
+    gcs_emulator: GcsEmulator, bucket: str, direct: GcsKvStore, front: ResumableUploadFront
+) -> None:
+    """The final chunk landed, its answer was lost: the status query answers with
+    the object of our session, so the write is known to have landed."""
+    data = random.Random(2).randbytes(1 << 20 | 1)
+    with FaultProxy(front.endpoint, fault_rate=0.0) as proxy:
+        kv = _resumable_store(gcs_emulator, bucket, proxy.endpoint)
+        proxy.script([None, None, None, "lost_response"])  # open, 2 chunks, the last (1 byte)
+        g = kv.write("k", data, if_equal=tsp.Generation.NO_VALUE).result(T)
+    assert direct.read("k").result(T).generation == g
+
+
+def test_conditional_delete_sends_no_read_first_on_real_gcs(
+    gcs_emulator: GcsEmulator, bucket: str, direct: GcsKvStore
+) -> None:
+    """Without emulator_workarounds a conditional delete is one DELETE carrying
+    ifGenerationMatch (GCS enforces it); the emulator ignores it, hence the flag."""
+    g = direct.write("k", b"v").result(T)
+    with _proxy(gcs_emulator, rate=0.0, seed=0) as proxy:
+        kv = GcsKvStore.from_spec(gcs_emulator.spec(bucket, extra={
+            "endpoint": proxy.endpoint, "emulator_workarounds": False}))
+        kv.delete("k", if_equal=g).result(T)
+        assert proxy.counters()["requests"] == 1
+    assert direct.read("k").result(T).state == "missing"

@@ -23,6 +23,7 @@ therefore sets the store's ``emulator_workarounds``.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -31,15 +32,19 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-__all__ = ["GcsEmulator", "find_binary"]
+from aiohttp import ClientSession, web
+
+__all__ = ["GcsEmulator", "ResumableUploadFront", "find_binary"]
 
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 _counter = itertools.count(1)
@@ -207,3 +212,114 @@ class GcsEmulator:
     def __repr__(self) -> str:
         state = f"port {self.port}" if self._proc is not None else "stopped"
         return f"GcsEmulator({self.backend}, {state})"
+
+
+class ResumableUploadFront:
+    """GCS resumable uploads done right, in front of a fake-gcs-server.
+
+    fake-gcs-server's resumable uploads append each chunk whatever its
+    ``Content-Range`` says, finalize on a status query and ignore
+    preconditions, so resuming can not be tested on it. This loopback server
+    implements the resumable protocol as the GCS documentation describes it
+    (sessions, ``Content-Range`` offsets, 308 with the persisted ``Range``,
+    status queries, overlapping resends) and completes a session with one
+    multipart upload to the emulator, carrying the session's preconditions,
+    which the emulator enforces. Every other request is relayed unchanged.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self._sessions: dict[str, dict[str, Any]] = {}
+        self._loop: Any = None
+        self._runner: Any = None
+        self._thread: Any = None
+        self.port = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Self:
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._runner = web.AppRunner(app, access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            self._loop.run_until_complete(site.start())
+            self.port = self._runner.addresses[0][1]
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="resumable-front", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+        self._loop = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def _handle(self, request: Any) -> Any:
+        body = await request.read()
+        query = dict(request.query)
+        if request.method == "POST" and query.pop("uploadType", None) == "resumable":
+            sid = uuid.uuid4().hex
+            self._sessions[sid] = {"query": query, "meta": json.loads(body), "data": bytearray(),
+                                   "bucket": request.path.split("/")[5], "final": None}
+            # the session URL names the host the client used (a proxy in front stays in front)
+            return web.Response(headers={"Location": f"http://{request.host}/resumable/{sid}"})
+        if request.path.startswith("/resumable/"):
+            return await self._chunk(self._sessions.get(request.path.rsplit("/", 1)[1]),
+                                     request.headers.get("Content-Range", ""), body)
+        async with ClientSession(auto_decompress=False) as s:
+            async with s.request(request.method, self.upstream + request.path_qs, data=body,
+                                 headers={k: v for k, v in request.headers.items()
+                                          if k.lower() not in ("host", "content-length")}) as r:
+                return web.Response(status=r.status, body=await r.read(), headers={
+                    k: v for k, v in r.headers.items()
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection")})
+
+    async def _chunk(self, session: dict[str, Any] | None, content_range: str, body: bytes) -> Any:
+        if session is None:
+            return web.Response(status=404, text="no such upload session")
+        if session["final"] is not None:
+            status, text = session["final"]
+            return web.Response(status=status, body=text, content_type="application/json")
+        span, _, total_s = content_range.removeprefix("bytes ").partition("/")
+        data: bytearray = session["data"]
+        if span != "*":
+            first = int(span.split("-", 1)[0])
+            if first > len(data):
+                return web.Response(status=400, text=f"chunk starts at {first}, have {len(data)}")
+            data += body[len(data) - first:]  # bytes the session already has are ignored
+        if total_s != "*" and len(data) == int(total_s):
+            boundary = "front" + uuid.uuid4().hex
+            payload = (f"--{boundary}\r\nContent-Type: application/json\r\n\r\n"
+                       f"{json.dumps(session['meta'])}\r\n--{boundary}\r\n"
+                       "Content-Type: application/octet-stream\r\n\r\n").encode() \
+                + bytes(data) + f"\r\n--{boundary}--\r\n".encode()
+            url = (f"{self.upstream}/upload/storage/v1/b/{session['bucket']}/o?"
+                   + urllib.parse.urlencode({**session["query"], "uploadType": "multipart"}))
+            async with ClientSession() as s:
+                async with s.post(url, data=payload, headers={
+                        "Content-Type": f"multipart/related; boundary={boundary}"}) as r:
+                    session["final"] = (r.status, await r.read())
+            status, text = session["final"]
+            return web.Response(status=status, body=text, content_type="application/json")
+        headers = {"Range": f"bytes=0-{len(data) - 1}"} if data else {}
+        return web.Response(status=308, headers=headers)
