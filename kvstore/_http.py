@@ -61,7 +61,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import aiohttp
 import yarl
@@ -76,6 +76,7 @@ __all__ = [
     "HttpClient",
     "Response",
     "RetriesExhaustedError",
+    "RetriesSpec",
     "TransientHttpError",
     "client_session",
     "is_retryable_status",
@@ -175,6 +176,14 @@ def parse_retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+class RetriesSpec(TypedDict, total=False):
+    """The ``retries`` field of a remote store's spec (each field optional)."""
+
+    max_attempts: int
+    initial_delay: float
+    max_delay: float
 
 
 def retry_policy(value: Mapping[str, Any] | RetryPolicy | None, default: RetryPolicy) -> RetryPolicy:

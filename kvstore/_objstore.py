@@ -34,16 +34,20 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from tensorstore_py.core.errors import (
     CommitOutcomeUnknownError,
     ConditionFailedError,
+    InvalidSpecError,
     StorageError,
 )
-from tensorstore_py.kvstore.base import Generation
+from tensorstore_py.kvstore._http import Response, RetriesExhaustedError
+from tensorstore_py.kvstore.base import Generation, KvStore, validate_key
 
 __all__ = [
     "WRITE_ID",
+    "ObjectKvStore",
     "ObjectState",
     "delete_all",
     "new_write_id",
@@ -67,6 +71,95 @@ class ObjectState:
 
     generation: Generation
     write_id: str | None = None
+
+
+class ObjectKvStore(KvStore):
+    """What the object stores (gcs, s3) share as stores: a validated key prefix,
+    pickling as the spec, ``with_path`` views that share one client, and the
+    messages of lost conditions. Subclasses say where a key is (``_where``) and
+    how a generation reads (``_show``)."""
+
+    def __init__(self, *, path: Any) -> None:
+        if not isinstance(path, str):
+            raise InvalidSpecError(f"{self.driver}: path must be a string, got {path!r}")
+        prefix = path.strip("/")
+        if prefix:
+            try:
+                validate_key(prefix)
+            except ValueError as e:
+                raise InvalidSpecError(f"{self.driver}: invalid path {path!r}: {e}") from None
+        super().__init__(path=prefix + "/" if prefix else "")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickle as the spec: the store holds locks and per-loop state.
+        return (type(self).from_spec, (self.spec(),))
+
+    def __copy__(self) -> ObjectKvStore:
+        # A plain shallow copy: with_path views share the credentials and the request
+        # bound (copy.copy would otherwise go through __reduce__ and lose both).
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        return other
+
+    def _where(self, key: str) -> str:
+        raise NotImplementedError
+
+    async def _object_state(self, key: str) -> ObjectState | None:
+        """The state of full ``key`` (a metadata read), None if absent."""
+        raise NotImplementedError
+
+    async def _found(self, key: str) -> ObjectState | None:
+        """The state of ``key`` for messages (None if absent or unknown)."""
+        try:
+            return await self._object_state(key)
+        except (StorageError, OSError, ValueError, KeyError):
+            return None
+
+    async def _settle_write(self, key: str, write_id: str, if_equal: Generation, what: str, *,
+                            refused: bool, maybe_applied: bool) -> Generation:
+        """:func:`settle_write` for this store."""
+        return await settle_write(
+            what=f"{self.driver} {what}", key=key, write_id=write_id, if_equal=if_equal,
+            refused=refused, maybe_applied=maybe_applied,
+            current=lambda: self._object_state(key),
+            lost=lambda st: self._condition_failed("write", key, if_equal, st))
+
+    async def _send_delete(self, key: str, if_equal: Generation | None, what: str,
+                           send: Callable[[], Awaitable[Response]]) -> Response:
+        """``send()`` the DELETE; a conditional one whose attempts all failed after one
+        may have landed is settled (outcome unknown) instead of raised as is."""
+        try:
+            return await send()
+        except RetriesExhaustedError as e:
+            if if_equal is None or not e.maybe_applied:
+                raise
+            found = await self._found(key)
+            settle_delete(what=f"{self.driver} {what}", key=key, expected=if_equal,
+                          maybe_applied=True, state=found,
+                          lost=lambda st: self._condition_failed("delete", key, if_equal, st))
+            raise  # not reached: settling always raises
+
+    async def _refused_delete(self, key: str, if_equal: Generation, what: str,
+                              resp: Response) -> NoReturn:
+        """A conditional delete answered 404 (gone) or 412 (changed): settled."""
+        found = None if resp.status == 404 else await self._found(key)
+        settle_delete(what=f"{self.driver} {what}", key=key, expected=if_equal,
+                      maybe_applied=resp.maybe_applied, state=found,
+                      lost=lambda st: self._condition_failed("delete", key, if_equal, st))
+
+    def _show(self, g: Generation) -> str:
+        """A generation as the service shows it, for messages."""
+        return repr(g.token.decode("latin-1"))
+
+    def _condition_failed(self, op: str, key: str, expected: Generation,
+                          found: ObjectState | None) -> ConditionFailedError:
+        if expected.is_no_value:
+            want = "the key to be absent" if op == "delete" else "create-only: the key to be absent"
+        else:
+            want = f"generation {self._show(expected)}"
+        got = "the key is absent" if found is None else f"generation {self._show(found.generation)}"
+        return ConditionFailedError(
+            f"{self.driver} conditional {op} of {self._where(key)}: expected {want}, found {got}")
 
 
 FailFn = Callable[[ObjectState | None], ConditionFailedError]
@@ -104,7 +197,7 @@ async def settle_write(
     raise _unknown(what, key, write_id, f"an earlier attempt may have landed and {found}")
 
 
-async def settle_delete(
+def settle_delete(
     *,
     what: str,
     key: str,
@@ -112,7 +205,7 @@ async def settle_delete(
     maybe_applied: bool,
     state: ObjectState | None,
     lost: FailFn,
-) -> None:
+) -> NoReturn:
     """A conditional delete of generation ``expected`` refused with the object now
     in ``state`` (None: absent). Without an earlier possibly-landed attempt the
     refusal stands; after one, our delete may have happened first, so the

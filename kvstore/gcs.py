@@ -70,7 +70,6 @@ import yarl
 
 from tensorstore_py.core.errors import (
     ChecksumError,
-    ConditionFailedError,
     InvalidSpecError,
     NotFoundError,
     StorageError,
@@ -84,26 +83,24 @@ from tensorstore_py.kvstore._http import (
     HttpClient,
     Response,
     RetriesExhaustedError,
+    RetriesSpec,
     range_header,
     retries_spec,
     retry_policy,
 )
 from tensorstore_py.kvstore._objstore import (
     WRITE_ID,
+    ObjectKvStore,
     ObjectState,
     delete_all,
     new_write_id,
-    settle_delete,
-    settle_write,
 )
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
     Generation,
     KeyInfo,
-    KvStore,
     ReadResult,
-    validate_key,
 )
 from tensorstore_py.kvstore.registry import register_kvstore
 
@@ -111,12 +108,6 @@ __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_ENDPOINT", "GcsKvStore", "GcsSpec", "
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 DEFAULT_CONCURRENCY = 32
-
-
-class RetriesSpec(TypedDict, total=False):
-    max_attempts: int
-    initial_delay: float
-    max_delay: float
 
 
 class GcsSpec(TypedDict, total=False):
@@ -196,17 +187,13 @@ def _state(meta: Mapping[str, Any]) -> ObjectState:
     return ObjectState(_gen(meta["generation"]), (meta.get("metadata") or {}).get(WRITE_ID))
 
 
-def _show(g: Generation) -> str:
-    """A generation as GCS shows it (its number), else its repr."""
-    n = _generation_of(g)
-    return str(n) if n is not None else repr(g)
 
 
 def _gen(value: Any) -> Generation:
     return Generation(str(int(value)).encode())
 
 
-class GcsKvStore(KvStore):
+class GcsKvStore(ObjectKvStore):
     """Objects in a GCS bucket (or an emulator speaking the GCS JSON API)."""
 
     driver = "gcs"
@@ -229,16 +216,6 @@ class GcsKvStore(KvStore):
         emulator_workarounds: bool = False,
     ) -> None:
         self.bucket = validate_bucket(bucket)
-        if not isinstance(path, str):
-            raise InvalidSpecError(f"gcs: path must be a string, got {path!r}")
-        if path.strip("/"):
-            try:
-                validate_key(path.strip("/"))
-            except ValueError as e:
-                raise InvalidSpecError(f"gcs: invalid path {path!r}: {e}") from None
-            path = path.strip("/") + "/"
-        else:
-            path = ""
         super().__init__(path=path)
         self._endpoint_option = endpoint
         self.endpoint, from_env = _resolve_endpoint(endpoint)
@@ -326,16 +303,10 @@ class GcsKvStore(KvStore):
     def url(self) -> str:
         return f"gs://{self.bucket}/{self.path}"
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickle as the spec (the store holds locks and per-loop state).
-        return (GcsKvStore.from_spec, (self.spec(),))
-
-    def __copy__(self) -> GcsKvStore:
-        # A plain shallow copy (with_path views share credentials and the request bound);
-        # without this, copy.copy would go through __reduce__ and lose both.
-        other = object.__new__(type(self))
-        other.__dict__.update(self.__dict__)
-        return other
+    def _show(self, g: Generation) -> str:
+        """A generation as GCS shows it (its number), else its repr."""
+        n = _generation_of(g)
+        return str(n) if n is not None else repr(g)
 
     def _where(self, key: str) -> str:
         return f"gs://{self.bucket}/{key}" + (
@@ -380,25 +351,6 @@ class GcsKvStore(KvStore):
     async def _object_state(self, key: str) -> ObjectState | None:
         meta = await self._stat(key)
         return None if meta is None else _state(meta)
-
-    async def _found(self, key: str) -> ObjectState | None:
-        """The current state of ``key`` for error messages (None if absent or unknown)."""
-        try:
-            return await self._object_state(key)
-        except (StorageError, ValueError, KeyError):
-            return None
-
-    def _condition_failed(
-        self, op: str, key: str, expected: Generation, found: ObjectState | None
-    ) -> ConditionFailedError:
-        if expected.is_no_value:
-            want = "the key to be absent" if op == "delete" else "create-only: the key to be absent"
-        else:
-            want = f"generation {_show(expected)}"
-        got = "the key is absent" if found is None else f"generation {_show(found.generation)}"
-        return ConditionFailedError(
-            f"gcs conditional {op} of {self._where(key)}: expected {want}, found {got}"
-        )
 
     # -- reads --------------------------------------------------------------------------
     async def _read(
@@ -488,25 +440,18 @@ class GcsKvStore(KvStore):
         except RetriesExhaustedError as e:
             if if_equal is None or not e.maybe_applied:
                 raise
-            return await self._settle(key, write_id, if_equal, what, refused=False,
+            return await self._settle_write(key, write_id, if_equal, what, refused=False,
                                       maybe_applied=True)
         if resp.status in (200, 201):
             return _gen(resp.json()["generation"])
         if resp.status == 412 and if_equal is not None:
-            return await self._settle(key, write_id, if_equal, what, refused=True,
+            return await self._settle_write(key, write_id, if_equal, what, refused=True,
                                       maybe_applied=resp.maybe_applied)
         if resp.status == 404:
             raise NotFoundError(
                 f"gcs {what}: bucket {self.bucket!r} does not exist ({_message(resp)})"
             )
         raise self._fail(what, resp)
-
-    async def _settle(self, key: str, write_id: str, if_equal: Generation, what: str, *,
-                      refused: bool, maybe_applied: bool) -> Generation:
-        return await settle_write(
-            what=f"gcs {what}", key=key, write_id=write_id, if_equal=if_equal, refused=refused,
-            maybe_applied=maybe_applied, current=lambda: self._object_state(key),
-            lost=lambda st: self._condition_failed("write", key, if_equal, st))
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
         what = f"delete of {self._where(key)}"
@@ -522,27 +467,15 @@ class GcsKvStore(KvStore):
                 if if_equal.is_no_value:
                     return  # absent, as required
             query["ifGenerationMatch"] = expected
-        try:
-            resp = await self._call("DELETE", self._object_url(key, query), what=what)
-        except RetriesExhaustedError as e:
-            if if_equal is None or not e.maybe_applied:
-                raise
-            await self._settle_delete(key, if_equal, what, True, await self._found(key))
-            raise  # not reached: settling always raises
+        resp = await self._send_delete(key, if_equal, what, lambda: self._call(
+            "DELETE", self._object_url(key, query), what=what))
         if resp.status in (200, 204):
             return
         if resp.status == 404 and if_equal is None:
             return  # absent (or our earlier attempt deleted it and its answer was lost)
         if resp.status in (404, 412) and if_equal is not None:
-            found = None if resp.status == 404 else await self._found(key)
-            await self._settle_delete(key, if_equal, what, resp.maybe_applied, found)
+            await self._refused_delete(key, if_equal, what, resp)
         raise self._fail(what, resp)
-
-    async def _settle_delete(self, key: str, if_equal: Generation, what: str,
-                             maybe_applied: bool, found: ObjectState | None) -> None:
-        await settle_delete(what=f"gcs {what}", key=key, expected=if_equal,
-                            maybe_applied=maybe_applied, state=found,
-                            lost=lambda st: self._condition_failed("delete", key, if_equal, st))
 
     # -- listing ------------------------------------------------------------------------
     async def _list(self, prefix: str) -> list[str]:

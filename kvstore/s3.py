@@ -75,7 +75,6 @@ import yarl
 
 from tensorstore_py.core.errors import (
     ChecksumError,
-    ConditionFailedError,
     InvalidSpecError,
     NotFoundError,
     StorageError,
@@ -89,6 +88,7 @@ from tensorstore_py.kvstore._http import (
     HttpClient,
     Response,
     RetriesExhaustedError,
+    RetriesSpec,
     partial_body,
     range_header,
     retries_spec,
@@ -96,11 +96,10 @@ from tensorstore_py.kvstore._http import (
 )
 from tensorstore_py.kvstore._objstore import (
     WRITE_ID,
+    ObjectKvStore,
     ObjectState,
     delete_all,
     new_write_id,
-    settle_delete,
-    settle_write,
 )
 from tensorstore_py.kvstore._s3_auth import S3Auth, default_region, require_botocore
 from tensorstore_py.kvstore._s3_xml import error_code, error_message, parse_list_page
@@ -109,9 +108,7 @@ from tensorstore_py.kvstore.base import (
     ByteRange,
     Generation,
     KeyInfo,
-    KvStore,
     ReadResult,
-    validate_key,
 )
 from tensorstore_py.kvstore.registry import register_kvstore
 
@@ -136,12 +133,6 @@ _OPTIONS = ("endpoint_url", "region", "profile", "credentials", "retries", *DEFA
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 #: statuses S3 answers for "a concurrent conditional request won; try again"
 _CONFLICT = frozenset({409})
-
-
-class RetriesSpec(TypedDict, total=False):
-    max_attempts: int
-    initial_delay: float
-    max_delay: float
 
 
 class S3Spec(TypedDict, total=False):
@@ -212,7 +203,7 @@ def _int_option(name: str, value: Any, minimum: int) -> int:
     return value
 
 
-class S3KvStore(KvStore):
+class S3KvStore(ObjectKvStore):
     """Objects in an S3 bucket (or an S3-compatible server)."""
 
     driver = "s3"
@@ -224,16 +215,6 @@ class S3KvStore(KvStore):
         if unknown:
             raise InvalidSpecError(f"s3: unknown options {sorted(unknown)}; allowed: {sorted(_OPTIONS)}")
         self.bucket = validate_bucket(bucket)
-        if not isinstance(path, str):
-            raise InvalidSpecError(f"s3: path must be a string, got {path!r}")
-        if path.strip("/"):
-            try:
-                validate_key(path.strip("/"))
-            except ValueError as e:
-                raise InvalidSpecError(f"s3: invalid path {path!r}: {e}") from None
-            path = path.strip("/") + "/"
-        else:
-            path = ""
         super().__init__(path=path)
         self._options = {k: v for k, v in options.items() if v is not None}
         opt = {**DEFAULTS, **self._options}
@@ -313,14 +294,6 @@ class S3KvStore(KvStore):
     def url(self) -> str:
         return f"s3://{self.bucket}/{self.path}"
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (S3KvStore.from_spec, (self.spec(),))  # the store holds locks, per-loop state
-
-    def __copy__(self) -> S3KvStore:
-        other = object.__new__(type(self))  # with_path views share the client (its bound)
-        other.__dict__.update(self.__dict__)
-        return other
-
     def _where(self, key: str) -> str:
         at = f" (endpoint {self.endpoint_url})" if self.endpoint_url else ""
         return f"s3://{self.bucket}/{key}{at}"
@@ -365,20 +338,9 @@ class S3KvStore(KvStore):
             raise self._fail(what, resp)
         return ObjectState(_gen(resp.headers), resp.headers.get(f"x-amz-meta-{WRITE_ID}")), resp.headers
 
-    async def _state(self, key: str) -> ObjectState | None:
+    async def _object_state(self, key: str) -> ObjectState | None:
         st = await self._stat(key)
         return None if st is None else st[0]
-
-    def _condition_failed(self, op: str, key: str, expected: Generation,
-                          found: ObjectState | None) -> ConditionFailedError:
-        if expected.is_no_value:
-            want = "the key to be absent" if op == "delete" else "create-only: the key to be absent"
-        else:
-            want = f"generation {expected.token.decode('latin-1')!r}"
-        got = "the key is absent" if found is None else \
-            f"generation {found.generation.token.decode('latin-1')!r}"
-        return ConditionFailedError(
-            f"s3 conditional {op} of {self._where(key)}: expected {want}, found {got}")
 
     # -- reads --------------------------------------------------------------------------
     async def _read(self, key: str, byte_range: ByteRange | None,
@@ -476,13 +438,13 @@ class S3KvStore(KvStore):
         except RetriesExhaustedError as e:
             if if_equal is None or not e.maybe_applied:
                 raise
-            return await self._settle(key, write_id, if_equal, what, refused=False, maybe_applied=True)
+            return await self._settle_write(key, write_id, if_equal, what, refused=False, maybe_applied=True)
         if resp.status == 200 and not (multipart and error_code(resp.body)):
             return _gen(resp.headers)
         code = error_code(resp.body)
         if if_equal is not None and (resp.status == 412 or code == "NoSuchKey"
                                      or (multipart and code == "NoSuchUpload")):
-            return await self._settle(key, write_id, if_equal, what, refused=True,
+            return await self._settle_write(key, write_id, if_equal, what, refused=True,
                                       maybe_applied=resp.maybe_applied)
         raise self._fail(what, resp)
 
@@ -495,17 +457,10 @@ class S3KvStore(KvStore):
             f"x-amz-checksum-{alg}": str(await checksum_b64(alg, value)),
         }
 
-    async def _settle(self, key: str, write_id: str, if_equal: Generation, what: str, *,
-                      refused: bool, maybe_applied: bool) -> Generation:
-        return await settle_write(
-            what=f"s3 {what}", key=key, write_id=write_id, if_equal=if_equal, refused=refused,
-            maybe_applied=maybe_applied, current=lambda: self._state(key),
-            lost=lambda st: self._condition_failed("write", key, if_equal, st))
-
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
         what = f"delete of {self._where(key)}"
         if if_equal is not None and if_equal.is_no_value:
-            state = await self._state(key)  # "delete if absent" deletes nothing
+            state = await self._object_state(key)  # "delete if absent" deletes nothing
             if state is not None:
                 raise self._condition_failed("delete", key, if_equal, state)
             return
@@ -517,28 +472,16 @@ class S3KvStore(KvStore):
                     "If-Match on DeleteObject (conditional_delete: false)")
             etag = _etag(if_equal)
             if etag is None:
-                raise self._condition_failed("delete", key, if_equal, await self._state(key))
+                raise self._condition_failed("delete", key, if_equal, await self._object_state(key))
             headers["If-Match"] = etag
-        try:
-            resp = await self._call("DELETE", self._url(key), what=what, headers=headers,
-                                    retry_statuses=_CONFLICT)
-        except RetriesExhaustedError as e:
-            if if_equal is None or not e.maybe_applied:
-                raise
-            state = await self._state(key)
-            await settle_delete(what=f"s3 {what}", key=key, expected=if_equal, maybe_applied=True,
-                                state=state,
-                                lost=lambda st: self._condition_failed("delete", key, if_equal, st))
-            return
+        resp = await self._send_delete(key, if_equal, what, lambda: self._call(
+            "DELETE", self._url(key), what=what, headers=headers, retry_statuses=_CONFLICT))
         if resp.status in (200, 204) or (resp.status == 404 and if_equal is None
                                          and error_code(resp.body) != "NoSuchBucket"):
             return
         if if_equal is not None and resp.status in (404, 412) \
                 and error_code(resp.body) != "NoSuchBucket":
-            state = None if resp.status == 404 else await self._state(key)
-            await settle_delete(what=f"s3 {what}", key=key, expected=if_equal,
-                                maybe_applied=resp.maybe_applied, state=state,
-                                lost=lambda st: self._condition_failed("delete", key, if_equal, st))
+            await self._refused_delete(key, if_equal, what, resp)
         raise self._fail(what, resp)
 
     # -- listing ------------------------------------------------------------------------

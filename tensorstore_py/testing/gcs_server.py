@@ -31,7 +31,6 @@ import platform
 import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.error
@@ -43,6 +42,8 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from aiohttp import ClientSession, web
+
+from tensorstore_py.testing._process import ServerProcess
 
 __all__ = ["GcsEmulator", "ResumableUploadFront", "find_binary"]
 
@@ -85,7 +86,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class GcsEmulator:
+class GcsEmulator(ServerProcess):
     """One fake-gcs-server process on 127.0.0.1 (start/stop or a context manager)."""
 
     def __init__(
@@ -97,9 +98,6 @@ class GcsEmulator:
         self.backend = backend
         self.startup_timeout = startup_timeout
         self.port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self._log: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------
     @property
@@ -111,9 +109,7 @@ class GcsEmulator:
 
     def start(self) -> Self:
         binary = find_binary()
-        self._tmp = tempfile.TemporaryDirectory(prefix="fake-gcs-")
-        # stays open for the server's lifetime; closed in stop()
-        self._log = open(os.path.join(self._tmp.name, "server.log"), "wb")
+        tmp = self._open_log("fake-gcs-")
         last_error = ""
         # The port is free when chosen but could be taken before the server binds it.
         for _try in range(3):
@@ -122,7 +118,7 @@ class GcsEmulator:
                    "-backend", self.backend, "-log-level", "warn",
                    "-external-url", f"http://127.0.0.1:{self.port}"]
             if self.backend == "filesystem":
-                cmd += ["-filesystem-root", os.path.join(self._tmp.name, "data")]
+                cmd += ["-filesystem-root", str(tmp / "data")]
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
             )
@@ -148,43 +144,6 @@ class GcsEmulator:
                 pass
             time.sleep(0.05)
         return False
-
-    def _terminate(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def stop(self) -> None:
-        """Stop the server and delete its temporary directory."""
-        self._terminate()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def log_text(self) -> str:
-        """The server's log so far (for failure messages)."""
-        if self._tmp is None:
-            return ""
-        try:
-            return Path(self._tmp.name, "server.log").read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- buckets -------------------------------------------------------------------------
     def create_bucket(self, name: str | None = None) -> str:

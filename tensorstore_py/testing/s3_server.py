@@ -33,17 +33,17 @@ import itertools
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, Self
 
 from werkzeug.serving import make_server
+
+from tensorstore_py.testing._process import ServerProcess
 
 __all__ = ["TEST_CREDENTIALS", "S3Server"]
 
@@ -57,15 +57,12 @@ REGION = "us-east-1"
 _counter = itertools.count(1)
 
 
-class S3Server:
+class S3Server(ServerProcess):
     """One moto server process on 127.0.0.1 (start/stop or a context manager)."""
 
     def __init__(self, *, startup_timeout: float = 60.0) -> None:
         self.startup_timeout = startup_timeout
         self.port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self._log: Any = None
 
     @property
     def endpoint(self) -> str:
@@ -75,9 +72,7 @@ class S3Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Self:
-        self._tmp = tempfile.TemporaryDirectory(prefix="moto-s3-")
-        port_file = Path(self._tmp.name, "port")
-        self._log = open(Path(self._tmp.name, "server.log"), "wb")  # closed in stop()
+        port_file = self._open_log("moto-s3-") / "port"
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tensorstore_py.testing.s3_server", "--port-file", str(port_file)],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
@@ -101,37 +96,6 @@ class S3Server:
                 return resp.status == 200
         except (urllib.error.URLError, OSError):
             return False
-
-    def stop(self) -> None:
-        """Stop the server and delete its temporary directory."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def log_text(self) -> str:
-        if self._tmp is None:
-            return ""
-        try:
-            return Path(self._tmp.name, "server.log").read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- buckets ---------------------------------------------------------------------------
     def request(
