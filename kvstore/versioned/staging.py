@@ -25,9 +25,10 @@ Guarantees:
   ConflictError (the same rule as a transaction); nothing is committed then.
 * Only the parts passed are committed: the data of a task attempt whose result
   was lost (a killed worker) is never referenced.
-* With ``txn_id``, a repeated call (a retried commit task) commits nothing new
-  and returns the version that call already committed: the check runs inside
-  the commit loop, so two concurrent calls with one ``txn_id`` make one version.
+* With ``txn_id``, a repeated call with the same parts (a retried commit task)
+  commits nothing new and returns the version the earlier call committed: the
+  versions after the oldest part's base are searched for ``txn_id`` inside the
+  commit loop, so two concurrent calls with one ``txn_id`` make one version.
 """
 
 from __future__ import annotations
