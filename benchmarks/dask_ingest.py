@@ -20,6 +20,7 @@ Prints ``name: value unit`` lines (medians) and ``ratio_*: x`` = tsp / zarr-pyth
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 from collections.abc import Callable
@@ -63,19 +64,23 @@ def main() -> None:
     src = da.fromfunction(voxel, shape=shape, chunks=chunks, dtype=np.uint16)
     times: dict[str, list[float]] = {}
     with LocalCluster(n_workers=a.workers, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster, Client(cluster), \
+                      dashboard_address=None) as cluster, Client(cluster) as client, \
             scratch_dir("tsp-bench-dask-", a.dir) as scratch:
+        for module in ("tensorstore_py.dask", "zarr"):  # imports are not what is measured
+            client.run(importlib.import_module, module)
         expect = int(src.astype(np.uint64).sum().compute())
-        for _ in range(a.reps):
+        for rep in range(a.reps):
+            # a new folder per repetition: a process keeps what it learnt of a versioned
+            # store's history (cached commit records), so never recreate one in place
             for name, url in (("tsp_versioned", "versioned+file://{}/"), ("tsp_file", "file://{}/")):
-                path = fresh(f"{scratch}/{name}")
+                path = fresh(f"{scratch}/{name}-{rep}")
                 ts = tsp.open(url.format(path), create=True, shape=shape, dtype="uint16",
                               chunks=chunks, compression=None).result()
                 times.setdefault(f"{name}_store", []).append(_timed(lambda ts=ts: tspd.store(src, ts)))
                 back = tspd.to_dask(ts).astype(np.uint64).sum()
                 t = _timed(lambda back=back: times.setdefault("_sum", []).append(back.compute()))
                 times.setdefault(f"{name}_read", []).append(t)
-            path = fresh(f"{scratch}/zarr_python")
+            path = fresh(f"{scratch}/zarr_python-{rep}")
             times.setdefault("zarr_python_store", []).append(
                 _timed(lambda p=path: src.to_zarr(p, zarr_format=3, compressors=None)))
             back = da.from_zarr(path).astype(np.uint64).sum()
