@@ -14,6 +14,7 @@ import pytest
 import tensorstore_py as tsp
 from tensorstore_py.cli import main
 from tensorstore_py.commands.export import array_path
+from tensorstore_py.kvstore.file import META_DIR
 
 zarr = pytest.importorskip("zarr")
 ts_oracle = pytest.importorskip("tensorstore")
@@ -40,7 +41,9 @@ def root(tmp_path: Path) -> str:
 
 
 def _files(dest: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(dest)): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+    """The stored objects under ``dest`` (not the file store's own lock and temp files)."""
+    return {str(p.relative_to(dest)): p.read_bytes() for p in dest.rglob("*")
+            if p.is_file() and META_DIR not in p.relative_to(dest).parts}
 
 
 def test_leaf_paths_map_to_zarr_paths() -> None:
