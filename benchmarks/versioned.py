@@ -50,8 +50,8 @@ from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned import root as versioned_root
-from tensorstore_py.kvstore.versioned.gc import reclaim
 from tensorstore_py.kvstore.versioned.format import InlineEntry, RefEntry, new_stamp
+from tensorstore_py.kvstore.versioned.gc import reclaim
 from tensorstore_py.kvstore.versioned.multiwriter import encode_fragment, fragment_name
 from tensorstore_py.kvstore.versioned.root import Plan
 
