@@ -45,12 +45,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tensorstore_py.core.errors import (
-    DataCorruptionError,
-    ReadOnlyError,
-    StorageError,
-    UnsupportedError,
-)
+from tensorstore_py.core.errors import DataCorruptionError, ReadOnlyError, StorageError, UnsupportedError
 from tensorstore_py.core.future import get_loop, in_loop_thread, run_sync
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.versioned.format import FORMAT, frame, new_name, unframe
