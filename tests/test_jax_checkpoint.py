@@ -91,7 +91,7 @@ def test_two_processes_save_and_restore_any_sharding(tmp_path: Path) -> None:
     assert single["steps"] == [2, 3]
 
 
-def test_two_processes_retention_frees_every_processs_share(tmp_path: Path) -> None:
+def test_two_processes_retention_frees_every_process_share(tmp_path: Path) -> None:
     # the twin of test_checkpoint.py::test_manager_retention_frees_space_now
     root = tmp_path / "ckpt"
     size = 8 << 20

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tensorstore_py.core.errors import (
-    ConditionFailedError,
     DataCorruptionError,
     InvalidArgumentError,
     InvalidSpecError,
@@ -59,21 +58,19 @@ from tensorstore_py.kvstore.registry import open_kvstore, register_kvstore
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.data import (
     INLINE_MAX,
-    Pending,
     blocking_reader,
     make_entry,
-    pack,
     read_entry,
 )
 from tensorstore_py.kvstore.versioned.format import (
     FORMAT,
     CommitRecord,
-    Entry,
     ranges_add,
     ranges_contain,
 )
 from tensorstore_py.kvstore.versioned.gc import DEFAULT_GRACE, DEFAULT_READ_GRACE, GcReport
 from tensorstore_py.kvstore.versioned.gc import gc as collect_garbage
+from tensorstore_py.kvstore.versioned.groupcommit import submit
 from tensorstore_py.kvstore.versioned.info import (
     CommitDetails,
     EntryInfo,
@@ -93,8 +90,6 @@ __all__ = ["CommitDetails", "EntryInfo", "VersionInfo", "VersionedKvStore"]
 
 T = TypeVar("T")
 
-#: most operations in one group commit
-MAX_BATCH = 65536
 _TAG_RE = re.compile(r"[A-Za-z_.\-][A-Za-z0-9_.\-]{0,127}\Z")
 
 
@@ -107,15 +102,6 @@ class VersionInfo:
     write_id: str
     message: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(eq=False)
-class _Op:
-    kind: str  # "put" | "delete" | "delete_prefix"
-    key: str
-    value: Entry | Pending | None
-    if_equal: Generation | None
-    future: asyncio.Future[Any]
 
 
 def _check_tag(name: str) -> str:
@@ -374,12 +360,7 @@ class VersionedKvStore(KvStore, RootView):
         await self._submit("delete_prefix", prefix, None, None)
 
     async def _submit(self, kind: str, key: str, value: Any, if_equal: Generation | None) -> Any:
-        root = self._root
-        op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future())
-        root.queue.append(op)
-        if root.committer is None:
-            root.committer = asyncio.ensure_future(_run_queue(root))
-        return await op.future
+        return await submit(self._root, kind, key, value, if_equal)
 
     def _transaction_participant(self, txn: Transaction) -> VersionedParticipant:
         if self.tag_name is not None and self.version is None:
@@ -602,79 +583,6 @@ class VersionedKvStore(KvStore, RootView):
         rec = await self._root.commit(plan)
         assert rec is not None
         return CommitInfo(version=rec.version, write_id=rec.write_id, time=rec.time)
-
-
-async def _run_queue(root: VersionedRoot) -> None:
-    """Commit queued operations in batches until the queue is empty."""
-    try:
-        while root.queue:
-            await asyncio.sleep(0)  # let writers issued together join this batch
-            batch, root.queue = root.queue[:MAX_BATCH], root.queue[MAX_BATCH:]
-            try:
-                await _commit_batch(root, batch)
-            except BaseException as e:
-                for op in batch:
-                    if not op.future.done():
-                        op.future.set_exception(e)
-                if not isinstance(e, Exception):
-                    raise
-    finally:
-        root.committer = None
-        if root.queue:  # arrived while we were exiting
-            root.committer = asyncio.ensure_future(_run_queue(root))
-
-
-async def _commit_batch(root: VersionedRoot, batch: list[_Op]) -> None:
-    # a writer lease from the first packed value to the commit record
-    async with root.leases.writing():
-        await _commit_batch_held(root, batch)
-
-
-async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
-    pending = [op for op in batch if isinstance(op.value, Pending)]
-    if pending:
-        for op, e in zip(pending, await pack(root, [op.value for op in pending])):
-            op.value = e
-    outcome: dict[int, BaseException | None] = {}
-
-    async def plan(parent: CommitRecord | None) -> Plan | None:
-        tree = parent.root if parent else None
-        effective: dict[str, Entry | None] = {}
-        outcome.clear()
-        cond_keys = {op.key for op in batch if op.if_equal is not None}
-        found = dict(zip(cond_keys, await asyncio.gather(*(root.lookup(tree, k) for k in cond_keys))))
-        for i, op in enumerate(batch):
-            if op.if_equal is not None:
-                cur = effective[op.key] if op.key in effective else found[op.key]
-                gen = Generation.NO_VALUE if cur is None else Generation(cur.stamp)
-                if gen != op.if_equal:
-                    outcome[i] = ConditionFailedError(
-                        f"versioned store over {root.base!r}: key {op.key!r}: expected generation "
-                        f"{op.if_equal!r}, found {gen!r} at version {parent.version if parent else 0}"
-                    )
-                    continue
-            if op.kind == "delete_prefix":
-                for k, _ in await root.scan(tree, op.key):
-                    effective.setdefault(k, None)
-                for k in effective:
-                    if k.startswith(op.key):
-                        effective[k] = None
-            else:
-                effective[op.key] = op.value  # type: ignore[assignment]
-            outcome[i] = None
-        if not effective:
-            return None
-        return Plan(sorted(effective.items()), kind="data")
-
-    await root.commit(plan)
-    for i, op in enumerate(batch):
-        if op.future.done():
-            continue
-        err = outcome.get(i)
-        if err is not None:
-            op.future.set_exception(err)
-        else:
-            op.future.set_result(None)
 
 
 register_kvstore(VersionedKvStore, adapter=True)
