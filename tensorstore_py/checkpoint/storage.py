@@ -54,7 +54,8 @@ log = logging.getLogger("tensorstore_py.checkpoint")
 
 FORMAT = "tensorstore_py.checkpoint/1"
 #: attempts of a step deletion that conflicts with another process deleting too
-_DELETE_ATTEMPTS = 4
+#: (and of leasing the newest version while retention keeps deleting it)
+_ATTEMPTS = 4
 _W = 12  # digits of a step in keys (sorted listing == numeric order)
 STEPS_PREFIX = "steps/"  # the step records
 
@@ -130,7 +131,7 @@ class StepStore:
         """
         if self.kv.read_only:
             return self.kv
-        for _ in range(_DELETE_ATTEMPTS):
+        for _ in range(_ATTEMPTS):
             v = await self.kv.newest_version()
             if v == 0:
                 return self.kv
@@ -196,7 +197,7 @@ class StepStore:
         if not steps:
             return 0
         kv = self.kv
-        for attempt in range(1, _DELETE_ATTEMPTS + 1):
+        for attempt in range(1, _ATTEMPTS + 1):
             present = sorted(set(steps) & set(await self.list_steps()))
             if not present:
                 break
@@ -212,7 +213,7 @@ class StepStore:
             except ConflictError:
                 if txn.state == "open":
                     txn.abort()
-                if attempt == _DELETE_ATTEMPTS:
+                if attempt == _ATTEMPTS:
                     raise
                 log.info("deleting checkpoint steps %s at %r conflicted with another commit; "
                          "retrying against the new state", present, kv)
