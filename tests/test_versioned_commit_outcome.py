@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _multiwriter import in_threads, staged
 
 import tensorstore_py as tsp
 from tensorstore_py.core.retry import RetryPolicy
@@ -107,3 +108,24 @@ def test_find_write_id_of_a_recent_commit_reads_few_records() -> None:
         fresh.find_write_id("")
     with pytest.raises(InvalidArgumentError):
         fresh.find_write_id("ab", since=-1)
+
+
+def test_multi_writer_participants_hear_the_unknown_outcome_and_a_rerun_commits_once() -> None:
+    mem = MemoryKvStore()
+    lossy = FaultKvStore(mem)
+    lossy.inject(op="write", key_pattern="commits/*")
+    stores = [VersionedKvStore(lossy), VersionedKvStore(mem)]  # process 0's store fails
+
+    def run(stores: list[VersionedKvStore], value: bytes) -> list[Any]:
+        return in_threads(2, lambda i: staged(stores[i], "step-9", i, 2, {f"p{i}": value},
+                                              timeout=30).commit().result(T))
+
+    res = run(stores, b"x")
+    assert all(type(r) is CommitOutcomeUnknownError for r in res), res
+    assert res[0].write_id and res[1].write_id == res[0].write_id  # the record's write-id
+    kv = VersionedKvStore(mem)
+    assert kv.find_write_id(res[0].write_id).result(T) is None
+    # the job runs again with the same transaction id: it commits once
+    res = run([VersionedKvStore(mem), VersionedKvStore(mem)], b"x")
+    assert [r.version for r in res] == [1, 1], res
+    assert kv.list().result(T) == ["p0", "p1"]

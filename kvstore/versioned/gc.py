@@ -93,7 +93,12 @@ DEFAULT_GRACE = 6 * 3600.0
 CONCURRENCY = 64
 
 _OBJECT_RE = re.compile(r"(nodes|data|changes)/[0-9a-f]{32}\Z")
-_TXN_RE = re.compile(r"txns/([A-Za-z0-9_.\-]{1,128})/([0-9]{6}|result)\Z")
+#: multi-writer objects (FORMAT.md §7): format-1 fragments ``<i>``; format-2 attempts,
+#: fragments ``<k>-<nonce>/<i>`` and failures ``<k>-<nonce>/failed``; the result
+_TXN_RE = re.compile(
+    r"txns/([A-Za-z0-9_.\-]{1,128})/"
+    r"([0-9]{6}|result|attempts/[0-9]{6}|[0-9]{6}-[0-9a-f]{32}/(?:[0-9]{6}|failed))\Z"
+)
 #: deletion order: data before the nodes that reference them (see the module doc)
 _ORDER = {"data": 0, "nodes": 1, "txns": 2, "changes": 3}
 #: what a missing or broken node of a deleted version counts as (see _reachable_from)

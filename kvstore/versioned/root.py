@@ -89,6 +89,7 @@ class Plan:
     message: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     txn_id: str | None = None
+    txn_nonce: str | None = None  # the multi-writer attempt committing
     tags: dict[str, int] | None = None  # None = the parent's
     deleted: list[list[int]] | None = None  # None = the parent's
     write_id: str = field(default_factory=new_write_id)
@@ -314,6 +315,7 @@ class VersionedRoot:
             tags=dict(parent.tags if parent else {}) if plan.tags is None else plan.tags,
             deleted=list(parent.deleted if parent else []) if plan.deleted is None else plan.deleted,
             txn_id=plan.txn_id,
+            txn_nonce=plan.txn_nonce,
         )
 
     async def _publish(self, rec: CommitRecord) -> bool:
