@@ -85,6 +85,8 @@ def test_three_processes_commit_one_version(tmp_path: Any) -> None:
             assert bytes(kv.read(f"shard{i}/{j}").result(T).value) == expect
     info = kv.versions().result(T)[-1]  # type: ignore[attr-defined]
     assert info.metadata == {"step": 100} and info.message == "step"
+    # the merged fragments and the attempt are deleted; the small result stays
+    assert FileKvStore(path=root).list("txns/").result(T) == ["txns/step-100/result"]
 
 
 def test_participant_that_never_writes_means_no_commit(tmp_path: Any) -> None:
