@@ -33,7 +33,9 @@ from tensorstore_py.kvstore.versioned.format import CommitRecord
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
 
-__all__ = ["AlreadyCommitted", "ReadSet", "VersionedParticipant", "commit_changes", "validate"]
+__all__ = [
+    "AlreadyCommitted", "ReadSet", "VersionedParticipant", "check_conflicts", "commit_changes", "validate",
+]
 
 #: commit records read at once while checking a transaction against newer versions
 CHECK_CONCURRENCY = 64
@@ -129,6 +131,11 @@ async def validate(
                     f"after this transaction read version {lo}; retry the transaction",
                     key=k,
                 )
+
+
+async def check_conflicts(root: VersionedRoot, ours: set[str], lo: int, hi: int) -> None:
+    """Raise ConflictError if a version in ``lo+1..hi`` changed a key in ``ours``."""
+    await validate(root, lo, hi, writes=ours)
 
 
 class VersionedParticipant(Participant):
