@@ -33,6 +33,7 @@ import asyncio
 import os
 import shutil
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -126,8 +127,6 @@ def bench_multiwriter(root: str, processes: int, reps: int) -> float:
     """Median seconds of one multi-writer commit of ``processes`` participants
     (threads of this process, polling the store; 4 small keys each), from the
     first ``commit()`` call to the last one returning."""
-    import threading
-
     kv = VersionedKvStore(FileKvStore(path=fresh(root)))
     times = []
     errors: list[BaseException] = []
