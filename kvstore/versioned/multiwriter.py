@@ -340,7 +340,7 @@ async def _participate(root: VersionedRoot, txn: Transaction, mine: Fragment, de
     watched: Attempt | None = None  # the attempt whose outcome this process waits for
     mine_in: Attempt | None = None  # the attempt holding this process's fragment
     try:
-        got = await _read_result(root, txn_id) or await _learn_attempt(root, txn, deadline)
+        got = await _learn_attempt(root, txn, deadline)
         if isinstance(got, Attempt):
             watched = got
             if await _deliver(root, txn, watched, mine):
@@ -433,6 +433,9 @@ async def _learn_attempt(root: VersionedRoot, txn: Transaction, deadline: float)
     what = (f"multi-writer transaction {txn_id!r}: process {txn.process_index} saw no attempt of "
             f"process 0 within {txn.timeout} s; nothing was committed")
     if txn.coordinator is not None:
+        done = await _read_result(root, txn_id)
+        if done is not None:
+            return done
         body = json.loads(await _coord_wait(txn, f"tsp/{txn_id}/attempt", deadline, what))
         if isinstance(body, dict) and "result" in body:
             return check_outcome(body["result"], f"tsp/{txn_id}/attempt")
@@ -440,7 +443,9 @@ async def _learn_attempt(root: VersionedRoot, txn: Transaction, deadline: float)
         if a.txn_id != txn_id:
             raise DataCorruptionError(f"tsp/{txn_id}/attempt announces transaction {a.txn_id!r}")
         return a
-    a, _ = await _newest_attempt(root, txn_id)
+    done, (a, _) = await asyncio.gather(_read_result(root, txn_id), _newest_attempt(root, txn_id))
+    if done is not None:
+        return done
     if a is not None:
         res = await root.base.read(failed_name(txn_id, a.number, a.nonce))
         if res.state != "value":
@@ -500,11 +505,13 @@ async def _await_outcome(
 class _Watch:
     """The polls of a participant of attempt ``a`` (without a coordination object).
 
-    Each poll reads the transaction's result, the attempt's ``failed`` object and
-    the next attempt; every :attr:`RECORD_EVERY` polls it also looks for the
-    commit record itself (process 0 may have died right after committing).
+    Each poll reads the transaction's result; every :attr:`ATTEMPT_EVERY` polls
+    also the attempt's ``failed`` object and the next attempt; every
+    :attr:`RECORD_EVERY` polls it also looks for the commit record itself
+    (process 0 may have died right after committing).
     """
 
+    ATTEMPT_EVERY = 2
     RECORD_EVERY = 4
 
     def __init__(self, root: VersionedRoot, a: Attempt, since: int) -> None:
@@ -514,6 +521,9 @@ class _Watch:
     async def __call__(self) -> tuple[str, Any] | None:
         root, a = self.root, self.a
         self.polls += 1
+        if self.polls % self.ATTEMPT_EVERY:
+            outcome = await _read_result(root, a.txn_id)
+            return None if outcome is None else ("outcome", outcome)
         nxt = attempt_name(a.txn_id, a.number + 1)
         failed = failed_name(a.txn_id, a.number, a.nonce)
         outcome, fail, newer = await asyncio.gather(
