@@ -10,7 +10,10 @@
   ``n``-key store is built by one bulk commit through the commit engine
   (``build_<n>``), which is how a large checkpoint lands as well.
 * ``merge_<N>_fragments``: a coordinator merging ``N`` simulated multi-writer
-  fragments (8 keys each) into one commit.
+  fragments (8 keys each) into one commit, timed from the last fragment landing.
+* ``multiwriter_commit_<P>procs``: median latency of a multi-writer commit of
+  ``P`` participants (threads polling the store, 4 small keys each): attempt,
+  fragments, merge, commit record, result and cleanup.
 * ``reclaim_after_save_<n>_versions``: a store with ``n`` versions (``--versions``,
   each writing one 2 KiB value: a data object and an index leaf), all but the
   newest two deleted and reclaimed; then one more save, the deletion of every
@@ -38,6 +41,7 @@ import asyncio
 import os
 import shutil
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -51,8 +55,14 @@ from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned import root as versioned_root
 from tensorstore_py.kvstore.versioned.format import InlineEntry, RefEntry, new_stamp
+from tensorstore_py.kvstore.versioned.fragments import (
+    Fragment,
+    attempt_name,
+    decode_attempt,
+    encode_fragment,
+    fragment_name,
+)
 from tensorstore_py.kvstore.versioned.gc import reclaim
-from tensorstore_py.kvstore.versioned.multiwriter import encode_fragment, fragment_name
 from tensorstore_py.kvstore.versioned.root import Plan
 
 MiB = 1 << 20
@@ -86,33 +96,39 @@ def bench_commit(root: str, n: int, reps: int) -> tuple[float, float]:
 
 
 def bench_merge(root: str, count: int) -> float:
-    """Seconds for the coordinator to merge ``count`` fragments into one commit."""
+    """Seconds from the last of ``count`` fragments landing to the coordinator's
+    commit of all of them (merge, tree, commit record, cleanup)."""
     path = fresh(root)
     scratch = FileKvStore(path=path, sync=False)  # setup only: fragments of "other" processes
     obj = "data/" + "0" * 32
     txn_id = "bench"
+    kv = VersionedKvStore(FileKvStore(path=path))
+    coord = tsp.Transaction(txn_id=txn_id, process_index=0, process_count=count + 1, timeout=120)
+    kv.with_transaction(coord).write("p/00000/0", b"coordinator").result()  # opens attempt 1
+    fut = coord.commit()
+    name = attempt_name(txn_id, 1)
+    while scratch.read(name).result().state != "value":
+        time.sleep(0.005)
+    attempt = decode_attempt(scratch.read(name).result().value, name, txn_id)
 
     async def write_fragments() -> None:
         sem = asyncio.Semaphore(64)
 
         async def one(i: int) -> None:
-            txn = tsp.Transaction(txn_id=txn_id, process_index=i, process_count=count + 1)
             changes: list[Any] = [
                 (f"p/{i:05d}/{j}", RefEntry(new_stamp(), obj, j * 10, 10, 0) if j % 2
                  else InlineEntry(new_stamp(), b"v"))
                 for j in range(8)
             ]
+            data = encode_fragment(txn_id, attempt, "0" * 32, Fragment(i, 0, changes))
             async with sem:
-                await scratch.write(fragment_name(txn_id, i), encode_fragment(txn, 0, changes))
+                await scratch.write(fragment_name(txn_id, 1, attempt.nonce, i), data)
 
         await asyncio.gather(*(one(i) for i in range(1, count + 1)))
 
     spawn(write_fragments()).result()
-    kv = VersionedKvStore(FileKvStore(path=path))
-    coord = tsp.Transaction(txn_id=txn_id, process_index=0, process_count=count + 1, timeout=120)
-    kv.with_transaction(coord).write("p/00000/0", b"coordinator").result()
     t0 = time.perf_counter()
-    info = coord.commit().result()
+    info = fut.result()
     dt = time.perf_counter() - t0
     assert info.version == 1 and info.keys_changed == count * 8 + 1, info
     return dt
@@ -138,6 +154,38 @@ def bench_reclaim(root: str, n: int) -> tuple[float, int, int]:
     dt = time.perf_counter() - t0
     assert rep.reclaimed, rep
     return dt, counted.calls["read"], counted.calls["list"]
+
+
+def bench_multiwriter(root: str, processes: int, reps: int) -> float:
+    """Median seconds of one multi-writer commit of ``processes`` participants
+    (threads of this process, polling the store; 4 small keys each), from the
+    first ``commit()`` call to the last one returning."""
+    kv = VersionedKvStore(FileKvStore(path=fresh(root)))
+    times = []
+    errors: list[BaseException] = []
+    for r in range(reps):
+        txns = [tsp.Transaction(txn_id=f"mw-{r}", process_index=i, process_count=processes, timeout=60)
+                for i in range(processes)]
+        for i, txn in enumerate(txns):
+            v = kv.with_transaction(txn)
+            for j in range(4):
+                v.write(f"r{r}/p{i}/{j}", b"x" * 1000).result()
+
+        def run(txn: tsp.Transaction) -> None:
+            try:
+                txn.commit().result()
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(t,)) for t in txns]
+        t0 = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        times.append(time.perf_counter() - t0)
+        assert not errors, errors
+    return statistics.median(times)
 
 
 def bench_zarr3(root: str, mib: int, reps: int) -> dict[str, float]:
@@ -185,7 +233,7 @@ def main() -> None:
     ap.add_argument("--array-mib", type=int, default=128, help="zarr3 array size in MiB")
     ap.add_argument("--array-reps", type=int, default=3, help="zarr3 repetitions (median printed)")
     ap.add_argument("--full", action="store_true", help="1 GiB zarr3 array")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: commit,merge,reclaim,zarr3")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: commit,merge,multiwriter,reclaim,zarr3")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -198,6 +246,10 @@ def main() -> None:
         if "merge" not in skip:
             dt = bench_merge(os.path.join(base, "merge"), args.fragments)
             emit(f"merge_{args.fragments}_fragments", dt, "s")
+        if "multiwriter" not in skip:
+            for n in (2, 8):
+                dt = bench_multiwriter(os.path.join(base, "multiwriter"), n, args.reps)
+                emit(f"multiwriter_commit_{n}procs", dt * 1e3, "ms", digits=1)
         if "reclaim" not in skip:
             dt, reads, lists = bench_reclaim(os.path.join(base, "reclaim"), args.versions)
             emit(f"reclaim_after_save_{args.versions}_versions", dt * 1e3, "ms", digits=1)

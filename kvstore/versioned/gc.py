@@ -105,7 +105,12 @@ DEFAULT_SWEEP_INTERVAL = 24 * 3600.0
 CONCURRENCY = 64
 
 _OBJECT_RE = re.compile(r"(nodes|data|changes)/[0-9a-f]{32}\Z")
-_TXN_RE = re.compile(r"txns/([A-Za-z0-9_.\-]{1,128})/([0-9]{6}|result)\Z")
+#: multi-writer objects (FORMAT.md §7): format-1 fragments ``<i>``; format-2 attempts,
+#: fragments ``<k>-<nonce>/<i>`` and failures ``<k>-<nonce>/failed``; the result
+_TXN_RE = re.compile(
+    r"txns/([A-Za-z0-9_.\-]{1,128})/"
+    r"([0-9]{6}|result|attempts/[0-9]{6}|[0-9]{6}-[0-9a-f]{32}/(?:[0-9]{6}|failed))\Z"
+)
 _COMMIT_RE = re.compile(r"commits/([0-9]{20})\Z")
 _CLOCK_RE = re.compile(r"gc/clock-[0-9a-f]{32}\Z")
 #: deletion order: data before the nodes that reference them (see the module doc)
@@ -259,12 +264,26 @@ def _txns(listed: dict[str, KeyInfo], rules: _Rules) -> tuple[set[str], list[str
         if result in listed and rules.old(listed[result]):
             out.update(names)  # the transaction is over
             continue
+        # Without a result, the attempt records are what tells a restarted
+        # coordinator that this txn id may have committed already: they stay while
+        # any object of the transaction is young (docs/FORMAT.md §9).
+        in_use = result not in listed and any(not rules.old(listed[n]) for n in names)
         for n in names:
+            attempt = "/attempts/" in n
+            if attempt and in_use:
+                continue
             if rules.collectable(listed[n]):
                 out.add(n)
-            elif result not in listed and n != result:
+            elif result not in listed and _is_fragment(n):
                 live.append(n)  # no outcome yet: its data is not referenced by a commit
     return out, live
+
+
+def _is_fragment(name: str) -> bool:
+    """A participant's fragment (format 1 ``<i>``, format 2 ``<k>-<nonce>/<i>``),
+    not an attempt record, a failure record or the result."""
+    last = name.rsplit("/", 1)[1]
+    return last.isdigit() and "/attempts/" not in name
 
 
 async def _list(base: KvStore, prefixes: tuple[str, ...]) -> list[KeyInfo]:

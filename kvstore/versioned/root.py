@@ -9,7 +9,9 @@ commit records. Its loop: find the newest version ``n``; let the caller plan the
 changes against it (conflict checks, conditions); write the new tree nodes; then
 create ``commits/<n+1>`` create-only (the linearisation point). Losing that race
 re-plans against the newer version (rebase). A failed or timed-out create is
-resolved by reading the record back and comparing write-ids (FORMAT.md §6.3).
+resolved by reading the record back and comparing write-ids (FORMAT.md §6.3);
+when no answer tells, the commit raises ``CommitOutcomeUnknownError`` (never a
+plain StorageError) and :meth:`VersionedRoot.find_record` answers later.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensorstore_py.core.errors import (
+    CommitOutcomeUnknownError,
     ConditionFailedError,
     DataCorruptionError,
     DeadlineExceededError,
@@ -74,6 +77,10 @@ PUBLISH_RETRY = RetryPolicy(max_attempts=6, initial_delay=0.1, max_delay=4.0)
 #: the preparation of a commit (probe, plan, tree nodes) on I/O errors: 4
 #: attempts, waits of 40, 80 and 160 ms on average between them
 PREPARE_RETRY = RetryPolicy(max_attempts=4, initial_delay=0.08, max_delay=4.0)
+#: I/O errors of a write whose outcome a read-back resolves
+_IO_ERRORS = (TimeoutError, StorageError, DeadlineExceededError, OSError)
+#: commit records read at once when scanning history for a write-id
+SCAN_BATCH = 16
 #: commit records kept decoded per root (immutable, so never stale)
 RECORD_CACHE = 1024
 #: least seconds between two rewrites of the ``latest`` hint by one process
@@ -89,6 +96,7 @@ class Plan:
     message: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     txn_id: str | None = None
+    txn_nonce: str | None = None  # the multi-writer attempt committing
     tags: dict[str, int] | None = None  # None = the parent's
     deleted: list[list[int]] | None = None  # None = the parent's
     write_id: str = field(default_factory=new_write_id)
@@ -348,10 +356,15 @@ class VersionedRoot:
             tags=dict(parent.tags if parent else {}) if plan.tags is None else plan.tags,
             deleted=list(parent.deleted if parent else []) if plan.deleted is None else plan.deleted,
             txn_id=plan.txn_id,
+            txn_nonce=plan.txn_nonce,
         )
 
     async def _publish(self, rec: CommitRecord) -> bool:
-        """Create the commit record: True if ours landed, False if we lost the race."""
+        """Create the commit record: True if ours landed, False if we lost the race.
+
+        Raises CommitOutcomeUnknownError when every attempt and every read-back
+        failed, so that neither answer is known (FORMAT.md §6.3).
+        """
         name = commit_name(rec.version)
         data = rec.encode()
         last: BaseException | None = None
@@ -361,19 +374,54 @@ class VersionedRoot:
                 return True
             except ConditionFailedError:
                 pass  # exists: ours (an earlier attempt landed) or another writer's
-            except (TimeoutError, StorageError, DeadlineExceededError, OSError) as e:
+            except _IO_ERRORS as e:
                 last = e  # the write may or may not have landed: read it back
-            try:
-                other = await self.read_record(rec.version, cached=False)
-            except (TimeoutError, StorageError, DeadlineExceededError, OSError) as e:
-                last = e
-                other = None
-            if other is not None:
-                return other.write_id == rec.write_id
-            if attempt < PUBLISH_RETRY.max_attempts:
-                await asyncio.sleep(PUBLISH_RETRY.delay(attempt))
-        assert last is not None
-        raise last
+            landed = await self._landed(rec, name)
+            if landed is not None:
+                return landed
+            await asyncio.sleep(PUBLISH_RETRY.delay(attempt))
+        # the attempts are used up: look the write-id up one last time
+        landed = await self._landed(rec, name)
+        if landed is not None:
+            return landed
+        raise CommitOutcomeUnknownError(
+            f"versioned store {self.base!r}: commit record {name!r} (write-id {rec.write_id}) "
+            f"could not be written or read back in {PUBLISH_RETRY.max_attempts} attempts "
+            f"(last error: {last}); it may or may not have landed. Once the store answers, "
+            f"VersionedKvStore.find_write_id({rec.write_id!r}) tells whether it committed "
+            f"(it can only land as version {rec.version})",
+            write_id=rec.write_id, key=name,
+        ) from last
+
+    async def _landed(self, rec: CommitRecord, name: str) -> bool | None:
+        """Read ``commits/<v>`` back: True if it holds our write-id, False if
+        another writer's, None if it is missing or can not be read."""
+        try:
+            other = await self.read_record(rec.version, cached=False)
+        except _IO_ERRORS:
+            return None
+        if other is None:
+            return None
+        return other.write_id == rec.write_id
+
+    async def find_record(self, match: Callable[[CommitRecord], bool], since: int = 0) -> CommitRecord | None:
+        """The newest commit record above version ``since`` for which ``match`` is true.
+
+        Scans down from the newest version in growing batches, so a recent
+        commit costs a few reads; ``since`` bounds the scan. Records of deleted
+        versions are searched too (commit records are never deleted).
+        """
+        v = await self.newest()
+        batch = SCAN_BATCH
+        while v > since:
+            lo = max(since, v - batch)
+            recs = await asyncio.gather(*(self.read_record(x) for x in range(v, lo, -1)))
+            for rec in recs:
+                if rec is not None and match(rec):
+                    return rec
+            v = lo
+            batch = min(batch * 2, 16 * SCAN_BATCH)
+        return None
 
     def _maybe_write_hint(self) -> None:
         """Refresh the ``latest`` hint in the background, at most once per

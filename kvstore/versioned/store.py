@@ -14,6 +14,11 @@ Guarantees:
   issued concurrently are grouped into few commits (group commit). A write
   with ``if_equal`` is checked against the newest version at commit; a failed
   condition fails only that write.
+* A commit whose commit record can not be written, nor read back, through
+  every retry raises :class:`~tensorstore_py.errors.CommitOutcomeUnknownError`
+  (never a plain StorageError or ConditionFailedError): it may have landed.
+  :meth:`VersionedKvStore.find_write_id` tells whether it did, once the store
+  answers.
 * Reads outside a transaction see the newest version committed before the read
   started (found by probing commit records, never by listing data).
 * Snapshots (``version`` / ``tag`` in the spec, ``@N`` / ``@tag`` in the URL)
@@ -375,6 +380,28 @@ class VersionedKvStore(KvStore, RootView):
     def newest_version(self) -> Future[int]:
         """The newest committed version (0 for an empty store)."""
         return spawn(self._root.newest())
+
+    def find_write_id(self, write_id: str, *, since: int | None = None) -> Future[int | None]:
+        """Did the commit stamped ``write_id`` land, and as which version? (None: it did not)
+
+        The answer to :class:`~tensorstore_py.errors.CommitOutcomeUnknownError`
+        (``err.write_id``; a transaction's is ``txn.write_id``). Scans commit
+        records down from the newest version, so a recent commit costs a few
+        reads; ``since`` (a version older than the commit, e.g. the one the
+        transaction read) bounds the scan to versions above it. A commit record
+        can only land as the version its writer attempted, so once the store
+        answers and a newer version exists, None is final.
+        """
+        if not isinstance(write_id, str) or not write_id:
+            raise InvalidArgumentError(f"find_write_id: write_id must be a non-empty string, got {write_id!r}")
+        if since is not None and (isinstance(since, bool) or not isinstance(since, int) or since < 0):
+            raise InvalidArgumentError(f"find_write_id: since must be a version >= 0, got {since!r}")
+
+        async def run() -> int | None:
+            rec = await self._root.find_record(lambda r: r.write_id == write_id, since or 0)
+            return None if rec is None else rec.version
+
+        return spawn(run())
 
     def versions(self) -> Future[list[VersionInfo]]:
         """Every retained (not deleted) version, oldest first."""

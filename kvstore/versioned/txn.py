@@ -4,15 +4,19 @@ Reads come from the version pinned at the transaction's first use of the store
 plus its own staged writes. Large values are written to data objects at once;
 small ones are staged and packed at commit (or when the staging buffer fills).
 At commit the staged changes are checked against every version committed
-since the pinned one (write-write conflicts) and committed as one new version.
+since the pinned one (write-write conflicts; with ``isolation="serializable"``
+also the keys and prefixes the transaction read) and committed as one new
+version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from tensorstore_py.core.errors import ConditionFailedError, ConflictError, DataCorruptionError
 from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, ReadResult
@@ -33,34 +37,109 @@ from tensorstore_py.kvstore.versioned.leases import Hold
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
 
-__all__ = ["VersionedParticipant", "check_conflicts"]
+__all__ = [
+    "AlreadyCommitted", "ReadSet", "VersionedParticipant", "check_conflicts", "commit_changes", "validate",
+]
+
+#: commit records read at once while checking a transaction against newer versions
+CHECK_CONCURRENCY = 64
 
 
-async def check_conflicts(root: VersionedRoot, ours: set[str], lo: int, hi: int) -> None:
-    """Raise ConflictError if a version in ``lo+1..hi`` changed a key in ``ours``."""
-    if hi <= lo or not ours:
+@dataclass
+class ReadSet:
+    """What a serializable transaction read: keys (found or not) and listed prefixes."""
+
+    keys: set[str] = field(default_factory=set)
+    prefixes: set[str] = field(default_factory=set)
+
+    def update(self, other: ReadSet) -> None:
+        self.keys |= other.keys
+        self.prefixes |= other.prefixes
+
+    def __bool__(self) -> bool:
+        return bool(self.keys or self.prefixes)
+
+    def matcher(self) -> Callable[[str], str | None]:
+        """``match(key)``: a description of the read ``key`` falls in, or None."""
+        keys = self.keys
+        # drop prefixes covered by a shorter one: then the greatest prefix <= key
+        # is the only one that can match it
+        prefixes: list[str] = []
+        for p in sorted(self.prefixes):
+            if not prefixes or not p.startswith(prefixes[-1]):
+                prefixes.append(p)
+
+        def match(key: str) -> str | None:
+            if key in keys:
+                return f"key {key!r}, which this serializable transaction read,"
+            i = bisect.bisect_right(prefixes, key)
+            if i and key.startswith(prefixes[i - 1]):
+                return (f"key {key!r}, under the prefix {prefixes[i - 1]!r} that this serializable "
+                        f"transaction listed,")
+            return None
+
+        return match
+
+
+class AlreadyCommitted(Exception):
+    """Raised while planning: a version already carries this multi-writer transaction."""
+
+    def __init__(self, rec: CommitRecord) -> None:
+        super().__init__(f"version {rec.version} already commits transaction {rec.txn_id!r}")
+        self.rec = rec
+
+
+async def validate(
+    root: VersionedRoot, lo: int, hi: int, *, writes: set[str], reads: ReadSet | None = None,
+    txn_id: str | None = None, txn_from: int | None = None,
+) -> None:
+    """Check versions ``lo+1..hi`` against a transaction that read version ``lo``.
+
+    ConflictError if one changed a key in ``writes`` (write-write) or a key or
+    prefix in ``reads`` (read-write, serializable transactions). With
+    ``txn_id``, versions ``> txn_from`` are also checked for a record of that
+    transaction id (AlreadyCommitted), so one id commits at most once.
+    """
+    first = lo if txn_from is None else min(lo, txn_from)
+    if hi <= first:
         return
-    sem = asyncio.Semaphore(64)
+    if txn_from is None and not writes and not reads:
+        return
+    match = reads.matcher() if reads else None
+    sem = asyncio.Semaphore(CHECK_CONCURRENCY)
 
-    async def one(v: int) -> tuple[int, list[str]]:
+    async def one(v: int) -> tuple[CommitRecord, list[str]]:
         async with sem:
             rec = await root.record_at(v)
             assert rec is not None
+            if v <= lo:
+                return rec, []
             try:
-                return v, await root.changed_keys(rec)
+                return rec, await root.changed_keys(rec)
             except DataCorruptionError as e:
                 raise ConflictError(
                     f"versioned store {root.base!r}: can not check version {v} for conflicts: {e}"
                 ) from e
 
-    for v, keys in await asyncio.gather(*(one(v) for v in range(lo + 1, hi + 1))):
+    found = await asyncio.gather(*(one(v) for v in range(first + 1, hi + 1)))
+    if txn_id is not None and txn_from is not None:
+        for rec, _ in found:
+            if rec.version > txn_from and rec.txn_id == txn_id:
+                raise AlreadyCommitted(rec)  # precedes conflicts: that commit is ours
+    for rec, keys in found:
         for k in keys:
-            if k in ours:
+            what = f"key {k!r}" if k in writes else match(k) if match is not None else None
+            if what is not None:
                 raise ConflictError(
-                    f"versioned store {root.base!r}: key {k!r} was changed by version {v} after "
-                    f"this transaction read version {lo}; retry the transaction",
+                    f"versioned store {root.base!r}: {what} was changed by version {rec.version} "
+                    f"after this transaction read version {lo}; retry the transaction",
                     key=k,
                 )
+
+
+async def check_conflicts(root: VersionedRoot, ours: set[str], lo: int, hi: int) -> None:
+    """Raise ConflictError if a version in ``lo+1..hi`` changed a key in ``ours``."""
+    await validate(root, lo, hi, writes=ours)
 
 
 class VersionedParticipant(Participant):
@@ -86,6 +165,8 @@ class VersionedParticipant(Participant):
         # and the data objects written so far, with when (time.monotonic())
         self._hold: Hold | None = None
         self._written: dict[str, float] = {}
+        #: what the transaction read, checked at commit (serializable isolation only)
+        self.reads: ReadSet | None = ReadSet() if txn.isolation == "serializable" else None
 
     @property
     def has_writes(self) -> bool:
@@ -108,7 +189,12 @@ class VersionedParticipant(Participant):
         await self.pin()
         return await self.root.lookup(self._base_root, key)
 
+    def _note_read(self, key: str) -> None:
+        if self.reads is not None and key not in self.writes:
+            self.reads.keys.add(key)  # found or not: a phantom counts too
+
     async def read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
+        self._note_read(key)
         try:
             return await read_entry(self.root, key, await self._current(key), byte_range, if_not_equal)
         except DataCorruptionError as e:
@@ -138,6 +224,7 @@ class VersionedParticipant(Participant):
         """A blocking whole-value read of ``key`` as this transaction sees it (or None)."""
         if not self.root.base.blocking_io:
             return None
+        self._note_read(key)
         return blocking_reader(self.root, key, await self._current(key))
 
     async def write(self, key: str, value: Buffer | None, if_equal: Generation | None) -> Generation | None:
@@ -192,6 +279,8 @@ class VersionedParticipant(Participant):
                 self.writes[k] = e
 
     async def list(self, prefix: str) -> list[str]:
+        if self.reads is not None:
+            self.reads.prefixes.add(prefix)
         await self.pin()
         try:
             keys = {k for k, _ in await self.root.scan(self._base_root, prefix)}
@@ -226,7 +315,8 @@ class VersionedParticipant(Participant):
             async def check() -> None:
                 await self.check_written(changes)
 
-            rec = await commit_changes(self.root, changes, base, txn, before_publish=check)
+            rec = await commit_changes(self.root, changes, base, txn, reads=self.reads,
+                                       before_publish=check)
         finally:
             self._release()
         return CommitInfo(
@@ -258,22 +348,32 @@ class VersionedParticipant(Participant):
 
 
 async def commit_changes(
-    root: VersionedRoot, changes: list[Change], base: int, txn: Transaction,
-    *, before_publish: Callable[[], Awaitable[None]] | None = None,
+    root: VersionedRoot, changes: list[Change], base: int, txn: Transaction, *,
+    reads: ReadSet | None = None, nonce: str | None = None, txn_from: int | None = None,
+    before_publish: Callable[[], Awaitable[None]] | None = None,
 ) -> CommitRecord:
-    """Commit ``changes`` read from version ``base``: rebase or ConflictError."""
+    """Commit ``changes`` read from version ``base``: rebase, or ConflictError.
+
+    ``reads`` (serializable) are checked like the written keys. A multi-writer
+    commit passes its attempt's ``nonce`` (stored in the record) and
+    ``txn_from``: a version above it that carries ``txn.txn_id`` raises
+    AlreadyCommitted instead of committing the transaction twice.
+    """
     ours = {k for k, _ in changes}
-    checked = base
+    checked = base  # every version <= checked is validated
+    checked_txn = txn_from
 
     async def plan(parent: CommitRecord | None) -> Plan:
-        nonlocal checked
+        nonlocal checked, checked_txn
         n = parent.version if parent else 0
-        if n > checked:
-            await check_conflicts(root, ours, checked, n)
-            checked = n
+        if n > checked or (checked_txn is not None and n > checked_txn):
+            await validate(root, checked, n, writes=ours, reads=reads, txn_id=txn.txn_id,
+                           txn_from=checked_txn)
+            checked = max(checked, n)
+            checked_txn = None if checked_txn is None else max(checked_txn, n)
         return Plan(
             changes, kind="data", message=txn.message, metadata=txn.metadata,
-            txn_id=txn.txn_id, write_id=txn.write_id, before_publish=before_publish,
+            txn_id=txn.txn_id, txn_nonce=nonce, write_id=txn.write_id, before_publish=before_publish,
         )
 
     rec = await root.commit(plan)
