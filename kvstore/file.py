@@ -40,7 +40,9 @@ overwrites and reads work everywhere.
 
 Housekeeping files (at most one lock file per directory, and temporaries while
 a write is in flight) live in a hidden ``.__tsp__`` folder beside the keys;
-``list`` never shows them and keys may not name them. A writer that crashes
+``list`` never shows them and keys may not name them. Nor does ``list`` show
+files whose names are not valid UTF-8 (other tools may create them; keys are
+Unicode). A writer that crashes
 leaves its temporary there (and, between the ``link`` of a create-only write
 and the ``unlink`` of its temporary, a second hard link to the new key's
 file); :meth:`FileKvStore.sweep_temporaries` finds and removes both.
@@ -96,6 +98,18 @@ from tensorstore_py.kvstore.registry import register_kvstore
 __all__ = ["META_DIR", "FileKvStore"]
 
 
+def _is_utf8(name: str) -> bool:
+    """Whether a file name read from the OS is valid UTF-8 (names that are not
+    come back with lone surrogates, and keys never contain those)."""
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class FileKvStore(KvStore):
     """Keys are files under the absolute directory ``path``."""
 
@@ -106,6 +120,10 @@ class FileKvStore(KvStore):
             raise InvalidSpecError(f"file kvstore: path must be a non-empty string, got {path!r}")
         if "\x00" in path:
             raise InvalidSpecError(f"file kvstore: path {path!r} contains NUL")
+        try:
+            os.fsencode(path)
+        except UnicodeEncodeError:
+            raise InvalidSpecError(f"file kvstore: path {path!r} is not valid Unicode") from None
         path = os.path.abspath(path) + "/"
         if path == "//":
             path = "/"
@@ -486,15 +504,16 @@ class FileKvStore(KvStore):
             if META_DIR in dirnames:
                 dirnames.remove(META_DIR)
             dp = dirpath.rstrip("/") + "/"
-            # prune directories that can not hold matching keys
+            # prune directories that can not hold matching keys (or no key at
+            # all: names that are not UTF-8 can not be keys)
             dirnames[:] = [
                 n for n in dirnames
-                if (dp + n + "/").startswith(prefix) or prefix.startswith(dp + n + "/")
-                or (dp + n).startswith(prefix)
+                if ((dp + n + "/").startswith(prefix) or prefix.startswith(dp + n + "/")
+                    or (dp + n).startswith(prefix)) and _is_utf8(n)
             ]
             for f in filenames:
                 full = dp + f
-                if full.startswith(prefix):
+                if full.startswith(prefix) and _is_utf8(f):
                     out.append(full)
         return out
 
