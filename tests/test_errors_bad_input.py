@@ -164,3 +164,17 @@ def test_read_only_store_refuses_every_mutation(tmp_path: Path) -> None:
     for call in (lambda: ro.write("k", b"v"), lambda: ro.delete("k"), lambda: ro.delete_range("")):
         with pytest.raises(tsp.ReadOnlyError, match="read-only"):
             call()
+
+
+def test_every_error_class_is_tsp_name() -> None:
+    """``tsp.<Name>`` is the class ``tsp.errors.<Name>`` for every error of the tree."""
+    import tensorstore_py.errors as errors_mod
+
+    assert errors_mod.__all__
+    for name in errors_mod.__all__:
+        cls = getattr(errors_mod, name)
+        assert issubclass(cls, tsp.TensorStoreError)
+        assert getattr(tsp, name) is cls, name
+        assert name in tsp.__all__
+    assert tsp.OutOfRangeError is errors_mod.OutOfRangeError
+    assert issubclass(tsp.OutOfRangeError, IndexError)
