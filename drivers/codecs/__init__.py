@@ -14,8 +14,9 @@ Modules:
 * ``blosc_codec``   ``blosc``; zarr v2 ``blosc``; ``compression="blosc"``
 * ``crc32c_codec``  ``crc32c``
 * ``lz4_v2``        zarr v2 ``lz4`` (no zarr3 codec)
+* ``stream_v2``     zarr v2 ``bz2`` and ``lzma`` (no zarr3 codecs), bounded streaming decoders
 * ``sharding``      ``sharding_indexed`` (inner chunks plus an index)
-* ``_limits``       size checks shared by the decompressors
+* ``_limits``       size checks and the bounded streaming decode shared by the decompressors
 
 A codec name no module registered raises UnsupportedError naming it and listing
 the supported ones. Importing this package runs every registration below; adding
@@ -29,6 +30,7 @@ from tensorstore_py.drivers.codecs import (  # noqa: F401  (imported to register
     gzip_codec,
     lz4_v2,
     sharding,
+    stream_v2,
     transpose,
     zstd_codec,
 )

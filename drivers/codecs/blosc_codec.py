@@ -16,6 +16,7 @@ from tensorstore_py.drivers.codecs._limits import check_size
 from tensorstore_py.drivers.codecs.base import BytesBytesCodec, ChunkSpec
 from tensorstore_py.drivers.codecs.registry import (
     Compression,
+    V2Param,
     register_codec,
     register_compression,
     register_v2_decoder,
@@ -94,7 +95,12 @@ class BloscCodec(BytesBytesCodec):
         return blosc_decode(self._b, buf, key=key, size=size, limit=limit, out=out)
 
 
-register_v2_decoder("blosc", blosc_decode, decodes_into=True)
+register_v2_decoder("blosc", blosc_decode, decodes_into=True, params={
+    "cname": V2Param.one_of(*_CNAMES), "clevel": V2Param.integer(0, 9),
+    "shuffle": V2Param.one_of(-1, 0, 1, 2), "blocksize": V2Param.integer(0, 2**31 - 1),
+    "typesize": V2Param("null or an integer in [1, 255]", lambda v: v is None or (
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 255)),
+})
 register_compression(Compression(
     "blosc", default_level=5,
     zarr3=lambda level, dtype: {"name": "blosc", "configuration": {
