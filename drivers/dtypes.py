@@ -97,7 +97,7 @@ def dtype_from_v2(s: Any) -> np.dtype:
         return _V3[s]
     try:
         dt = np.dtype(s)
-    except TypeError:
+    except (TypeError, ValueError):  # numpy's parser raises either
         raise UnsupportedError(f"zarr dtype {s!r} is not supported") from None
     if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
         raise UnsupportedError(f"zarr dtype {s!r} is not supported (kind {dt.kind!r})")

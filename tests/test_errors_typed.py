@@ -192,3 +192,166 @@ def test_sharded_writes_allocate_inner_chunks(tmp_path: Path) -> None:
     with pytest.raises(tsp.InvalidArgumentError, match="MAX_WRITE_CHUNK_BYTES"):
         a[:] = 5
     assert a[3].read().result() == 1 + 2j
+
+
+# -- a fuzz pass over stored documents -----------------------------------------------------
+# Valid documents, then 1-2 fields replaced (by a JSON leaf or any JSON value) or
+# removed: opening, reading and writing either works or raises a TensorStoreError.
+# (Found this way: a list as blosc 'shuffle' -> TypeError; a .zarray 'dtype' numpy's
+# parser rejects with ValueError.)
+_DOCS: list[tuple[str, dict[str, Any]]] = [
+    ("zarr.json", _zarr3(shape=[6, 5], data_type="int16", dimension_names=["y", "x"],
+                         chunk_grid={"name": "regular", "configuration": {"chunk_shape": [4, 3]}},
+                         codecs=[{"name": "transpose", "configuration": {"order": [1, 0]}},
+                                 {"name": "bytes", "configuration": {"endian": "little"}},
+                                 {"name": "zstd", "configuration": {"level": 1, "checksum": False}},
+                                 {"name": "crc32c"}])),
+    ("zarr.json", _zarr3(shape=[8], data_type="float32", fill_value="NaN",
+                         chunk_grid={"name": "regular", "configuration": {"chunk_shape": [8]}},
+                         chunk_key_encoding={"name": "v2", "configuration": {"separator": "."}},
+                         codecs=[{"name": "sharding_indexed", "configuration": {
+                             "chunk_shape": [4], "index_location": "end",
+                             "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                                        {"name": "gzip", "configuration": {"level": 1}}],
+                             "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                                              {"name": "crc32c"}]}}])),
+    ("zarr.json", _zarr3(shape=[5], data_type="complex64", fill_value=[1.0, "NaN"],
+                         chunk_grid={"name": "regular", "configuration": {"chunk_shape": [2]}},
+                         codecs=[{"name": "bytes", "configuration": {"endian": "big"}},
+                                 {"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5,
+                                  "shuffle": "shuffle", "typesize": 8, "blocksize": 0}}])),
+    (".zarray", _zarray(shape=[6, 5], chunks=[4, 3], dimension_separator=".",
+                        compressor={"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0},
+                        filters=[{"id": "delta", "dtype": "<i4"}])),
+    (".zarray", _zarray(shape=[7], chunks=[3], dtype=">f8", fill_value="NaN", order="F",
+                        compressor={"id": "zstd", "level": 3})),
+    (".zarray", _zarray(shape=[7], chunks=[3], dtype="|b1", fill_value=True,
+                        compressor={"id": "lzma", "format": 1, "check": -1, "preset": None, "filters": None})),
+]
+
+
+def _fuzz_strategies() -> tuple[Any, Any]:
+    from hypothesis import strategies as st
+
+    leaf = st.one_of(
+        st.none(), st.booleans(), st.integers(-2**70, 2**70),
+        st.sampled_from([0, 1, -1, 2**31, 2**62, 2**63, 2**64]), st.floats(), st.text(max_size=6),
+        st.sampled_from(["", "NaN", "Infinity", "0x7fc00000", "/", ".", "C", "F", "little", "big",
+                         "<i4", "int8", "regular", "default", "v2", "bytes", "zstd", "gzip", "blosc",
+                         "crc32c", "transpose", "sharding_indexed", "lz4", "zlib", "bz2", "lzma",
+                         "delta", "start", "end", "shuffle", "bitshuffle"]))
+    value = st.recursive(leaf, lambda ch: st.one_of(st.lists(ch, max_size=3),
+                                                    st.dictionaries(st.text(max_size=5), ch, max_size=3)),
+                         max_leaves=6)
+    return leaf, value
+
+
+def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
+    out = [prefix] if prefix else []
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for k, v in items:
+        out += _paths(v, prefix + (k,))
+    return out
+
+
+def _mutated(data: Any) -> tuple[str, Any]:
+    import copy
+
+    from hypothesis import strategies as st
+
+    leaf, value = _fuzz_strategies()
+    key, doc = copy.deepcopy(data.draw(st.sampled_from(_DOCS)))
+    leaves_only = data.draw(st.booleans())
+    for _ in range(data.draw(st.integers(1, 2))):
+        paths = _paths(doc)
+        if leaves_only:
+            paths = [p for p in paths if not isinstance(_at(doc, p), (dict, list))] or paths
+        path = data.draw(st.sampled_from(paths))
+        parent = _at(doc, path[:-1])
+        if data.draw(st.integers(0, 5)) == 0:
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = data.draw(leaf if leaves_only else value)
+    return key, doc
+
+
+def _at(doc: Any, path: tuple) -> Any:
+    for p in path:
+        doc = doc[p]
+    return doc
+
+
+def _exercise(key: str, doc: Any) -> None:
+    """Open, read and write the array ``doc`` describes: any error must be typed."""
+    try:
+        a = _open_doc(key, doc)
+        origin = (0,) * a.ndim
+        if a.size:
+            a[origin].write(a[origin].read().result()).result()
+        if 0 < a.size <= 10**4:
+            a.write(a.read().result()).result()
+            a.read().result()
+    except tsp.TensorStoreError:
+        pass
+    except Exception as e:
+        raise AssertionError(f"untyped {type(e).__name__} for {key} {json.dumps(doc)[:400]}") from e
+
+
+def _check_fuzzed_documents(max_examples: int) -> None:
+    import warnings
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=max_examples, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def run(data: Any) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # numpy: overflow casting a fill value
+            _exercise(*_mutated(data))
+
+    run()
+
+
+def test_fuzzed_metadata_documents_fail_typed() -> None:
+    _check_fuzzed_documents(150)
+
+
+@pytest.mark.slow
+def test_fuzzed_metadata_documents_fail_typed_long() -> None:
+    _check_fuzzed_documents(600)
+
+
+def test_fuzz_findings() -> None:
+    """What the fuzz pass found, pinned."""
+    with pytest.raises(tsp.InvalidSpecError, match="shuffle"):
+        _open_doc("zarr.json", _DOCS[2][1] | {"codecs": [
+            {"name": "bytes", "configuration": {"endian": "big"}},
+            {"name": "blosc", "configuration": {"cname": "lz4", "shuffle": [1], "typesize": 8}}]})
+    with pytest.raises(tsp.UnsupportedError, match="dtype"):
+        _open_doc(".zarray", _zarray(dtype="8[\udbd1\udfc2"))
+
+
+def test_fuzzed_commit_records_fail_typed() -> None:
+    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import strategies as st
+
+    _, value = _fuzz_strategies()
+    fields = ["format", "version", "parent", "time", "write_id", "message", "metadata", "root",
+              "count", "changes", "changes_ref", "kind", "tags", "deleted", "txn_id"]
+
+    @settings(max_examples=150, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.dictionaries(st.sampled_from(fields), value, max_size=3))
+    def run(changes: dict[str, Any]) -> None:
+        try:
+            stored = _record(**changes)
+        except OverflowError:  # msgpack holds integers of at most 64 bits
+            assume(False)
+        try:
+            CommitRecord.decode(stored, commit_name(1))
+        except tsp.DataCorruptionError:
+            pass
+
+    run()
