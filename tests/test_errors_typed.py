@@ -116,6 +116,14 @@ def test_zarr2_compressor_configuration_is_checked_at_open(compressor: dict[str,
         _open_doc(".zarray", _zarray(compressor=compressor))
 
 
+@pytest.mark.parametrize("config", [{"level": {}}, {"level": 99}, {"checksum": "yes"}])
+def test_zarr3_numcodecs_compressor_configuration_is_checked_at_open(config: dict[str, Any]) -> None:
+    """zarr-python's ``numcodecs.zstd`` gets the same checks as the zarr v2 compressor."""
+    with pytest.raises(tsp.InvalidSpecError, match="numcodecs.zstd"):
+        _open_doc("zarr.json", _zarr3(codecs=[{"name": "bytes"},
+                                              {"name": "numcodecs.zstd", "configuration": config}]))
+
+
 def test_zarr2_filter_that_can_not_encode_is_invalid_spec() -> None:
     """numcodecs takes {"id": "delta", "dtype": {}} (as a zero-size void type) and fails
     at the first write: InvalidSpecError naming the codec, nothing written."""

@@ -1,11 +1,15 @@
-"""zarr v2 ``bz2`` and ``lzma`` (numcodecs' BZ2 and LZMA; zarr v3 has neither).
+"""zarr v2 (numcodecs) ``bz2`` and ``lzma``, decoded with a cap on the output.
 
-Both are decoded by the standard library's streaming decompressors with a cap
-on the output (:func:`~tensorstore_py.drivers.codecs._limits.decompress_bounded`),
-so a bomb stops after one chunk's worth of bytes; numcodecs itself would
-decode the whole stream first. Concatenated streams decode one after another,
-as ``bz2.decompress`` / ``lzma.decompress`` do. The lzma decoder's own memory
-is capped too (``LZMA_MEMLIMIT``: a stream declares its dictionary size).
+numcodecs decompresses these with ``bz2.decompress`` / ``lzma.decompress``, which
+allocate whatever the stream expands to. Here the standard library's incremental
+decompressors stop one byte past the chunk's expected (or largest) size
+(:func:`~tensorstore_py.drivers.codecs._limits.decompress_bounded`), so a
+decompression bomb is refused after producing at most that much. Concatenated
+streams are accepted, as those functions accept them. The lzma decoder's own
+memory is capped too (``LZMA_MEMLIMIT``: a stream declares its dictionary
+size). The zarr3 codecs ``numcodecs.bz2`` and ``numcodecs.lzma`` decode through
+these too. The compressors' configuration fields are checked when an array is
+opened.
 """
 
 from __future__ import annotations
