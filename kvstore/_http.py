@@ -347,15 +347,6 @@ class HttpClient:
             weakref.WeakKeyDictionary()
         )
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_sems"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._sems = weakref.WeakKeyDictionary()
-
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         sem = self._sems.get(loop)

@@ -90,17 +90,6 @@ class ObjectKvStore(KvStore):
                 raise InvalidSpecError(f"{self.driver}: invalid path {path!r}: {e}") from None
         super().__init__(path=prefix + "/" if prefix else "")
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickle as the spec: the store holds locks and per-loop state.
-        return (type(self).from_spec, (self.spec(),))
-
-    def __copy__(self) -> ObjectKvStore:
-        # A plain shallow copy: with_path views share the credentials and the request
-        # bound (copy.copy would otherwise go through __reduce__ and lose both).
-        other = object.__new__(type(self))
-        other.__dict__.update(self.__dict__)
-        return other
-
     def _where(self, key: str) -> str:
         raise NotImplementedError
 
