@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 from pathlib import Path
@@ -194,6 +195,9 @@ class _NoXattrStore(FileKvStore):
 
     def _token(self, file: int | str) -> file_mod.Token:
         return file_mod.NO_XATTRS
+
+    def __reduce__(self) -> tuple:  # its spec would reopen a plain file store
+        return (functools.partial(type(self), path=self.path, sync=self.sync), ())
 
 
 class _CoarseNoXattrStore(_NoXattrStore):
