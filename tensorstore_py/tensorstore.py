@@ -572,12 +572,81 @@ def open(
     ``dimension_names``, ``order``) build the metadata when creating; when
     opening they are checked against the stored array.
     """
-    opts = {"dtype": dtype, "shape": shape, "chunks": chunks, "shards": shards, "codecs": codecs,
-            "compression": compression, "fill_value": fill_value,
-            "dimension_names": dimension_names}
+    opts = _check_options({"dtype": dtype, "shape": shape, "chunks": chunks, "shards": shards,
+                           "codecs": codecs, "compression": compression, "fill_value": fill_value,
+                           "dimension_names": dimension_names}, order)
     return spawn(_open(spec, create=create or delete_existing, open_=open,
                        delete_existing=delete_existing, context=context, transaction=transaction,
                        driver=driver, opts=opts, order=order))
+
+
+# as TensorStore and zarr3: ranks up to 32, extents up to 2^62 (int64 index arithmetic)
+_MAX_RANK = 32
+_MAX_EXTENT = 2**62
+
+
+def _int_list(v: Any, what: str, *, positive: bool) -> tuple[int, ...]:
+    kind = "positive" if positive else "non-negative"
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence | np.ndarray):
+        raise InvalidArgumentError(f"open: {what} must be a sequence of {kind} integers, got {v!r}")
+    out = []
+    for x in v:
+        if (isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))
+                or x < (1 if positive else 0) or x > _MAX_EXTENT):
+            raise InvalidArgumentError(
+                f"open: {what} must be a sequence of {kind} integers up to 2^62, got {list(v)!r}"
+            )
+        out.append(int(x))
+    if len(out) > _MAX_RANK:
+        raise InvalidArgumentError(f"open: {what} has rank {len(out)}, more than {_MAX_RANK}")
+    return tuple(out)
+
+
+def _check_options(opts: dict[str, Any], order: Any) -> dict[str, Any]:
+    """The keyword options of :func:`open`, checked and normalised (ints, a
+    numpy dtype); InvalidArgumentError naming the option otherwise."""
+    out = dict(opts)
+    if opts["dtype"] is not None:
+        try:
+            out["dtype"] = as_dtype(opts["dtype"])
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"open: dtype={opts['dtype']!r} is not a data type (e.g. 'float32', np.uint8, "
+                "'bfloat16' from ml_dtypes)"
+            ) from None
+    if opts["shape"] is not None:
+        out["shape"] = _int_list(opts["shape"], "shape", positive=False)
+    for name in ("chunks", "shards"):
+        if opts[name] is not None:
+            out[name] = _int_list(opts[name], name, positive=True)
+    names = opts["dimension_names"]
+    if names is not None:
+        if isinstance(names, (str, bytes)) or not isinstance(names, Sequence) or not all(
+                n is None or isinstance(n, str) for n in names):
+            raise InvalidArgumentError(
+                f"open: dimension_names must be a sequence of strings or None, got {names!r}"
+            )
+        out["dimension_names"] = tuple(names)
+    if order not in ("C", "F"):
+        raise InvalidArgumentError(f"open: order must be 'C' or 'F', got {order!r}")
+    if out["dtype"] is not None and opts["fill_value"] is not None:
+        _check_fill(opts["fill_value"], out["dtype"])
+    return out
+
+
+def _check_fill(value: Any, dtype: np.dtype) -> None:
+    """A scalar numpy can store in ``dtype`` (a complex dtype also takes a
+    ``[re, im]`` pair, as in zarr3 JSON)."""
+    if dtype.kind == "c" and isinstance(value, (list, tuple)) and len(value) == 2:
+        for part in value:
+            _check_fill(part, np.dtype(f"f{dtype.itemsize // 2}"))
+        return
+    try:
+        ok = np.array(value, dtype=dtype).ndim == 0
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise InvalidArgumentError(f"open: fill_value={value!r} is not a scalar of dtype {dtype}")
 
 
 async def _detect(spec: Mapping[str, Any]) -> str | None:
@@ -624,8 +693,8 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
             if not meta:
                 raise InvalidArgumentError("open(create=True): shape= and dtype= are required")
         else:
-            built = build_metadata(spec["driver"], shape=tuple(given.pop("shape")),
-                                   dtype=as_dtype(given.pop("dtype")), order=order, **given)
+            built = build_metadata(spec["driver"], shape=given.pop("shape"),
+                                   dtype=given.pop("dtype"), order=order, **given)
             built.update(meta)  # explicit metadata fields win
             spec["metadata"] = built
     drv = await open_driver(spec, create=create, open=open_, delete_existing=delete_existing,
