@@ -53,7 +53,7 @@ from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec, is_fill
 from tensorstore_py.drivers.dtypes import element_nbytes
 from tensorstore_py.drivers.fastpath import has_sync_io
-from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
+from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, dim_parts, out_shape
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.kvstore.base import BlockingRead, ByteRange, Generation, KvStore, ReadResult
 
@@ -87,6 +87,10 @@ _PREPARED_CALL_BYTES = 1 << 20
 # Generic async path: chunk bytes in flight (see ChunkedArray._async_tasks).
 _ASYNC_READ_BYTES = 32 << 20
 _ASYNC_WRITE_BYTES = 64 << 20  # writes wait on fsync / uploads: more overlap helps
+#: the most bytes one chunk may take in memory for a write to allocate it (a
+#: missing or partially written chunk is materialised whole): a one-element
+#: write must not try to allocate 15 GiB because the chunks are huge
+MAX_WRITE_CHUNK_BYTES = 2 << 30
 
 
 async def _value(x: Any) -> Any:
@@ -451,6 +455,7 @@ class ChunkedArray(ArrayDriver):
         kv = self.kvstore
         if kv.read_only:
             raise ReadOnlyError(f"{self.driver} array over {kv!r}: the store is read-only")
+        self._check_write_allocation(index)
         if has_sync_io(kv):
             async def batch(b: list[ChunkPart]) -> None:
                 if all(p.full for p in b):
@@ -477,6 +482,27 @@ class ChunkedArray(ArrayDriver):
             budget=self._budget, cost=2 * self._chunk_nbytes,
             max_tasks=self._async_tasks(_ASYNC_WRITE_BYTES),
         )
+
+    def _check_write_allocation(self, index: Index) -> None:
+        """Refuse, before anything is allocated or written, a write that would
+        materialise a chunk larger than MAX_WRITE_CHUNK_BYTES: every chunk it
+        covers whole (or clipped by the array's edge) or touches in part, except
+        that a partial write into a shard materialises only inner chunks."""
+        unit, n = self._chunk_shape, self._chunk_nbytes
+        if n > MAX_WRITE_CHUNK_BYTES and self._shard is not None:
+            # a shard is materialised whole only where the write covers one
+            # whole (within the array): every dimension has a whole part
+            if not all(any(d.full for d in dim_parts(sl, c, e))
+                       for sl, c, e in zip(index, self._chunk_shape, self._shape)):
+                unit = self._shard.chunk_shape
+                n = int(np.prod(unit, dtype=np.int64)) * self._dtype.itemsize
+        if n > MAX_WRITE_CHUNK_BYTES:
+            raise InvalidArgumentError(
+                f"write to the {self.driver} array over {self.kvstore!r}: it would allocate a "
+                f"chunk of {list(unit)} {self._dtype} ({n} bytes), more than the "
+                f"{MAX_WRITE_CHUNK_BYTES} bytes (MAX_WRITE_CHUNK_BYTES) a write may allocate for "
+                "one chunk; store the array with smaller chunks (or shards of smaller inner chunks)"
+            )
 
     def _in_bounds(self, cell: tuple[int, ...]) -> tuple[slice, ...]:
         return tuple(

@@ -49,6 +49,11 @@ from tensorstore_py.kvstore.base import Buffer
 
 __all__ = ["Parsed2", "Zarr2Array", "build_metadata2", "default_metadata2", "normalize_field2"]
 
+try:
+    from numcodecs.errors import UnknownCodecError as _UnknownCodec
+except ImportError:  # numcodecs < 0.14 raises a plain ValueError
+    _UnknownCodec = ValueError  # type: ignore[assignment,misc]
+
 METADATA_KEY = ".zarray"
 MAX_CHUNK_ELEMENTS = 2**31
 _FIELDS = {"zarr_format", "shape", "chunks", "dtype", "compressor", "fill_value", "order",
@@ -70,14 +75,16 @@ def _ints(v: Any, field: str, positive: bool) -> tuple[int, ...]:
 def _codec(cfg: Any, field: str) -> numcodecs.abc.Codec:
     if not isinstance(cfg, dict) or not isinstance(cfg.get("id"), str):
         raise _err(field, f"expected {{'id': ...}}, got {cfg!r}")
+    if field == "compressor":  # the values numcodecs accepts now and fails on at the first write
+        v2_decoder(cfg["id"]).check_config(cfg, f"zarr metadata field {field!r}")
     try:
         return numcodecs.get_codec(dict(cfg))
-    except ValueError:
+    except _UnknownCodec:
         raise UnsupportedError(
             f"zarr metadata field {field!r}: unsupported codec {cfg['id']!r}; supported: the "
             f"numcodecs codecs {', '.join(sorted(numcodecs.registry.codec_registry))}"
         ) from None
-    except TypeError as e:
+    except Exception as e:  # numcodecs constructors raise TypeError, ValueError, KeyError ...
         raise _err(field, f"bad configuration for codec {cfg['id']!r}: {e}") from None
 
 
@@ -113,10 +120,14 @@ class V2ChunkCodec(ChunkCodec):
             buf = buf.view(np.uint8)  # ml_dtypes arrays do not export buffers
         elif buf.dtype.kind in "mM":  # nor do times: their int64s (as numcodecs sees them)
             buf = buf.view(np.dtype("i8").newbyteorder(buf.dtype.byteorder))
-        for f in self.filters:
-            buf = f.encode(buf)
-        if self.compressor is not None:
-            buf = self.compressor.encode(buf)
+        for c in (*self.filters, *([self.compressor] if self.compressor is not None else [])):
+            try:
+                buf = c.encode(buf)
+            except Exception as e:  # a configuration numcodecs took but can not encode with
+                raise InvalidSpecError(
+                    f"zarr metadata: codec {c.get_config()!r} can not encode a chunk of "
+                    f"{list(self.shape)} {self.stored}: {e}"
+                ) from None
         return memoryview(np.ascontiguousarray(buf)).cast("B") if isinstance(buf, np.ndarray) else buf
 
     def decode(self, buf: Buffer, *, key: str, out: np.ndarray | None = None) -> np.ndarray:

@@ -86,7 +86,11 @@ def _key_encoding(enc: Any) -> tuple[str, str]:
         return "default", "/"
     if not isinstance(enc, dict) or enc.get("name") not in ("default", "v2"):
         raise _err("chunk_key_encoding", f"expected name 'default' or 'v2', got {enc!r}")
-    cfg = enc.get("configuration") or {}
+    cfg = enc.get("configuration")
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, dict) or set(cfg) - {"separator"}:
+        raise _err("chunk_key_encoding", f"configuration must be {{'separator': '/' or '.'}}, got {cfg!r}")
     sep = cfg.get("separator", "/" if enc["name"] == "default" else ".")
     if sep not in ("/", "."):
         raise _err("chunk_key_encoding", f"separator must be '/' or '.', got {sep!r}")

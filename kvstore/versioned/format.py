@@ -1,4 +1,4 @@
-"""Encoding of the versioned store's objects (docs/FORMAT.md, format 1).
+"""Encoding of the versioned store's objects (docs/FORMAT.md, format 2; format 1 reads).
 
 Every metadata object is framed as ``magic(4) | msgpack body | crc32c(magic+body)``
 (little-endian uint32). This module holds the framing, the object names, the
@@ -23,6 +23,7 @@ from tensorstore_py.kvstore.ids import check_id as check_id  # re-export (the ru
 
 __all__ = [
     "FORMAT",
+    "READABLE_FORMATS",
     "CommitRecord",
     "Entry",
     "InlineEntry",
@@ -37,7 +38,11 @@ __all__ = [
     "unframe",
 ]
 
-FORMAT = 1
+#: the format this code writes (docs/FORMAT.md)
+FORMAT = 2
+#: the formats this code reads: a format-1 store reads exactly as before, and
+#: new commits on it are format 2 (nothing of format 1 is rewritten)
+READABLE_FORMATS = (1, 2)
 
 MAGIC_NODE = b"TSN1"
 MAGIC_COMMIT = b"TSC1"
@@ -45,6 +50,7 @@ MAGIC_CHANGES = b"TSK1"
 MAGIC_FRAGMENT = b"TSF1"
 MAGIC_RESULT = b"TSR1"
 MAGIC_HINT = b"TSL1"
+MAGIC_ATTEMPT = b"TSA1"
 
 HINT_NAME = "latest"
 COMMITS_PREFIX = "commits/"
@@ -161,9 +167,8 @@ def decode_entry(raw: Any, where: str) -> Entry:
         stamp, obj, off, length, crc = raw
         if (
             isinstance(stamp, bytes)
-            and isinstance(off, int) and off >= 0
-            and isinstance(length, int) and length >= 0
-            and isinstance(crc, int) and 0 <= crc < 2**32
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in (off, length, crc))
+            and off >= 0 and length >= 0 and 0 <= crc < 2**32
         ):
             return RefEntry(stamp, check_ref("data", obj, where), off, length, crc)
     raise DataCorruptionError(f"versioned store: {where}: malformed entry {raw!r:.200}")
@@ -188,6 +193,8 @@ class CommitRecord:
     tags: dict[str, int] = field(default_factory=dict)
     deleted: list[list[int]] = field(default_factory=list)
     txn_id: str | None = None
+    #: the multi-writer attempt that committed (format 2; None otherwise)
+    txn_nonce: str | None = None
 
     def encode(self) -> bytes:
         return frame(
@@ -208,32 +215,61 @@ class CommitRecord:
                 "tags": self.tags,
                 "deleted": self.deleted,
                 "txn_id": self.txn_id,
+                "txn_nonce": self.txn_nonce,
             },
         )
 
     @staticmethod
     def decode(data: Any, name: str) -> CommitRecord:
+        """The record stored as ``data``; DataCorruptionError naming ``name``
+        for anything but the documented fields with their documented types."""
         body = unframe(MAGIC_COMMIT, data, name)
+
+        def get(field: str, kind: type | tuple[type, ...], default: Any = None, *,
+                required: bool = False) -> Any:
+            """``body[field]`` if of ``kind`` (never a bool for numbers), else TypeError."""
+            v = body.get(field)
+            if v is None:
+                if required:
+                    raise KeyError(field)
+                return default
+            if not isinstance(v, kind) or (isinstance(v, bool) and bool not in (
+                    kind if isinstance(kind, tuple) else (kind,))):
+                raise TypeError(f"field {field!r} is {v!r:.100}, not of type {kind}")
+            return v
+
         try:
             if not isinstance(body, dict):
                 raise TypeError("body is not a map")
-            if body["format"] != FORMAT:
-                raise ValueError(f"format {body['format']!r}, expected {FORMAT}")
+            if body.get("format") not in READABLE_FORMATS or isinstance(body.get("format"), bool):
+                raise ValueError(
+                    f"format {body.get('format')!r}, expected {FORMAT} at most (this code reads "
+                    f"formats {list(READABLE_FORMATS)})"
+                )
+            tags = get("tags", dict, {})
+            if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                       for k, v in tags.items()):
+                raise TypeError(f"field 'tags' is {tags!r:.100}, not a map of tag -> version")
+            deleted = get("deleted", list, [])
+            if not all(isinstance(r, list) and len(r) == 2 and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in r) for r in deleted):
+                raise TypeError(f"field 'deleted' is {deleted!r:.100}, not a list of [first, last]")
             rec = CommitRecord(
-                version=int(body["version"]),
-                parent=int(body["parent"]),
-                time=float(body["time"]),
-                write_id=str(body["write_id"]),
-                message=str(body.get("message") or ""),
-                metadata=dict(body.get("metadata") or {}),
-                root=body.get("root"),
-                count=int(body.get("count") or 0),
-                changes=body.get("changes"),
-                changes_ref=body.get("changes_ref"),
-                kind=str(body.get("kind") or "data"),
-                tags={str(k): int(v) for k, v in (body.get("tags") or {}).items()},
-                deleted=[[int(a), int(b)] for a, b in (body.get("deleted") or [])],
-                txn_id=body.get("txn_id"),
+                version=get("version", int, required=True),
+                parent=get("parent", int, required=True),
+                time=float(get("time", (int, float), required=True)),
+                write_id=get("write_id", str, required=True),
+                message=get("message", str, ""),
+                metadata=get("metadata", dict, {}),
+                root=get("root", str),
+                count=get("count", int, 0),
+                changes=get("changes", list),
+                changes_ref=get("changes_ref", str),
+                kind=get("kind", str, "data"),
+                tags=dict(tags),
+                deleted=[list(r) for r in deleted],
+                txn_id=get("txn_id", str),
+                txn_nonce=get("txn_nonce", str),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise DataCorruptionError(
