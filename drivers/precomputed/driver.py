@@ -52,7 +52,7 @@ from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.codecs.base import ChunkCodec as EngineCodec
 from tensorstore_py.drivers.engine import ChunkedArray
 from tensorstore_py.drivers.formats import ArrayFormat, MetadataOptions, OpenOptions, register_array_format
-from tensorstore_py.drivers.grid import chunk_parts, out_shape
+from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
 from tensorstore_py.drivers.open import url_of
 from tensorstore_py.drivers.precomputed.encodings import ChunkCodec
 from tensorstore_py.drivers.precomputed.metadata import (
@@ -164,6 +164,7 @@ class PrecomputedArray(ChunkedArray):
         self._chunk_size = resolved.chunk_size
         self._grid = resolved.scale.grid_shape(resolved.chunk_size)
         self._full_codec = layout.codec
+        self._by_region = codec.encoding == "compressed_segmentation"
         sharding = resolved.scale.sharding
         self._shard_box = None if sharding is None else shard_shape(sharding, self._grid)
         self._sharded = None if sharding is None else ShardedChunks(
@@ -208,6 +209,16 @@ class PrecomputedArray(ChunkedArray):
         if len(begins) != 3 or self._parsed.chunk_key((*cell, 0)) != key.rsplit("/", 1)[-1]:
             raise InvalidArgumentError(f"{DRIVER}: {key!r} is not a chunk name of scale {self._scale.key!r}")
         return (*cell, 0)
+
+    def _decode_into(self, buf: Any, key: str, p: ChunkPart, dest: np.ndarray) -> np.ndarray | None:
+        """The engine's per-chunk decode, except that compressed_segmentation
+        chunks decode only the voxels asked for, straight into ``dest`` (a plane
+        through a chunk costs a plane)."""
+        if self._by_region:
+            stored = self._scale.chunk_shape(p.cell[:3], self._chunk_size)
+            self._pcodec.decode(buf, stored, key=key, region=p.chunk, out=dest)
+            return None
+        return super()._decode_into(buf, key, p, dest)
 
     @property
     def raw_chunk_nbytes(self) -> int | None:

@@ -35,7 +35,7 @@ import numpy as np
 
 from tensorstore_py.core.budget import ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError
-from tensorstore_py.core.pools import run_cpu
+from tensorstore_py.core.pools import available_cpus, run_cpu
 from tensorstore_py.drivers.fastpath import ChunkOps
 from tensorstore_py.drivers.grid import ChunkPart
 from tensorstore_py.drivers.precomputed.sharding import (
@@ -257,8 +257,10 @@ class ShardedChunks:
             values = [_exact(v, r, key, f"chunk {it.chunk_id}") for (it, r), v in zip(found, rr.values)]
             if sum(len(v) for v in values) <= _INLINE_BYTES:
                 self._decode(key, found, values, out)
-            else:
-                await run_cpu(self._decode, key, found, values, out)
+                return
+            # one pool call per core's share of the chunks: decoders release the GIL
+            k = max(1, min(len(found), available_cpus()))
+            await asyncio.gather(*(run_cpu(self._decode, key, found[i::k], values[i::k], out) for i in range(k)))
             return
         raise ConditionFailedError(f"shard {key!r} kept changing while being read")
 
