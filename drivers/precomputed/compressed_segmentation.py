@@ -377,6 +377,9 @@ def _decode_compiled(fast: Any, words: np.ndarray, shape: tuple[int, int, int], 
     block_step = (1, grid[0], grid[0] * grid[1])  # and in the numbering of blocks
     # loop over the axis with the smallest stride of ``dest`` innermost
     order = sorted(range(3), key=lambda d: -abs(dest.strides[d]))
+    if words.flags.writeable:  # the kernel takes read-only words (one compiled signature)
+        words = words.view()
+        words.flags.writeable = False
     runs = tuple(block_runs(coords[d], block[d]) for d in order)
     pos = tuple((coords[d] % block[d]) * pos_step[d] for d in order)
     code = fast(words, grid[0] * grid[1] * grid[2], block[0] * block[1] * block[2], dtype.itemsize // 4,

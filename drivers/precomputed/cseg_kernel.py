@@ -9,8 +9,9 @@ position it reads is checked against the data first; a bad one stops it with
 an error code that the caller turns into DataCorruptionError.
 
 numba is optional (extra "precomputed"); without it :func:`kernel` returns None
-and callers use the numpy decoder. The first call compiles the kernel (cached
-on disk by numba where the package folder is writable).
+and callers use the numpy decoder. The first call compiles the kernel for
+uint32 and uint64 labels (a second or two; cached on disk by numba where the
+package folder is writable).
 """
 
 from __future__ import annotations
@@ -98,5 +99,12 @@ def kernel() -> Callable[..., int] | None:
         except ImportError:
             _KERNEL.append(None)
         else:
-            _KERNEL.append(numba.njit(nogil=True, cache=True)(_decode))
+            t = numba.types
+            idx = t.Array(t.int64, 1, "C")
+            # one signature per label type; any ``out`` layout converts to "A": no
+            # recompilation per stride pattern
+            sigs = [t.int64(t.Array(t.uint32, 1, "C", readonly=True), t.int64, t.int64, t.int64,
+                            t.UniTuple(t.UniTuple(idx, 3), 3), t.UniTuple(idx, 3), t.UniTuple(t.int64, 3),
+                            t.Array(label, 3, "A")) for label in (t.uint32, t.uint64)]
+            _KERNEL.append(numba.njit(sigs, nogil=True, cache=True)(_decode))
     return _KERNEL[0]
