@@ -30,4 +30,4 @@ budget is ``tensorstore_py.core.budget``.
 """
 
 from tensorstore_py.drivers import zarr2, zarr3  # noqa: F401  (imported to register)
-from tensorstore_py.drivers.precomputed import driver as precomputed  # noqa: F401  (imported to register)
+from tensorstore_py.drivers.precomputed import driver as precomputed_driver  # noqa: F401  (imported to register)

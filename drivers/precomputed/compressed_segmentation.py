@@ -27,6 +27,7 @@ nothing larger than the output (and temporaries of its size).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,7 +53,7 @@ def _check_block(block_size: Sequence[int]) -> tuple[int, int, int]:
     if len(block_size) != 3 or any(not isinstance(b, (int, np.integer)) or b < 1 for b in block_size):
         raise InvalidArgumentError(f"compressed_segmentation: block size must be 3 positive integers, "
                                    f"got {list(block_size)}")
-    if int(np.prod(block_size, dtype=object)) > MAX_BLOCK_ELEMENTS:
+    if math.prod(int(b) for b in block_size) > MAX_BLOCK_ELEMENTS:
         raise InvalidArgumentError(f"compressed_segmentation: block size {list(block_size)} has more "
                                    f"than {MAX_BLOCK_ELEMENTS} elements")
     return int(block_size[0]), int(block_size[1]), int(block_size[2])

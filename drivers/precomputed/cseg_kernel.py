@@ -38,8 +38,10 @@ def block_runs(coords: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, 
     """For ascending ``coords`` along one axis: the block of each run of coordinates
     that share one, and where each run starts and stops in ``coords``."""
     blocks = coords // block
-    starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]]) if len(coords) else np.zeros(0, np.int64)
-    stops = np.r_[starts[1:], len(coords)].astype(np.int64)
+    starts = np.empty(0, np.int64) if not len(coords) else np.concatenate(
+        ([0], np.flatnonzero(blocks[1:] != blocks[:-1]) + 1))
+    stops = np.empty_like(starts)
+    stops[:-1], stops[-1:] = starts[1:], len(coords)
     return blocks[starts].astype(np.int64), starts.astype(np.int64), stops
 
 
