@@ -115,11 +115,11 @@ def timed(what: str, fn, want: np.ndarray) -> None:  # type: ignore[no-untyped-d
 
 
 def main() -> None:
-    small = os.environ.get("TSP_EXAMPLES_SMALL") == "1"
+    # (volume, chunk, shard) edges in voxels; tiny when run by the tests
+    size, chunk, shard = (64, 16, 32) if os.environ.get("TSP_EXAMPLES_SMALL") == "1" else (256, 64, 256)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", type=int, default=64 if small else 256, help="volume edge (voxels)")
-    p.add_argument("--chunk", type=int, default=16 if small else 64, help="chunk edge")
-    p.add_argument("--shard", type=int, default=32 if small else 256, help="shard edge (voxels)")
+    for name, default in (("size", size), ("chunk", chunk), ("shard", shard)):
+        p.add_argument(f"--{name}", type=int, default=default, help=f"{name} edge (voxels)")
     args = p.parse_args()
     n, chunk = args.size, args.chunk
 

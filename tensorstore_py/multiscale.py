@@ -27,13 +27,14 @@ stored in a separate file (``"path"`` instead of values) raise UnsupportedError.
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tensorstore_py.core.errors import InvalidSpecError, NotFoundError, UnsupportedError
 from tensorstore_py.core.future import Future, spawn
+from tensorstore_py.drivers.engine import json_object
 from tensorstore_py.drivers.precomputed.metadata import INFO_KEY, MultiscaleMetadata
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
@@ -110,34 +111,22 @@ async def _open_multiscale(url: Any, index: int) -> Multiscale:
     kv = url if isinstance(url, KvStore) else await open_kvstore(url)
     v3, zattrs, info = await _read_all(kv, ("zarr.json", ".zattrs", INFO_KEY))
     if v3 is not None:
-        doc = _json(v3, kv, "zarr.json")
+        doc = json_object(v3, f"multiscale at {kv!r}: zarr.json")
         if doc.get("node_type") != "group":
             raise InvalidSpecError(f"multiscale at {kv!r}: zarr.json is not a group (node_type "
                                    f"{doc.get('node_type')!r})")
         return parse_multiscales(doc.get("attributes") or {}, kv, index=index, where="zarr.json attributes")
     if zattrs is not None:
-        return parse_multiscales(_json(zattrs, kv, ".zattrs"), kv, index=index, where=".zattrs")
+        return parse_multiscales(json_object(zattrs, f"multiscale at {kv!r}: .zattrs"), kv, index=index,
+                                 where=".zattrs")
     if info is not None:
         return _precomputed(MultiscaleMetadata.decode(bytes(info)), kv)
     raise NotFoundError(f"no multiscale image at {kv!r}: none of zarr.json, .zattrs, {INFO_KEY} found")
 
 
 async def _read_all(kv: KvStore, keys: Sequence[str]) -> list[Any]:
-    out = []
-    for key in keys:
-        res = await kv.read(key)
-        out.append(res.value if res.state == "value" else None)
-    return out
-
-
-def _json(raw: Any, kv: KvStore, key: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidSpecError(f"multiscale at {kv!r}: {key} is not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise InvalidSpecError(f"multiscale at {kv!r}: {key} is not a JSON object")
-    return doc
+    results = await asyncio.gather(*(kv.read(key) for key in keys))
+    return [res.value if res.state == "value" else None for res in results]
 
 
 def _precomputed(info: MultiscaleMetadata, kv: KvStore) -> Multiscale:

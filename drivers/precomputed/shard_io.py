@@ -192,20 +192,28 @@ class ShardedChunks:
             todo = [(m, r) for m in sorted(minishards)
                     if (r := st.entries[m]) is not None and m not in st.minishards]
             if todo:
-                for m, r in todo:
-                    if _size(r) > MAX_MINISHARD_INDEX_BYTES:
-                        raise DataCorruptionError(f"shard {key!r}: minishard {m} index of {_size(r)} "
-                                                  f"bytes exceeds {MAX_MINISHARD_INDEX_BYTES}")
-                rr = await self._kv.read_ranges(key, [r for _, r in todo], coalesce_gap=_GAP)
-                if rr.state == "missing" or rr.generation != st.generation:
+                raws = await self._fetch(key, st, [(f"minishard {m} index", r) for m, r in todo],
+                                         MAX_MINISHARD_INDEX_BYTES)
+                if raws is None:
                     fresh = True  # rewritten between the index and the minishard indexes
                     continue
-                for (m, r), v in zip(todo, rr.values):
-                    raw = _exact(v, r, key, f"minishard {m} index")
+                for (m, _r), raw in zip(todo, raws):
                     st.minishards[m] = decode_minishard_index(raw, self._spec, key=key)
             self._cache.put(key, st)
             return st
         raise ConditionFailedError(f"shard {key!r} kept changing while its index was read")
+
+    async def _fetch(self, key: str, st: _ShardIndexes, ranges: list[tuple[str, ByteRange]],
+                     limit: int) -> list[Buffer] | None:
+        """The bytes of the named ``ranges`` of shard ``key`` as of ``st.generation``
+        (None: the shard has changed since). A range longer than ``limit`` is corrupt."""
+        for what, r in ranges:
+            if _size(r) > limit:
+                raise DataCorruptionError(f"shard {key!r}: {what} is {_size(r)} bytes, more than {limit}")
+        rr = await self._kv.read_ranges(key, [r for _, r in ranges], coalesce_gap=_GAP)
+        if rr.state == "missing" or rr.generation != st.generation:
+            return None
+        return [_exact(v, r, key, what) for (what, r), v in zip(ranges, rr.values)]
 
     async def _unchanged(self, key: str, st: _ShardIndexes, minishard: int) -> bool:
         """Whether shard ``key`` is still at ``st.generation`` (one conditional ranged read)."""
@@ -242,19 +250,14 @@ class ShardedChunks:
                 fresh = True
                 continue
             limit = self._max_chunk_bytes + (self._max_chunk_bytes >> 3) + 1024  # gzip may grow data a bit
-            for it, r in found:
-                if _size(r) > limit:
-                    raise DataCorruptionError(f"shard {key!r}: chunk {it.chunk_id} is {_size(r)} bytes, "
-                                              f"more than a chunk can hold ({limit})")
-            rr = await self._kv.read_ranges(key, [r for _, r in found], coalesce_gap=_GAP)
-            if rr.state == "missing" or rr.generation != st.generation:
+            values = await self._fetch(key, st, [(f"chunk {it.chunk_id}", r) for it, r in found], limit)
+            if values is None:
                 fresh = True  # the shard changed since its index was read
                 continue
             present = {it.chunk_id for it, _ in found}
             for it in items:
                 if it.chunk_id not in present:
                     out[it.part.out + (Ellipsis,)] = arr._fill_arr
-            values = [_exact(v, r, key, f"chunk {it.chunk_id}") for (it, r), v in zip(found, rr.values)]
             if sum(len(v) for v in values) <= _INLINE_BYTES:
                 self._decode(key, found, values, out)
                 return
