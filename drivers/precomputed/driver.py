@@ -315,7 +315,10 @@ async def open_precomputed(spec: Mapping[str, Any], kv: KvStore, options: OpenOp
         await kv.delete_range("")
     for _attempt in range(_INFO_ATTEMPTS):
         res = await kv.read(INFO_KEY)
-        info = None if res.state == "missing" else MultiscaleMetadata.decode(bytes(res.value))
+        try:
+            info = None if res.state == "missing" else MultiscaleMetadata.decode(bytes(res.value))
+        except (InvalidSpecError, UnsupportedError) as e:
+            raise type(e)(f"{e} (in {INFO_KEY} at {url})") from None
         if info is None and not options.create:
             raise NotFoundError(f"{DRIVER} volume not found: no {INFO_KEY} at {url}")
         try:
