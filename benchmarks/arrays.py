@@ -63,6 +63,19 @@ def median_time(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | 
     return statistics.median(times)
 
 
+def interleaved_median_times(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds of each function, run in turns (a, b, a, b, ...) so that the
+    load of a shared machine weighs on every library alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            gc.collect()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts_) for name, ts_ in times.items()}
+
+
 def report(case: str, rates: dict[str, float], unit: str) -> None:
     for lib in LIBS:
         if lib in rates:
@@ -243,14 +256,10 @@ def bench_precomputed(tmp: Path, n: int, n_crops: int, repeats: int) -> None:
         for lib, arr in opened.items():  # warm-up (indexes cached by both) + correctness
             if not np.array_equal(np.asarray(read(lib, arr[boxes[0]])), labels[boxes[0]]):
                 raise SystemExit(f"precomputed {case}: {lib} read different labels")
-        rates = {}
-        for lib, arr in opened.items():
-            def run(arr: Any = arr, lib: str = lib, boxes: list[Any] = boxes) -> None:
-                for box in boxes:
-                    read(lib, arr[box])
-
-            rates[lib] = count / median_time(run, repeats)
-        report(f"precomputed_sharded_cseg_{case}", rates, "reads/s")
+        runs = {lib: (lambda arr=arr, lib=lib, boxes=boxes: [read(lib, arr[b]) for b in boxes])
+                for lib, arr in opened.items()}
+        times = interleaved_median_times(runs, repeats)
+        report(f"precomputed_sharded_cseg_{case}", {lib: count / t for lib, t in times.items()}, "reads/s")
     shutil.rmtree(root)
 
 
@@ -285,7 +294,7 @@ def main() -> None:
             n = 128 if args.small else 512
             bench_http_crops(tmp, n, 64, 10 if args.small else 40, args.repeats)
         if not only or "precomputed" in only:
-            bench_precomputed(tmp, 128 if args.small else 512, 5 if args.small else 20, args.repeats)
+            bench_precomputed(tmp, 128 if args.small else 512, 5 if args.small else 20, max(args.repeats, 9))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

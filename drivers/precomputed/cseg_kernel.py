@@ -74,16 +74,22 @@ def _decode(words: Any, nblocks: int, bvol: int, wpl: int, runs: Any, pos: Any, 
                     return 3
                 if table + wpl > n:
                     return 4
+                if bits == 0:  # one label for the whole block (common): no bits to read
+                    v = np.uint64(words[table])
+                    if wpl == 2:
+                        v |= np.uint64(words[table + 1]) << np.uint64(32)
+                    for i in range(a0[ka], a1[ka]):
+                        for j in range(b0[kb], b1[kb]):
+                            for k in range(c0[kc], c1[kc]):
+                                out[i, j, k] = v
+                    continue
                 checked = table + (mask + 1) * wpl <= n  # else a short last table: check each voxel
                 for i in range(a0[ka], a1[ka]):
                     for j in range(b0[kb], b1[kb]):
                         pij = pa[i] + pb[j]
                         for k in range(c0[kc], c1[kc]):
-                            index = np.int64(0)
-                            if bits:
-                                bitpos = (pij + pc[k]) * bits
-                                index = (np.int64(words[values + (bitpos >> 5)]) >> (bitpos & 31)) & mask
-                            t = table + index * wpl
+                            bitpos = (pij + pc[k]) * bits
+                            t = table + ((np.int64(words[values + (bitpos >> 5)]) >> (bitpos & 31)) & mask) * wpl
                             if not checked and t + wpl > n:
                                 return 4
                             v = np.uint64(words[t])
