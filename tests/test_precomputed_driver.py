@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -463,3 +464,14 @@ def test_gcs_emulator_sharded_volume(gcs_emulator: Any) -> None:
     data[1:6, 2:5, 1:3] = 3
     again = tsp.open({"driver": "neuroglancer_precomputed", "kvstore": spec, "scale_index": 0}).result(60)
     np.testing.assert_array_equal(again.read().result(60), data)
+
+
+def test_views_pickle_as_their_spec(tmp_path: Path) -> None:
+    data = _data("raw", "uint16", 1, seed=13)
+    ts_create(tmp_path, data_type="uint16", size=SIZE, chunk_size=CHUNK, voxel_offset=list(OFFSET),
+              sharding=MURMUR).write(data).result()
+    a = tsp.open(tmp_path.as_uri() + "/").result()
+    for view in (a, a.at[5:12, -1:6, 2], a[::2, ::-3].label("i", "j", "k", "c")):
+        back = pickle.loads(pickle.dumps(view))
+        assert back.domain == view.domain
+        np.testing.assert_array_equal(back.read().result(), view.read().result())

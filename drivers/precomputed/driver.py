@@ -68,7 +68,8 @@ from tensorstore_py.drivers.precomputed.sharding import shard_cells, shard_shape
 from tensorstore_py.drivers.precomputed.spec import ResolvedScale, resolve_scale, scale_spec
 from tensorstore_py.kvstore.base import Buffer, Generation, KvStore
 
-__all__ = ["DRIVER", "PrecomputedArray", "build_metadata", "encoding_members", "open_precomputed", "scale_store"]
+__all__ = ["DRIVER", "PrecomputedArray", "build_metadata", "encoding_members", "open_precomputed",
+           "scale_location"]
 
 DRIVER = "neuroglancer_precomputed"
 _SPEC_MEMBERS = ("scale_index", "scale_metadata", "multiscale_metadata")
@@ -112,38 +113,41 @@ class _Layout:
     dimension_names: tuple[str | None, ...]
     scale: ScaleMetadata
     chunk_size: tuple[int, int, int]
+    prefix: str  # the scale's folder in the store
 
     def chunk_key(self, cell: tuple[int, ...]) -> str:
-        return self.scale.chunk_name(cell[:3], self.chunk_size)
+        return self.prefix + self.scale.chunk_name(cell[:3], self.chunk_size)
 
 
-def _layout(resolved: ResolvedScale, codec: ChunkCodec) -> _Layout:
+def _layout(resolved: ResolvedScale, codec: ChunkCodec, prefix: str) -> _Layout:
     info, scale, cs = resolved.info, resolved.scale, resolved.chunk_size
     nc = info.num_channels
     chunk_shape = (*cs, nc)
     return _Layout(shape=(*scale.size, nc), dtype=info.dtype, fill=info.dtype.type(0),
                    chunk_shape=chunk_shape, codec=_ScaleCodec(codec, chunk_shape, cs),
-                   dimension_names=LABELS, scale=scale, chunk_size=cs)
+                   dimension_names=LABELS, scale=scale, chunk_size=cs, prefix=prefix)
 
 
-def scale_store(kv: KvStore, key: str) -> KvStore:
-    """The folder of scale ``key`` in the volume at ``kv`` (a key may step out of the
-    volume's folder with ``..``, never out of the store's root)."""
+def scale_location(kv: KvStore, key: str) -> tuple[KvStore, str]:
+    """Where the chunks of scale ``key`` of the volume at ``kv`` live: ``(store, prefix)``,
+    the volume's store and ``"<key>/"``, or, for a key that steps out of the volume's
+    folder with ``..`` (never out of the store's root), a store at the scale's folder."""
     try:
-        return kv.with_path(join_key(key))
-    except InvalidSpecError:
-        pass  # leaves the volume's folder: resolve it against the store's own path
-    where = join_key(kv.path, key)
-    other = copy.copy(kv)
-    other.path = ("/" if kv.path.startswith("/") else "") + where + ("/" if where else "")
-    return other
+        folder = join_key(key)
+    except InvalidSpecError:  # leaves the volume's folder: resolve it against the store's path
+        where = join_key(kv.path, key)
+        other = copy.copy(kv)
+        other.path = ("/" if kv.path.startswith("/") else "") + where + ("/" if where else "")
+        return other, ""
+    return kv, folder + "/" if folder else ""
 
 
 class PrecomputedArray(ChunkedArray):
     """One scale of a neuroglancer precomputed volume (see the module docstring).
 
-    ``kvstore`` is the scale's folder (chunks and shards live there);
-    ``volume_kvstore`` holds the ``info``.
+    ``volume_kvstore`` holds the ``info``; chunks (or shards) are read and
+    written through ``kvstore`` under ``chunk_prefix``: the volume's store and
+    the scale's folder, unless the scale's key leaves the volume's folder.
     """
 
     driver = DRIVER
@@ -153,11 +157,12 @@ class PrecomputedArray(ChunkedArray):
                  kvstore: KvStore | None = None, cache_pool: CachePool | None = None,
                  budget: ByteBudget | None = None) -> None:
         codec = ChunkCodec.for_scale(resolved.info, resolved.index)
-        layout = _layout(resolved, codec)
-        super().__init__(kvstore=kvstore or scale_store(volume_kvstore, resolved.scale.key),
-                         metadata=resolved.info.to_json(), parsed=layout,
+        store, prefix = scale_location(volume_kvstore, resolved.scale.key)
+        layout = _layout(resolved, codec, prefix)
+        super().__init__(kvstore=kvstore or store, metadata=resolved.info.to_json(), parsed=layout,
                          metadata_generation=info_generation, cache_pool=cache_pool, budget=budget)
         self.volume_kvstore = volume_kvstore
+        self.chunk_prefix = prefix
         self.resolved = resolved
         self._pcodec = codec
         self._scale = resolved.scale
@@ -168,7 +173,7 @@ class PrecomputedArray(ChunkedArray):
         sharding = resolved.scale.sharding
         self._shard_box = None if sharding is None else shard_shape(sharding, self._grid)
         self._sharded = None if sharding is None else ShardedChunks(
-            self, self.kvstore, sharding, self._grid, budget=self._budget,
+            self, self.kvstore, sharding, self._grid, prefix=prefix, budget=self._budget,
             max_chunk_bytes=codec.max_encoded_size(self._chunk_size), shard_cells=self._shard_cells)
 
     # -- the engine's format hooks ---------------------------------------------------------
@@ -188,7 +193,7 @@ class PrecomputedArray(ChunkedArray):
         return _ScaleCodec(self._pcodec, self._chunk_shape, stored)
 
     def chunk_key(self, cell: tuple[int, ...]) -> str:
-        """The key (in the scale's folder) of the chunk, or for sharded scales of the
+        """The key (in :attr:`kvstore`) of the chunk, or for sharded scales of the
         shard, holding grid cell ``cell``."""
         if self._sharded is not None:
             return self._sharded.shard_key(cell)
@@ -206,7 +211,7 @@ class PrecomputedArray(ChunkedArray):
         except ValueError:
             begins = []
         cell = tuple((b - o) // c for b, o, c in zip(begins, self._scale.voxel_offset, self._chunk_size))
-        if len(begins) != 3 or self._parsed.chunk_key((*cell, 0)) != key.rsplit("/", 1)[-1]:
+        if len(begins) != 3 or self._parsed.chunk_key((*cell, 0)).rsplit("/", 1)[-1] != key.rsplit("/", 1)[-1]:
             raise InvalidArgumentError(f"{DRIVER}: {key!r} is not a chunk name of scale {self._scale.key!r}")
         return (*cell, 0)
 
@@ -244,7 +249,7 @@ class PrecomputedArray(ChunkedArray):
 
     def with_kvstore(self, kvstore: KvStore) -> PrecomputedArray:
         """The same scale with its chunks read and written through ``kvstore`` (a view
-        of :attr:`kvstore`, e.g. bound to a transaction)."""
+        of :attr:`kvstore`, e.g. bound to a transaction), under the same prefix."""
         return PrecomputedArray(volume_kvstore=self.volume_kvstore, resolved=self.resolved,
                                 info_generation=self._metadata_generation, kvstore=kvstore,
                                 cache_pool=self._cache, budget=self._budget)
@@ -256,7 +261,7 @@ class PrecomputedArray(ChunkedArray):
     def _shard_cells(self, key: str) -> int | None:
         """Grid cells in shard ``key`` when shards are boxes of the grid, else None."""
         assert self._scale.sharding is not None
-        return shard_cells(self._scale.sharding, self._grid, int(key.split(".")[0], 16))
+        return shard_cells(self._scale.sharding, self._grid, int(key.rsplit("/", 1)[-1].split(".")[0], 16))
 
     async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
         if self._sharded is None:

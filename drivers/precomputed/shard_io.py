@@ -125,17 +125,18 @@ def _exact(data: Buffer, r: ByteRange, key: str, what: str) -> Buffer:
 
 
 class ShardedChunks:
-    """Reads and writes the chunks of one sharded scale of ``arr`` through ``kvstore``
-    (the scale's folder). ``max_chunk_bytes`` bounds one stored chunk after the
+    """Reads and writes the chunks of one sharded scale of ``arr`` through ``kvstore``,
+    its shard files under ``prefix`` (the scale's folder). ``max_chunk_bytes`` bounds one stored chunk after the
     sharding ``data_encoding`` is undone (a larger one is corrupt);
     ``shard_cells(key)`` is the number of grid cells shard ``key`` holds when its
     chunks form one box of the grid (None otherwise)."""
 
     def __init__(self, arr: ChunkOps, kvstore: KvStore, sharding: ShardingSpec, grid_shape: tuple[int, ...],
-                 *, max_chunk_bytes: int, budget: ByteBudget,
+                 *, prefix: str, max_chunk_bytes: int, budget: ByteBudget,
                  shard_cells: Callable[[str], int | None]) -> None:
         self._arr = arr
         self._kv = kvstore
+        self._prefix = prefix
         self._spec = sharding
         self._grid = grid_shape
         self._max_chunk_bytes = max_chunk_bytes
@@ -150,7 +151,7 @@ class ShardedChunks:
     def shard_key(self, cell: tuple[int, ...]) -> str:
         """The key (in the scale's folder) of the shard holding grid cell ``cell``."""
         shard, _ = self._spec.shard_and_minishard(self.chunk_id(cell))
-        return self._spec.shard_key(shard)
+        return self._prefix + self._spec.shard_key(shard)
 
     def _group(self, parts: Iterable[ChunkPart]) -> dict[str, list[_Item]]:
         by_shard: dict[str, list[_Item]] = {}
@@ -158,7 +159,7 @@ class ShardedChunks:
         for p in parts:
             cid = self.chunk_id(p.cell)
             shard, minishard = spec.shard_and_minishard(cid)
-            by_shard.setdefault(spec.shard_key(shard), []).append(_Item(p, cid, minishard))
+            by_shard.setdefault(self._prefix + spec.shard_key(shard), []).append(_Item(p, cid, minishard))
         return by_shard
 
     async def _for_each_shard(self, parts: Iterable[ChunkPart],
