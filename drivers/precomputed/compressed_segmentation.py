@@ -35,7 +35,7 @@ import numpy as np
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError
 from tensorstore_py.core.ranges import Buffer
-from tensorstore_py.drivers.precomputed.cseg_kernel import ERRORS, block_runs, kernel
+from tensorstore_py.drivers.precomputed.cseg_kernel import ERRORS, kernel
 
 __all__ = ["MAX_BLOCK_ELEMENTS", "decode", "encode"]
 
@@ -335,8 +335,8 @@ def decode(data: Buffer, shape: Sequence[int], block_size: Sequence[int], dtype:
     if region is not None and len(region) != 4:
         raise InvalidArgumentError(f"compressed_segmentation: region must have 4 slices, got {region!r}")
     sl = region if region is not None else [slice(0, n, 1) for n in (x, y, z, nc)]
-    coords = [np.arange(*r.indices(n), dtype=np.int64) for r, n in zip(sl, (x, y, z, nc))]
-    want = tuple(len(c) for c in coords)
+    ranges = [range(*r.indices(n)) for r, n in zip(sl, (x, y, z, nc))]
+    want = tuple(len(r) for r in ranges)
     if out is None:
         out = np.empty(want[::-1], dtype).transpose(3, 2, 1, 0)
     elif out.shape != want or out.dtype != dtype:
@@ -348,7 +348,7 @@ def decode(data: Buffer, shape: Sequence[int], block_size: Sequence[int], dtype:
     if len(words) < nc:
         raise DataCorruptionError(f"chunk {key!r}: compressed_segmentation data too short for {nc} channels")
     fast = kernel()
-    for i, c in enumerate(coords[3].tolist()):
+    for i, c in enumerate(ranges[3]):
         start = int(words[c])
         if start > len(words):
             raise DataCorruptionError(f"chunk {key!r}: compressed_segmentation channel {c} offset "
@@ -357,7 +357,7 @@ def decode(data: Buffer, shape: Sequence[int], block_size: Sequence[int], dtype:
         if not dest.size:
             continue
         if fast is not None:
-            _decode_compiled(fast, words[start:], (x, y, z), (bx, by, bz), dtype, coords[:3], dest, key)
+            _decode_compiled(fast, words[start:], (x, y, z), (bx, by, bz), dtype, ranges[:3], dest, key)
         elif region is None:
             _decode_channel(words[start:], (z, y, x), (bz, by, bx), dtype, dest.transpose(2, 1, 0), key)
         elif dest.size * _GATHER_FRACTION >= x * y * z:  # most of the chunk: decode it whole
@@ -365,13 +365,13 @@ def decode(data: Buffer, shape: Sequence[int], block_size: Sequence[int], dtype:
             _decode_channel(words[start:], (z, y, x), (bz, by, bx), dtype, whole, key)
             dest[...] = whole.transpose(2, 1, 0)[tuple(region[:3])]
         else:
-            _gather_channel(words[start:], (z, y, x), (bz, by, bx), dtype, (coords[2], coords[1], coords[0]),
-                            dest.transpose(2, 1, 0), key)
+            zyx = tuple(np.arange(r.start, r.stop, r.step, dtype=np.int64) for r in ranges[2::-1])
+            _gather_channel(words[start:], (z, y, x), (bz, by, bx), dtype, zyx, dest.transpose(2, 1, 0), key)
     return out
 
 
 def _decode_compiled(fast: Any, words: np.ndarray, shape: tuple[int, int, int], block: tuple[int, int, int],
-                     dtype: np.dtype, coords: list[np.ndarray], dest: np.ndarray, key: str) -> None:
+                     dtype: np.dtype, ranges: list[range], dest: np.ndarray, key: str) -> None:
     """One channel through the compiled kernel; ``dest`` is (x, y, z), any strides."""
     grid = [-(-s // b) for s, b in zip(shape, block)]
     pos_step = (1, block[0], block[0] * block[1])  # x fastest in a block's bit order
@@ -381,9 +381,9 @@ def _decode_compiled(fast: Any, words: np.ndarray, shape: tuple[int, int, int], 
     if words.flags.writeable:  # the kernel takes read-only words (one compiled signature)
         words = words.view()
         words.flags.writeable = False
-    runs = tuple(block_runs(coords[d], block[d]) for d in order)
-    pos = tuple((coords[d] % block[d]) * pos_step[d] for d in order)
     code = fast(words, grid[0] * grid[1] * grid[2], block[0] * block[1] * block[2], dtype.itemsize // 4,
-                runs, pos, tuple(block_step[d] for d in order), dest.transpose(order))
+                tuple(ranges[d].start for d in order), tuple(ranges[d].step for d in order),
+                tuple(len(ranges[d]) for d in order), tuple(block[d] for d in order),
+                tuple(pos_step[d] for d in order), tuple(block_step[d] for d in order), dest.transpose(order))
     if code:
         raise _bad(key, ERRORS[code])

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ERRORS", "block_runs", "kernel"]
+__all__ = ["ERRORS", "kernel"]
 
 #: what the kernel's non-zero return codes mean
 ERRORS = {
@@ -34,35 +34,46 @@ ERRORS = {
 _KERNEL: list[Any] = []
 
 
-def block_runs(coords: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For ascending ``coords`` along one axis: the block of each run of coordinates
-    that share one, and where each run starts and stops in ``coords``."""
-    blocks = coords // block
-    starts = np.empty(0, np.int64) if not len(coords) else np.concatenate(
-        ([0], np.flatnonzero(blocks[1:] != blocks[:-1]) + 1))
-    stops = np.empty_like(starts)
-    stops[:-1], stops[-1:] = starts[1:], len(coords)
-    return blocks[starts].astype(np.int64), starts.astype(np.int64), stops
-
-
-def _decode(words: Any, nblocks: int, bvol: int, wpl: int, runs: Any, pos: Any, bmul: Any,
-            out: Any) -> int:  # pragma: no cover - compiled by numba
+def _decode(words: Any, nblocks: int, bvol: int, wpl: int, first: Any, step: Any, count: Any, bsize: Any,
+            pstep: Any, bstep: Any, out: Any) -> int:  # pragma: no cover - compiled by numba
     """Decode some voxels of one channel into ``out``, a 3-d array whose axes A, B, C
     are the chunk's axes in any order (C varies fastest in the loops: give it the
-    smallest stride of ``out``). Per axis: ``runs`` = (block numbers, first and
-    end output index of each run of voxels in one block), ``pos`` = each voxel's
-    position in its block times the axis' step in the block's bit order
-    (x: 1, y: bx, z: bx*by), ``bmul`` = the axis' step in block numbering."""
+    smallest stride of ``out``). Along each axis the voxels are ``first + i * step``
+    for ``i < count``; ``bsize`` is the block's extent, ``pstep`` the axis' step in a
+    block's bit order (x: 1, y: bx, z: bx*by), ``bstep`` its step in the numbering
+    of blocks."""
     n = words.shape[0]
     if n < 2 * nblocks:
         return 1
-    (ab, a0, a1), (bb, b0, b1), (cb, c0, c1) = runs
-    pa, pb, pc = pos
-    ma, mb, mc = bmul
-    for ka in range(ab.shape[0]):
-        for kb in range(bb.shape[0]):
-            for kc in range(cb.shape[0]):
-                blk = ab[ka] * ma + bb[kb] * mb + cb[kc] * mc
+    na, nb, nc = count[0], count[1], count[2]
+    ba, pa = np.empty(na, np.int64), np.empty(na, np.int64)
+    bb, pb = np.empty(nb, np.int64), np.empty(nb, np.int64)
+    bc, pc = np.empty(nc, np.int64), np.empty(nc, np.int64)
+    for i in range(na):
+        v = first[0] + i * step[0]
+        ba[i], pa[i] = v // bsize[0] * bstep[0], v % bsize[0] * pstep[0]
+    for i in range(nb):
+        v = first[1] + i * step[1]
+        bb[i], pb[i] = v // bsize[1] * bstep[1], v % bsize[1] * pstep[1]
+    for i in range(nc):
+        v = first[2] + i * step[2]
+        bc[i], pc[i] = v // bsize[2] * bstep[2], v % bsize[2] * pstep[2]
+    a0 = 0
+    while a0 < na:  # runs of voxels in one block along each axis
+        a1 = a0 + 1
+        while a1 < na and ba[a1] == ba[a0]:
+            a1 += 1
+        b0 = 0
+        while b0 < nb:
+            b1 = b0 + 1
+            while b1 < nb and bb[b1] == bb[b0]:
+                b1 += 1
+            c0 = 0
+            while c0 < nc:
+                c1 = c0 + 1
+                while c1 < nc and bc[c1] == bc[c0]:
+                    c1 += 1
+                blk = ba[a0] + bb[b0] + bc[c0]
                 h = np.int64(words[2 * blk])
                 table = h & 0xFFFFFF
                 bits = h >> 24
@@ -78,24 +89,27 @@ def _decode(words: Any, nblocks: int, bvol: int, wpl: int, runs: Any, pos: Any, 
                     v = np.uint64(words[table])
                     if wpl == 2:
                         v |= np.uint64(words[table + 1]) << np.uint64(32)
-                    for i in range(a0[ka], a1[ka]):
-                        for j in range(b0[kb], b1[kb]):
-                            for k in range(c0[kc], c1[kc]):
+                    for i in range(a0, a1):
+                        for j in range(b0, b1):
+                            for k in range(c0, c1):
                                 out[i, j, k] = v
-                    continue
-                checked = table + (mask + 1) * wpl <= n  # else a short last table: check each voxel
-                for i in range(a0[ka], a1[ka]):
-                    for j in range(b0[kb], b1[kb]):
-                        pij = pa[i] + pb[j]
-                        for k in range(c0[kc], c1[kc]):
-                            bitpos = (pij + pc[k]) * bits
-                            t = table + ((np.int64(words[values + (bitpos >> 5)]) >> (bitpos & 31)) & mask) * wpl
-                            if not checked and t + wpl > n:
-                                return 4
-                            v = np.uint64(words[t])
-                            if wpl == 2:
-                                v |= np.uint64(words[t + 1]) << np.uint64(32)
-                            out[i, j, k] = v
+                else:
+                    checked = table + (mask + 1) * wpl <= n  # else a short last table: check each voxel
+                    for i in range(a0, a1):
+                        for j in range(b0, b1):
+                            pij = pa[i] + pb[j]
+                            for k in range(c0, c1):
+                                bitpos = (pij + pc[k]) * bits
+                                t = table + ((np.int64(words[values + (bitpos >> 5)]) >> (bitpos & 31)) & mask) * wpl
+                                if not checked and t + wpl > n:
+                                    return 4
+                                v = np.uint64(words[t])
+                                if wpl == 2:
+                                    v |= np.uint64(words[t + 1]) << np.uint64(32)
+                                out[i, j, k] = v
+                c0 = c1
+            b0 = b1
+        a0 = a1
     return 0
 
 
@@ -108,11 +122,11 @@ def kernel() -> Callable[..., int] | None:
             _KERNEL.append(None)
         else:
             t = numba.types
-            idx = t.Array(t.int64, 1, "C")
+            three = t.UniTuple(t.int64, 3)
             # one signature per label type; any ``out`` layout converts to "A": no
             # recompilation per stride pattern
             sigs = [t.int64(t.Array(t.uint32, 1, "C", readonly=True), t.int64, t.int64, t.int64,
-                            t.UniTuple(t.UniTuple(idx, 3), 3), t.UniTuple(idx, 3), t.UniTuple(t.int64, 3),
-                            t.Array(label, 3, "A")) for label in (t.uint32, t.uint64)]
+                            three, three, three, three, three, three, t.Array(label, 3, "A"))
+                    for label in (t.uint32, t.uint64)]
             _KERNEL.append(numba.njit(sigs, nogil=True, cache=True)(_decode))
     return _KERNEL[0]
