@@ -1,4 +1,4 @@
-"""Array formats over kvstores: zarr v3 (with sharding) and zarr v2.
+"""Array formats over kvstores: zarr v3 (with sharding), zarr v2 and neuroglancer precomputed.
 
 Modules, top to bottom (each imports only modules below it):
 
@@ -6,6 +6,9 @@ Modules, top to bottom (each imports only modules below it):
                 registers the ``zarr3`` format
 * ``zarr2``     .zarray parsing/validation, numcodecs filters and compressor;
                 registers the ``zarr`` (alias ``zarr2``) format
+* ``precomputed/`` neuroglancer precomputed: the ``info`` document, chunk encodings,
+                the sharded format and the ``neuroglancer_precomputed`` driver
+                (``precomputed/driver.py`` registers it)
 * ``open``      ``open_driver(spec, create=..., ...)`` dispatches to the registered
                 format; ``build_metadata(driver, ...)``; ``open_document``, the
                 open/create flow of one-document formats
@@ -30,3 +33,4 @@ budget is ``tensorstore_py.core.budget``.
 """
 
 from tensorstore_py.drivers import zarr2, zarr3  # noqa: F401  (imported to register)
+from tensorstore_py.drivers.precomputed import driver as precomputed_driver  # noqa: F401  (imported to register)

@@ -59,6 +59,12 @@ class ArrayDriver(ABC):
     def dimension_names(self) -> tuple[str | None, ...]: ...
 
     @property
+    def origin(self) -> tuple[int, ...]:
+        """The coordinates of the first element: zeros, unless the format places its
+        domain elsewhere (neuroglancer precomputed: the scale's ``voxel_offset``)."""
+        return (0,) * len(self.shape)
+
+    @property
     @abstractmethod
     def read_chunk_shape(self) -> tuple[int, ...]:
         """The smallest unit that can be read alone (inner chunk when sharded)."""

@@ -83,9 +83,7 @@ class TensorStore:
                  context: Context | None = None) -> None:
         self._driver = driver
         self._plan: tuple[tuple[int, ...], Plan] | None = None
-        self._t = transform or IndexTransform.identity(
-            driver.shape, tuple(lab or None for lab in driver.dimension_names)
-        )
+        self._t = transform or _whole(driver)
         self._context = context
 
     def _get_plan(self) -> Plan:
@@ -197,9 +195,7 @@ class TensorStore:
     def spec(self) -> dict[str, Any]:
         """JSON from which :func:`open` reopens this view (``"transform"`` if not the whole array)."""
         d = dict(self._driver.spec())
-        stored_labels = tuple(lab or None for lab in self._driver.dimension_names)
-        whole = self._t.is_identity() and self._t.domain.shape == tuple(self._driver.shape)
-        if not whole or self._t.domain.labels != stored_labels:
+        if self._t != _whole(self._driver):
             d["transform"] = self._t.to_json()
         if self._context is not None and self._context is not default_context():
             d["context"] = self._context.spec()
@@ -415,6 +411,13 @@ class DimSelection:
 
 
 # -- helpers ------------------------------------------------------------------
+def _whole(driver: ArrayDriver) -> IndexTransform:
+    """The view of the whole stored array: its labels, its domain at the driver's origin."""
+    t = IndexTransform.identity(driver.shape, tuple(lab or None for lab in driver.dimension_names))
+    origin = driver.origin
+    return t.translate_by(dict(enumerate(origin))) if any(origin) else t
+
+
 def _nonneg(x: Any, what: str) -> int:
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 0:
         raise InvalidArgumentError(f"{what}: expected non-negative integers, got {x!r}")
