@@ -73,6 +73,17 @@ class ArrayDriver(ABC):
     def metadata(self) -> dict[str, Any]:
         """The stored metadata document (zarr.json / .zarray fields) as JSON."""
 
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """The array's user attributes (zarr ``attributes`` / ``.zattrs``, N5
+        attributes.json members); formats without any have none."""
+        return {}
+
+    async def update_attributes(self, changes: dict[str, Any], *, replace: bool = False) -> dict[str, Any]:
+        """Store ``changes`` into the attributes (all of them with ``replace``),
+        atomically; returns the attributes now stored."""
+        raise UnsupportedError(f"{type(self).__name__}: attributes cannot be written")
+
     @abstractmethod
     def spec(self) -> dict[str, Any]:
         """``{"driver": ..., "kvstore": kvstore spec, "metadata": metadata}``."""

@@ -169,6 +169,16 @@ class ChunkedArray(ArrayDriver):
     def encode_metadata(meta: dict[str, Any]) -> bytes:
         """The stored bytes of a metadata document."""
 
+    @staticmethod
+    def is_array_document(doc: dict[str, Any]) -> bool:
+        """False for a stored metadata document that describes no array (a group)."""
+        return True
+
+    @staticmethod
+    def create_into(doc: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
+        """A new array's document where a group's ``doc`` is stored (None: refused)."""
+        return None
+
     @classmethod
     def decode_metadata(cls, raw: Any) -> dict[str, Any]:
         """The metadata document stored as ``raw`` (a JSON object)."""
@@ -544,7 +554,7 @@ class ChunkedArray(ArrayDriver):
             if res.state == "missing":
                 raise NotFoundError(f"resize: {self.metadata_key!r} is gone from {self.kvstore!r}")
             current = self.decode_metadata(res.value)
-            old_shape = tuple(current["shape"])
+            old_shape = tuple(self.parse_metadata(current).shape)
             meta = self._metadata_with_shape(current, new_shape)
             try:
                 gen = await self.kvstore.write(
