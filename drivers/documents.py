@@ -24,7 +24,15 @@ from tensorstore_py.drivers.engine import json_object
 from tensorstore_py.drivers.rmw import RMW_RETRY
 from tensorstore_py.kvstore.base import Generation, KvStore
 
-__all__ = ["AttributedArray", "check_attributes", "update_json"]
+__all__ = ["AttributedArray", "check_attributes", "update_json", "url_of"]
+
+
+def url_of(kv: KvStore) -> str:
+    """The store's URL for messages (its repr where it has no URL form)."""
+    try:
+        return kv.url()
+    except Exception:
+        return repr(kv)
 
 
 def check_attributes(attrs: Any, where: str) -> dict[str, Any]:

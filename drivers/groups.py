@@ -36,7 +36,7 @@ from tensorstore_py.core.errors import (
     NotFoundError,
     UnsupportedError,
 )
-from tensorstore_py.drivers.documents import check_attributes, update_json
+from tensorstore_py.drivers.documents import check_attributes, update_json, url_of
 from tensorstore_py.drivers.engine import json_object
 from tensorstore_py.drivers.n5.metadata import ATTRIBUTES_KEY as N5_KEY
 from tensorstore_py.kvstore.base import Generation, KvStore, ReadResult
@@ -109,18 +109,11 @@ async def _group_attributes(kv: KvStore, fmt: GroupFormat, doc: dict[str, Any] |
     if fmt == "zarr3":
         attrs = (doc or {}).get("attributes", {})
         if not isinstance(attrs, dict):
-            raise InvalidSpecError(f"zarr3 group at {_url(kv)}: 'attributes' must be an object, got {attrs!r}")
+            raise InvalidSpecError(f"zarr3 group at {url_of(kv)}: 'attributes' must be an object, got {attrs!r}")
         return attrs
     if fmt == "n5":
         return dict(doc or {})
     return _json(await kv.read(ZATTRS_KEY), ZATTRS_KEY) or {}
-
-
-def _url(kv: KvStore) -> str:
-    try:
-        return kv.url()
-    except Exception:
-        return repr(kv)
 
 
 def _encode(fmt: GroupFormat) -> Any:
@@ -143,16 +136,16 @@ async def create_group(kv: KvStore, fmt: GroupFormat, attributes: Mapping[str, A
     group already there (``exist_ok``). An array there is an InvalidSpecError."""
     if fmt not in _FORMAT_NAMES:
         raise InvalidArgumentError(f"group format must be one of {list(_FORMAT_NAMES)}, got {fmt!r}")
-    attrs = check_attributes(attributes or {}, f"group at {_url(kv)}")
+    attrs = check_attributes(attributes or {}, f"group at {url_of(kv)}")
     key, doc = _new_document(fmt, attrs)
     for _attempt in range(5):
         found = await node_at(kv)
         if found is not None:
             if found[1] == "array":
-                raise InvalidSpecError(f"cannot create a group at {_url(kv)}: a {_FORMAT_NAMES[found[0]]} "
+                raise InvalidSpecError(f"cannot create a group at {url_of(kv)}: a {_FORMAT_NAMES[found[0]]} "
                                        "array is stored there")
             if not exist_ok:
-                raise InvalidSpecError(f"a {_FORMAT_NAMES[found[0]]} group already exists at {_url(kv)}")
+                raise InvalidSpecError(f"a {_FORMAT_NAMES[found[0]]} group already exists at {url_of(kv)}")
             assert found[2] is not None
             return found[2]
         try:
@@ -162,15 +155,15 @@ async def create_group(kv: KvStore, fmt: GroupFormat, attributes: Mapping[str, A
         if fmt == "zarr2" and attrs:
             await update_group_attributes(kv, fmt, attrs)
         return GroupNode(fmt, attrs)
-    raise ConditionFailedError(f"group at {_url(kv)}: its document kept changing while creating it")
+    raise ConditionFailedError(f"group at {url_of(kv)}: its document kept changing while creating it")
 
 
 async def update_group_attributes(kv: KvStore, fmt: GroupFormat, changes: Mapping[str, Any], *,
                                   replace: bool = False) -> dict[str, Any]:
     """Set ``changes`` in the group's attributes (every other attribute kept,
     unless ``replace``), atomically; returns the attributes now stored."""
-    changes = check_attributes(changes, f"group at {_url(kv)}")
-    url = _url(kv)
+    changes = check_attributes(changes, f"group at {url_of(kv)}")
+    url = url_of(kv)
 
     def change(doc: dict[str, Any] | None) -> dict[str, Any]:
         if fmt == "zarr2":
@@ -197,7 +190,7 @@ async def list_members(kv: KvStore) -> dict[str, NodeKind]:
     try:
         keys = await kv.list("")
     except UnsupportedError as e:
-        raise UnsupportedError(f"the members of the group at {_url(kv)} cannot be listed: {e}") from None
+        raise UnsupportedError(f"the members of the group at {url_of(kv)} cannot be listed: {e}") from None
     candidates: dict[str, set[str]] = {}
     for k in keys:
         name, sep, doc = k.partition("/")
@@ -218,13 +211,13 @@ async def _member_kind(kv: KvStore, docs: set[str]) -> NodeKind | None:
     return None if found is None else found[1]
 
 
-async def not_an_array_error(kv: KvStore, driver: str) -> InvalidSpecError | None:
+async def not_an_array_error(kv: KvStore, what: str) -> InvalidSpecError | None:
     """The error for opening the group at ``kv`` as an array (naming the path and
     listing its member arrays), or None when no group is there."""
     found = await node_at(kv)
     if found is None or found[1] != "group":
         return None
-    url = _url(kv)
+    url = url_of(kv)
     try:
         members = await list_members(kv)
         arrays = [n for n, k in members.items() if k == "array"]
@@ -233,5 +226,5 @@ async def not_an_array_error(kv: KvStore, driver: str) -> InvalidSpecError | Non
     except UnsupportedError:
         listing = "its members cannot be listed on this store"
     return InvalidSpecError(
-        f"{driver} array expected at {url}, but it is a {_FORMAT_NAMES[found[0]]} group, not an array "
+        f"{what} expected at {url}, but it is a {_FORMAT_NAMES[found[0]]} group, not an array "
         f"({listing}); open a member by its path, or the group with tsp.open_group")

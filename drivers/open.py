@@ -31,13 +31,14 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.documents import url_of
 from tensorstore_py.drivers.formats import MetadataOptions, OpenOptions, array_format
 from tensorstore_py.drivers.grid import default_chunks
 from tensorstore_py.drivers.groups import not_an_array_error
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 
-__all__ = ["DocumentFormat", "build_metadata", "default_chunks", "open_document", "open_driver"]
+__all__ = ["DocumentFormat", "build_metadata", "default_chunks", "open_document", "open_driver", "url_of"]
 
 _SPEC_FIELDS = frozenset({"driver", "kvstore", "path", "metadata"})
 
@@ -62,14 +63,6 @@ def build_metadata(
         shape=shape, dtype=dtype, chunks=chunks, shards=shards, codecs=codecs,
         compression=compression, fill_value=fill_value, dimension_names=dimension_names,
         order=order))
-
-
-def url_of(kv: KvStore) -> str:
-    """The store's URL for messages (its repr where it has no URL form)."""
-    try:
-        return kv.url()
-    except Exception:
-        return repr(kv)
 
 
 async def open_driver(
@@ -194,10 +187,10 @@ async def open_document(cls: DocumentFormat, spec: Mapping[str, Any], kv: KvStor
             meta = cls.complete_metadata(given) if options.create else None
             doc = None if meta is None else cls.create_into(stored, meta)
             if doc is None:
-                raise await not_an_array_error(kv, cls.driver) or InvalidSpecError(
+                raise await not_an_array_error(kv, f"{cls.driver} array") or InvalidSpecError(
                     f"{cls.driver} array expected at {url}: its {key} describes no array")
         elif not options.create:
-            raise await not_an_array_error(kv, cls.driver) or NotFoundError(
+            raise await not_an_array_error(kv, f"{cls.driver} array") or NotFoundError(
                 f"{cls.driver} array not found: no {key} at {url}")
         else:
             doc = cls.complete_metadata(given)

@@ -57,6 +57,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "VersionInfo": ("tensorstore_py.kvstore.versioned", "VersionInfo"),
     "open": ("tensorstore_py.tensorstore", "open"),
     "TensorStore": ("tensorstore_py.tensorstore", "TensorStore"),
+    "open_group": ("tensorstore_py.group", "open_group"),
+    "Group": ("tensorstore_py.group", "Group"),
     "Context": ("tensorstore_py.context", "Context"),
     "CheckpointManager": ("tensorstore_py.checkpoint", "CheckpointManager"),
     "checkpoint": ("tensorstore_py.checkpoint", None),  # type: ignore[dict-item]

@@ -74,6 +74,7 @@ class N5BlockCodec(ChunkCodec):
         self.dtype = meta.dtype
 
     def encode(self, a: np.ndarray) -> Buffer:
+        a = a.reshape(self.meta.block_size)  # (the engine may hand a rank-0 chunk as shape (1,))
         return encode_block(self.meta, a if self.clip is None else a[self.clip + (...,)])
 
     def decode(self, buf: Buffer, *, key: str, out: np.ndarray | None = None) -> np.ndarray:
