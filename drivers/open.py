@@ -194,6 +194,10 @@ async def open_document(cls: DocumentFormat, spec: Mapping[str, Any], kv: KvStor
                 f"{cls.driver} array not found: no {key} at {url}")
         else:
             doc = cls.complete_metadata(given)
+            # a group of another document (zarr v2's .zgroup) must not get an array on top
+            group = None if options.delete_existing else await not_an_array_error(kv, f"{cls.driver} array")
+            if group is not None:
+                raise group
         parsed = cls.parse_metadata(doc)
         try:
             gen = await kv.write(key, cls.encode_metadata(doc), if_equal=res.generation)

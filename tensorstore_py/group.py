@@ -96,10 +96,9 @@ class Group:
     def open(self, name: str) -> Future[TensorStore | Group]:
         """The member array (a TensorStore) or group at ``name`` (``"a/b"`` for
         a nested one); NotFoundError when there is neither."""
-        return spawn(self._open_member(name))
+        return spawn(self._open_member(name, self._child(name)))
 
-    async def _open_member(self, name: str) -> TensorStore | Group:
-        kv = self._child(name)
+    async def _open_member(self, name: str, kv: KvStore) -> TensorStore | Group:
         found = await node_at(kv)
         if found is None:
             raise NotFoundError(f"group at {url_of(self._kv)} has no member {name!r}")
@@ -112,8 +111,9 @@ class Group:
     def create_group(self, name: str, *, attributes: Mapping[str, Any] | None = None) -> Future[Group]:
         """Create the member group ``name`` in this group's format (or open it if
         it exists; InvalidSpecError if an array is there)."""
+        kv = self._child(name)
+
         async def run() -> Group:
-            kv = self._child(name)
             return Group(kv, await create_group(kv, self._node.format, attributes), self._context)
 
         return spawn(run())
