@@ -7,6 +7,10 @@ Cases (``--small`` shrinks every size for a quick run):
   read (chunks/s).
 * random 64^3 crops from a sharded uint8 volume served over HTTP by a separate
   server process (crops/s).
+* N5 (vs TensorStore's ``n5`` driver only; zarr-python has no N5): a uint8
+  volume in 64^3 blocks with N5's default compression (blosc lz4): full write
+  (MiB/s), then XY, XZ and YZ planes (planes/s) and unaligned 64^3 crops
+  (crops/s) read by both libraries from the same dataset.
 
 Every figure is the median of ``--repeats`` runs. Output lines are
 ``name: value unit``; ``<case>.ratio_vs_tensorstore`` / ``.ratio_vs_zarr`` are
@@ -194,11 +198,71 @@ def bench_http_crops(tmp: Path, n: int, crop: int, n_crops: int, repeats: int) -
         server.wait(10)
 
 
+# -- N5 ----------------------------------------------------------------------------
+def bench_n5(tmp: Path, n: int, block: int, n_reads: int, repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    # EM-like: smooth structure plus noise, so blosc compresses it a little
+    vol = (np.add.outer(np.arange(n), np.arange(n))[None] // 8 + rng.integers(0, 40, (n, n, n))).astype(np.uint8)
+    shape, chunks = [n, n, n], [block] * 3
+
+    def create(lib: str, path: Path) -> Any:
+        shutil.rmtree(path, ignore_errors=True)
+        if lib == "tsp":
+            return tsp.open(path.as_uri() + "/", driver="n5", create=True, dtype="uint8", shape=shape,
+                            chunks=chunks).result()
+        return ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(path) + "/"},
+                        "metadata": {"dimensions": shape, "blockSize": chunks, "dataType": "uint8"}},
+                       create=True, delete_existing=True).result()
+
+    w_rates: dict[str, float] = {}
+    for lib in ("tsp", "tensorstore"):
+        holder: dict[str, Any] = {}
+
+        def setup(lib: str = lib, holder: dict[str, Any] = holder) -> None:
+            holder["a"] = create(lib, tmp / f"n5-{lib}")
+
+        w_rates[lib] = vol.nbytes / (1 << 20) / median_time(lambda h=holder: h["a"].write(vol).result(),
+                                                           repeats, setup)
+    report("n5_u8_write", w_rates, "MiB/s")
+    # both read the same dataset (ours); each library checks it first
+    path = tmp / "n5-tsp"
+    opened = {"tsp": tsp.open(path.as_uri() + "/").result(),
+              "tensorstore": ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(path) + "/"}},
+                                     read=True).result()}
+    for lib, arr in opened.items():
+        if not np.array_equal(np.asarray(arr.read().result()), vol):
+            raise SystemExit(f"n5: {lib} read different data")
+    at = [int(v) for v in rng.integers(0, n, n_reads)]
+    corners = [tuple(int(v) for v in rng.integers(0, n - 64 + 1, 3)) for _ in range(n_reads)]
+    selections: dict[str, Callable[[Any], list[Any]]] = {
+        "xy_planes": lambda a: [a[i, :, :] for i in at],
+        "xz_planes": lambda a: [a[:, i, :] for i in at],
+        "yz_planes": lambda a: [a[:, :, i] for i in at],
+        "crops_64": lambda a: [a[z:z + 64, y:y + 64, x:x + 64] for z, y, x in corners],
+    }
+    for name, select in selections.items():
+        # the two libraries take turns, rep by rep, so that load from elsewhere
+        # on a shared machine falls on both alike
+        views = {lib: select(arr) for lib, arr in opened.items()}
+        times: dict[str, list[float]] = {lib: [] for lib in opened}
+        for _ in range(repeats):
+            for lib in opened:
+                gc.collect()
+                t0 = time.perf_counter()
+                for v in views[lib]:
+                    v.read().result()
+                times[lib].append(time.perf_counter() - t0)
+        rates = {lib: len(views[lib]) / statistics.median(t) for lib, t in times.items()}
+        report(f"n5_u8_{name}", rates, "planes/s" if "planes" in name else "crops/s")
+    shutil.rmtree(tmp / "n5-tensorstore", ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="array throughput vs TensorStore and zarr-python")
     p.add_argument("--small", action="store_true", help="small sizes for a quick run")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--only", default="", help="comma-separated case prefixes (large,small,http)")
+    p.add_argument("--only", default="", help="comma-separated case prefixes (large,small,http,n5)")
     p.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = p.parse_args()
     only = set(filter(None, args.only.split(",")))
@@ -224,6 +288,8 @@ def main() -> None:
         if not only or "http" in only:
             n = 128 if args.small else 512
             bench_http_crops(tmp, n, 64, 10 if args.small else 40, args.repeats)
+        if not only or "n5" in only:
+            bench_n5(tmp, 128 if args.small else 512, 64, 8 if args.small else 16, args.repeats)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
