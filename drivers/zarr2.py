@@ -25,7 +25,6 @@ import numpy as np
 
 from tensorstore_py.core.errors import (
     DataCorruptionError,
-    InvalidArgumentError,
     InvalidSpecError,
     UnsupportedError,
 )
@@ -219,15 +218,8 @@ def complete_metadata2(partial: Any) -> dict[str, Any]:
 def build_metadata2(o: MetadataOptions) -> dict[str, Any]:
     """.zarray for ``tsp.open``'s keyword options (~2 MiB chunks by default;
     ``compression`` as for zarr3, as a numcodecs compressor; no sharding)."""
-    shape = [int(s) for s in o.shape]
-    dt = np.dtype(o.dtype)
-    chunks = [int(c) for c in (o.chunks if o.chunks is not None else default_chunks(shape, dt.itemsize))]
-    if len(chunks) != len(shape):
-        raise InvalidArgumentError(f"chunks {chunks} must have the rank of shape {shape}")
-    if o.shards is not None:
-        raise InvalidArgumentError("zarr v2 has no sharding; use driver 'zarr3'")
-    if o.codecs is not None:
-        raise InvalidArgumentError("codecs= is a zarr3 codec list; zarr v2 takes compression=")
+    shape, dt, chunks = o.grid()
+    o.refuse_zarr3_options("zarr v2")
     meta: dict[str, Any] = {
         "zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dtype_to_v2(dt),
         "compressor": compression_compressor(o.compression, dt),

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError, NotFoundError
+from tensorstore_py.core.errors import InvalidSpecError, NotFoundError
 from tensorstore_py.drivers.codecs import CodecChain, compression_codecs
 from tensorstore_py.drivers.codecs.base import ArrayArrayCodec, ArrayBytesCodec, Codec
 from tensorstore_py.drivers.codecs.registry import codec_class
@@ -237,11 +237,7 @@ def build_metadata(o: MetadataOptions) -> dict[str, Any]:
     clevel 5, byte shuffle)), a ``(name, level)`` pair, or None (see
     drivers/codecs/registry.py). ``codecs`` overrides the codec list entirely.
     """
-    shape = [int(s) for s in o.shape]
-    dt = np.dtype(o.dtype)
-    chunks = [int(c) for c in (o.chunks if o.chunks is not None else default_chunks(shape, dt.itemsize))]
-    if len(chunks) != len(shape):
-        raise InvalidArgumentError(f"chunks {chunks} must have the rank of shape {shape}")
+    shape, dt, chunks = o.grid()
     codecs = o.codecs
     inner = default_codecs(dt) + compression_codecs(o.compression, dt)
     if codecs is None:

@@ -152,15 +152,8 @@ def n5_compression(compression: Any, dtype: np.dtype) -> dict[str, Any] | None:
 
 def build_metadata_n5(o: MetadataOptions) -> dict[str, Any]:
     """attributes.json for ``tsp.open``'s keyword options (~2 MiB blocks by default)."""
-    shape = [int(s) for s in o.shape]
-    dt = np.dtype(o.dtype)
-    chunks = [int(c) for c in (o.chunks if o.chunks is not None else default_chunks(shape, dt.itemsize))]
-    if len(chunks) != len(shape):
-        raise InvalidArgumentError(f"chunks {chunks} must have the rank of shape {shape}")
-    if o.shards is not None:
-        raise InvalidArgumentError("N5 has no sharding; use driver 'zarr3'")
-    if o.codecs is not None:
-        raise InvalidArgumentError("codecs= is a zarr3 codec list; N5 takes compression=")
+    shape, dt, chunks = o.grid()
+    o.refuse_zarr3_options("N5")
     if o.fill_value is not None and np.array(o.fill_value, dt) != 0:
         raise InvalidArgumentError(f"N5 has no fill value (missing blocks read as 0), got {o.fill_value!r}")
     if o.order != "C":
