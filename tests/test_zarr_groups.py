@@ -180,6 +180,8 @@ def test_n5_groups(tmp_path: Path) -> None:
     arr = g.create_array("s1", shape=[2, 2], dtype="uint16").result()
     assert arr.driver.driver == "n5"
     assert g.members().result() == {"s0": "array", "s1": "array"}
+    with pytest.raises(InvalidSpecError, match=r"N5 group.*\['s0', 's1'\]"):
+        tsp.open(url(tmp_path)).result()
 
 
 @pytest.mark.parametrize("zarr_format", [3, 2])
