@@ -106,7 +106,8 @@ class Group:
         if kind == "group":
             assert node is not None
             return Group(kv, node, self._context)
-        return await open_array({"driver": ARRAY_DRIVER[fmt], "kvstore": kv.spec()}, context=self._context)
+        # the opened store itself, not its spec: a memory store reopened by spec is another store
+        return await open_array({"driver": ARRAY_DRIVER[fmt], "kvstore": kv}, context=self._context)
 
     def create_group(self, name: str, *, attributes: Mapping[str, Any] | None = None) -> Future[Group]:
         """Create the member group ``name`` in this group's format (or open it if
@@ -132,7 +133,7 @@ class Group:
 
         async def run() -> TensorStore:
             ts = await open_array(
-                {"driver": driver or ARRAY_DRIVER[self._node.format], "kvstore": kv.spec()}, create=True,
+                {"driver": driver or ARRAY_DRIVER[self._node.format], "kvstore": kv}, create=True,
                 delete_existing=delete_existing, context=self._context, shape=shape, dtype=dtype,
                 chunks=chunks, shards=shards, codecs=codecs, compression=compression,
                 fill_value=fill_value, dimension_names=dimension_names, order=order)

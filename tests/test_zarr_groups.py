@@ -197,3 +197,15 @@ def test_xarray_reads_a_dataset_we_write(tmp_path: Path, zarr_format: int) -> No
     assert ds.attrs == {"title": "scan 7", "nested": {"a": [1, 2]}}
     assert ds["temp"].attrs["long_name"] == "temperature"
     assert float(ds["temp"].sel(y=20, x=0.25)) == 6.0
+
+
+def test_groups_on_a_memory_store() -> None:
+    g = tsp.open_group("memory://grp/", create=True).result()
+    a = g.create_array("a", shape=[3], dtype="int16", attributes={"k": "v"}).result()
+    a.write([1, 2, 3]).result()
+    sub = g.create_group("s").result()
+    sub.create_array("b", shape=[2], dtype="uint8").result()
+    assert g.members().result() == {"a": "array", "s": "group"}
+    assert np.array_equal(g.open("a").result().read().result(), [1, 2, 3])
+    assert g.open("a").result().attributes == {"k": "v"}
+    assert isinstance(g.open("s/b").result(), tsp.TensorStore)

@@ -237,7 +237,7 @@ class N5Array(AttributedArray, ChunkedArray):
     def spec(self) -> dict[str, Any]:
         """The dataset fields only: user attributes may change without making
         the spec stale."""
-        meta = {k: v for k, v in self._metadata.items() if k in DATASET_FIELDS | _SPEC_OPTIONAL}
+        meta = {k: v for k, v in self._metadata.items() if k in DATASET_FIELDS}
         return {"driver": self.driver, "kvstore": self.kvstore.spec(), "metadata": meta}
 
     def codec_at(self, cell: tuple[int, ...]) -> ChunkCodec:
