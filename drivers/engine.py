@@ -51,6 +51,7 @@ from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec, is_fill
+from tensorstore_py.drivers.dtypes import element_nbytes
 from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
@@ -149,7 +150,9 @@ class ChunkedArray(ArrayDriver):
         self._metadata_generation = metadata_generation
         self._cache = cache_pool
         self._budget = budget or ByteBudget(DEFAULT_BYTES_IN_FLIGHT)
-        self._chunk_nbytes = int(np.prod(self._chunk_shape, dtype=np.int64)) * dtype.itemsize
+        # what the byte budget counts per chunk; for strings and bytes an estimate
+        # (element_nbytes): their elements' sizes are unknown until decoded
+        self._chunk_nbytes = int(np.prod(self._chunk_shape, dtype=np.int64)) * element_nbytes(dtype)
         # sharding_indexed alone: partial reads fetch inner chunks, writes update them
         self._shard: ShardingCodec | None = (
             codec.ab if isinstance(codec, CodecChain) and isinstance(codec.ab, ShardingCodec)

@@ -23,6 +23,7 @@ from tensorstore_py.core.budget import ByteBudget
 from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError
 from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.dtypes import as_dtype, element_nbytes
 from tensorstore_py.drivers.grid import default_chunks
 from tensorstore_py.kvstore.base import Buffer, KvStore
 
@@ -66,9 +67,9 @@ class MetadataOptions:
         """``shape``, ``dtype`` and ``chunks`` (~2 MiB chunks when not given),
         the rank checked (InvalidArgumentError)."""
         shape = [int(s) for s in self.shape]
-        dt = np.dtype(self.dtype)
+        dt = as_dtype(self.dtype)
         chunks = [int(c) for c in (self.chunks if self.chunks is not None
-                                   else default_chunks(shape, dt.itemsize))]
+                                   else default_chunks(shape, element_nbytes(dt)))]
         if len(chunks) != len(shape):
             raise InvalidArgumentError(f"chunks {chunks} must have the rank of shape {shape}")
         return shape, dt, chunks

@@ -11,6 +11,10 @@ dimension names or attributes (a spec's metadata may carry ``dimension_names``
 and ``attributes``; they go to ``.zattrs``, not ``.zarray``), and otherwise only
 changed by ``update_attributes`` (a read-modify-write that keeps every other
 member).
+
+An ``"|O"`` array's first filter is its object codec: ``vlen-utf8`` (strings,
+read as numpy's StringDType) or ``vlen-bytes`` (an object array of bytes); it
+turns the elements into bytes (drivers/codecs/vlen.py) before the other filters.
 """
 
 from __future__ import annotations
@@ -30,9 +34,21 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.codecs import compression_compressor, v2_decoder
+from tensorstore_py.drivers.codecs._limits import decode_limit
 from tensorstore_py.drivers.codecs.base import ChunkCodec
+from tensorstore_py.drivers.codecs.vlen import decode_vlen, encode_vlen
 from tensorstore_py.drivers.documents import AttributedArray, update_json
-from tensorstore_py.drivers.dtypes import dtype_from_v2, dtype_to_v2, fill_from_v2, fill_to_v2
+from tensorstore_py.drivers.dtypes import (
+    default_fill_value,
+    dtype_from_v2,
+    dtype_to_v2,
+    element_nbytes,
+    fill_from_v2,
+    fill_key,
+    fill_to_v2,
+    v2_object_codec,
+    v2_object_dtype,
+)
 from tensorstore_py.drivers.engine import ChunkedArray, json_object
 from tensorstore_py.drivers.formats import ArrayFormat, MetadataOptions, OpenOptions, register_array_format
 from tensorstore_py.drivers.grid import default_chunks
@@ -67,32 +83,46 @@ def _codec(cfg: Any, field: str) -> numcodecs.abc.Codec:
     try:
         return numcodecs.get_codec(dict(cfg))
     except ValueError:
-        raise UnsupportedError(f"zarr metadata field {field!r}: unsupported codec {cfg['id']!r}") from None
+        raise UnsupportedError(
+            f"zarr metadata field {field!r}: unsupported codec {cfg['id']!r}; supported: the "
+            f"numcodecs codecs {', '.join(sorted(numcodecs.registry.codec_registry))}"
+        ) from None
     except TypeError as e:
         raise _err(field, f"bad configuration for codec {cfg['id']!r}: {e}") from None
 
 
 class V2ChunkCodec(ChunkCodec):
     """filters + compressor for one chunk shape; the compressor decodes through
-    its registered checked decoder (drivers/codecs/registry.py)."""
+    its registered checked decoder (drivers/codecs/registry.py). ``object_codec``
+    (``vlen-utf8``/``vlen-bytes``, an ``"|O"`` array's first filter) serialises
+    variable-length elements before ``filters``."""
 
     def __init__(self, shape: tuple[int, ...], stored: np.dtype, native: np.dtype, order: str,
-                 filters: list[Any], compressor: Any) -> None:
+                 filters: list[Any], compressor: Any, object_codec: str | None = None) -> None:
         self.shape, self.stored, self.native, self.order = shape, stored, native, order
-        self.filters, self.compressor = filters, compressor
+        self.filters, self.compressor, self.object_codec = filters, compressor, object_codec
         self._decoder = None if compressor is None else v2_decoder(compressor.codec_id)
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * stored.itemsize
-        plain = not filters and order == "C" and stored == native  # stored bytes = native C order
+        self.elements = int(np.prod(shape, dtype=np.int64))
+        self.nbytes = self.elements * stored.itemsize
+        self.limit = decode_limit(self.elements, native)
+        plain = (not filters and object_codec is None and order == "C"
+                 and stored == native)  # stored bytes = native C order
         self.raw = plain and compressor is None
+        # the compressor's output is exactly the chunk's bytes (no filter, fixed-size elements)
+        self.exact_size = not filters and object_codec is None
         self.direct = plain and self._decoder is not None and self._decoder.decodes_into
 
     def encode(self, a: np.ndarray) -> Buffer:
-        if a.dtype != self.stored:
+        if self.object_codec is None and a.dtype != self.stored:
             a = a.astype(self.stored)
         buf: Any = np.ascontiguousarray(a) if self.order == "C" else np.asfortranarray(a)
         buf = buf.reshape(-1, order=self.order)
-        if buf.dtype.kind == "V":
+        if self.object_codec is not None:
+            buf = encode_vlen(self.object_codec, buf)
+        elif buf.dtype.kind == "V":
             buf = buf.view(np.uint8)  # ml_dtypes arrays do not export buffers
+        elif buf.dtype.kind in "mM":  # nor do times: their int64s (as numcodecs sees them)
+            buf = buf.view(np.dtype("i8").newbyteorder(buf.dtype.byteorder))
         for f in self.filters:
             buf = f.encode(buf)
         if self.compressor is not None:
@@ -103,8 +133,8 @@ class V2ChunkCodec(ChunkCodec):
         direct = memoryview(out.reshape(-1).view(np.uint8)) if out is not None and self.direct else None
         if self._decoder is not None:
             buf = self._decoder.decode(
-                self.compressor, buf, key=key, size=self.nbytes if not self.filters else None,
-                limit=4 * self.nbytes + (1 << 20), out=direct,
+                self.compressor, buf, key=key, size=self.nbytes if self.exact_size else None,
+                limit=self.limit, out=direct,
             )
             if direct is not None and np.shares_memory(np.frombuffer(buf, np.uint8), out):
                 return out  # type: ignore[return-value]
@@ -113,6 +143,9 @@ class V2ChunkCodec(ChunkCodec):
                 buf = f.decode(buf)
             except Exception as e:
                 raise DataCorruptionError(f"chunk {key!r}: filter {f.codec_id!r} failed: {e}") from None
+        if self.object_codec is not None:
+            return decode_vlen(self.object_codec, buf, self.elements, key=key).reshape(
+                self.shape, order=self.order)
         a = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8) if not isinstance(buf, np.ndarray) \
             else buf.reshape(-1).view(np.uint8)
         if a.nbytes != self.nbytes:
@@ -145,7 +178,17 @@ class Parsed2:
         if n > MAX_CHUNK_ELEMENTS:
             raise _err("chunks", f"a chunk of {list(self.chunk_shape)} has {n} elements, more than {MAX_CHUNK_ELEMENTS}")
         self.stored = dtype_from_v2(meta["dtype"])
-        self.dtype = self.stored.newbyteorder("=") if self.stored.byteorder in "<>" else self.stored
+        filters = meta.get("filters") or []
+        if not isinstance(filters, list):
+            raise _err("filters", f"expected a list or null, got {filters!r}")
+        object_codec = None
+        if self.stored.kind == "O":  # the first filter says what the objects are
+            first = filters[0] if filters else None
+            object_codec = first.get("id") if isinstance(first, dict) else None
+            self.dtype = v2_object_dtype(object_codec)
+            filters = filters[1:]
+        else:
+            self.dtype = self.stored.newbyteorder("=") if self.stored.byteorder in "<>" else self.stored
         self.fill = fill_from_v2(meta.get("fill_value"), self.dtype)
         self.order = meta.get("order", "C")
         if self.order not in ("C", "F"):
@@ -153,14 +196,11 @@ class Parsed2:
         self.separator = meta.get("dimension_separator", ".")
         if self.separator not in (".", "/"):
             raise _err("dimension_separator", f"expected '.' or '/', got {self.separator!r}")
-        filters = meta.get("filters") or []
-        if not isinstance(filters, list):
-            raise _err("filters", f"expected a list or null, got {filters!r}")
         comp = meta.get("compressor")
         self.codec = V2ChunkCodec(
             self.chunk_shape, self.stored, self.dtype, self.order,
             [_codec(f, "filters") for f in filters],
-            None if comp is None else _codec(comp, "compressor"),
+            None if comp is None else _codec(comp, "compressor"), object_codec,
         )
         self.dimension_names: tuple[str | None, ...] = (None,) * len(self.shape)
 
@@ -191,7 +231,7 @@ def normalize_field2(field: str, value: Any, parsed: Parsed2) -> Any:
     if field == "dtype":
         return dtype_from_v2(value).str
     if field == "fill_value":
-        return np.array(fill_from_v2(value, parsed.dtype)).tobytes() if value is not None else None
+        return fill_key(fill_from_v2(value, parsed.dtype), parsed.dtype) if value is not None else None
     if field == "dimension_separator":
         return value or "."
     if field == "filters":
@@ -209,7 +249,7 @@ def complete_metadata2(partial: Any) -> dict[str, Any]:
     if "dtype" not in partial or "shape" not in partial:
         raise InvalidSpecError("zarr metadata fields 'shape' and 'dtype' are required to create an array")
     dt = dtype_from_v2(partial["dtype"])
-    meta = default_metadata2(dict(partial), chunk_shape=default_chunks(partial["shape"], dt.itemsize))
+    meta = default_metadata2(dict(partial), chunk_shape=default_chunks(partial["shape"], element_nbytes(dt)))
     if meta["fill_value"] is not None:
         meta["fill_value"] = fill_to_v2(fill_from_v2(meta["fill_value"], dt), dt)
     return meta
@@ -217,14 +257,18 @@ def complete_metadata2(partial: Any) -> dict[str, Any]:
 
 def build_metadata2(o: MetadataOptions) -> dict[str, Any]:
     """.zarray for ``tsp.open``'s keyword options (~2 MiB chunks by default;
-    ``compression`` as for zarr3, as a numcodecs compressor; no sharding)."""
+    ``compression`` as for zarr3, as a numcodecs compressor; no sharding).
+    Variable-length strings and bytes are ``"|O"`` with the ``vlen-utf8`` /
+    ``vlen-bytes`` filter and an explicit empty fill value, as zarr-python writes them."""
     shape, dt, chunks = o.grid()
     o.refuse_zarr3_options("zarr v2")
+    object_codec = v2_object_codec(dt)
+    fill = default_fill_value(dt) if o.fill_value is None and object_codec else o.fill_value
     meta: dict[str, Any] = {
         "zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dtype_to_v2(dt),
         "compressor": compression_compressor(o.compression, dt),
-        "fill_value": fill_to_v2(o.fill_value, dt), "order": o.order,
-        "filters": None, "dimension_separator": ".",
+        "fill_value": fill_to_v2(fill, dt), "order": o.order,
+        "filters": [{"id": object_codec}] if object_codec else None, "dimension_separator": ".",
     }
     if o.dimension_names is not None:
         meta["dimension_names"] = _dimension_names(o.dimension_names, len(shape), "dimension_names")

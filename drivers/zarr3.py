@@ -18,7 +18,19 @@ from tensorstore_py.drivers.codecs import CodecChain, compression_codecs
 from tensorstore_py.drivers.codecs.base import ArrayArrayCodec, ArrayBytesCodec, Codec
 from tensorstore_py.drivers.codecs.registry import codec_class
 from tensorstore_py.drivers.documents import AttributedArray
-from tensorstore_py.drivers.dtypes import dtype_from_v3, dtype_to_v3, fill_from_json, fill_to_json
+from tensorstore_py.drivers.dtypes import (
+    STRING_DTYPE,
+    default_fill_value,
+    dtype_from_v3,
+    dtype_to_v3,
+    element_nbytes,
+    fill_from_json,
+    fill_key,
+    fill_to_json,
+    has_byte_order,
+    is_ml_dtype,
+    is_variable_length,
+)
 from tensorstore_py.drivers.engine import ChunkedArray, json_object
 from tensorstore_py.drivers.formats import ArrayFormat, MetadataOptions, register_array_format
 from tensorstore_py.drivers.grid import default_chunks
@@ -82,15 +94,25 @@ def _key_encoding(enc: Any) -> tuple[str, str]:
 
 
 def default_fill(dt: np.dtype) -> Any:
+    """The JSON fill value of a new array that names none (zarr-python's defaults:
+    zero, NaT for times, empty strings and bytes)."""
     if dt.kind == "b":
         return False
     if dt.kind == "c":
         return [0.0, 0.0]
-    return 0 if dt.kind in "iu" else 0.0
+    if dt.kind in "iu":
+        return 0
+    if dt.kind == "f" or is_ml_dtype(dt):
+        return 0.0
+    return fill_to_json(default_fill_value(dt), dt)
 
 
 def default_codecs(dt: np.dtype) -> list[dict[str, Any]]:
-    if dt.itemsize == 1:
+    """The serializer zarr-python writes for ``dt``: ``bytes`` (with an endianness
+    where it matters) or, for variable-length types, ``vlen-utf8``/``vlen-bytes``."""
+    if is_variable_length(dt):
+        return [{"name": "vlen-utf8" if dt == STRING_DTYPE else "vlen-bytes", "configuration": {}}]
+    if not has_byte_order(dt):
         return [{"name": "bytes"}]
     return [{"name": "bytes", "configuration": {"endian": "little"}}]
 
@@ -200,7 +222,7 @@ def normalize_field(field: str, value: Any, parsed: Parsed) -> Any:
     if field == "chunk_grid":
         return _chunk_shape(value, len(parsed.shape))
     if field == "fill_value":
-        return np.array(fill_from_json(value, parsed.dtype), dtype=parsed.dtype).tobytes()
+        return fill_key(fill_from_json(value, parsed.dtype), parsed.dtype)
     if field == "codecs":
         value = with_serializer(value, parsed.dtype)
         return CodecChain.from_json(value, parsed.chunk_shape, parsed.dtype, parsed.fill).to_json()
@@ -215,15 +237,22 @@ def normalize_field(field: str, value: Any, parsed: Parsed) -> Any:
 
 def complete_metadata(partial: Any) -> dict[str, Any]:
     """A creatable document from a partial one: defaults filled in, the fill
-    value normalised to JSON, a ``bytes`` serializer added where missing."""
+    value normalised to JSON, a ``bytes`` serializer added where missing, an
+    explicit ``configuration`` on ``numcodecs.*`` entries (zarr-python requires it)."""
     if "data_type" not in partial or "shape" not in partial:
         raise InvalidSpecError(
             "zarr3 metadata fields 'shape' and 'data_type' are required to create an array"
         )
     dt = dtype_from_v3(partial["data_type"])
-    meta = default_metadata(dict(partial), chunk_shape=default_chunks(partial["shape"], dt.itemsize))
+    meta = default_metadata(dict(partial), chunk_shape=default_chunks(partial["shape"], element_nbytes(dt)))
     meta["fill_value"] = fill_to_json(fill_from_json(meta["fill_value"], dt), dt)
     meta["codecs"] = with_serializer(meta["codecs"], dt)
+    if isinstance(meta["codecs"], list):
+        meta["codecs"] = [
+            {**c, "configuration": c.get("configuration") or {}}
+            if isinstance(c, dict) and str(c.get("name", "")).startswith("numcodecs.") else c
+            for c in meta["codecs"]
+        ]
     return meta
 
 
@@ -256,7 +285,7 @@ def build_metadata(o: MetadataOptions) -> dict[str, Any]:
         "data_type": dtype_to_v3(dt),
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": fill_to_json(0 if o.fill_value is None else o.fill_value, dt),
+        "fill_value": default_fill(dt) if o.fill_value is None else fill_to_json(o.fill_value, dt),
         "codecs": codecs,
     }
     if o.dimension_names is not None:

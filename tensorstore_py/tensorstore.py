@@ -33,6 +33,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.future import Future, ready, spawn
 from tensorstore_py.drivers.base import ArrayDriver
+from tensorstore_py.drivers.dtypes import as_dtype, is_variable_length
 from tensorstore_py.drivers.formats import array_format, array_formats, detect_format
 from tensorstore_py.drivers.groups import not_an_array_error
 from tensorstore_py.drivers.open import build_metadata, open_driver
@@ -446,7 +447,7 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     onto the result are read straight into it.
     """
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if n < _ALIGN_MIN_BYTES:
+    if n < _ALIGN_MIN_BYTES or is_variable_length(dtype):  # strings/bytes: pointers, not data
         return np.empty(shape, dtype)
     return aligned_empty(shape, dtype)
 
@@ -544,7 +545,7 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
                 raise InvalidArgumentError("open(create=True): shape= and dtype= are required")
         else:
             built = build_metadata(spec["driver"], shape=tuple(given.pop("shape")),
-                                   dtype=np.dtype(given.pop("dtype")), order=order, **given)
+                                   dtype=as_dtype(given.pop("dtype")), order=order, **given)
             built.update(meta)  # explicit metadata fields win
             spec["metadata"] = built
     drv = await open_driver(spec, create=create, open=open_, delete_existing=delete_existing,
@@ -571,7 +572,7 @@ def _check_matches(drv: ArrayDriver, given: dict[str, Any], where: Any) -> None:
     for field, want in given.items():
         if field not in found:
             continue  # codecs/compression/fill_value: the metadata document is the authority
-        want_n = np.dtype(want) if field == "dtype" else tuple(want)
+        want_n = as_dtype(want) if field == "dtype" else tuple(want)
         if found[field] != want_n:
             raise InvalidSpecError(
                 f"open {where}: the stored array has {field}={found[field]}, expected {want_n}"

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.core.errors import InvalidArgumentError
+from tensorstore_py.drivers.dtypes import as_variable_length, is_variable_length
 from tensorstore_py.indexing import IndexDomain
 
 __all__ = ["broadcast_value", "cast_value"]
@@ -22,6 +23,9 @@ def cast_value(value: Any, dtype: np.dtype) -> np.ndarray:
     Python scalars and lists are weakly typed (as in numpy's NEP 50): a Python
     int may go into any integer dtype if it fits.
     """
+    if is_variable_length(dtype):  # lists as objects: "U"/"S" arrays would drop trailing NULs
+        src = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=object)
+        return as_variable_length(src, dtype)
     if isinstance(value, np.ndarray) and value.dtype == dtype:
         return value
     weak = isinstance(value, (_WEAK, list, tuple))

@@ -14,7 +14,11 @@ from tensorstore_py.drivers.codecs.base import BytesBytesCodec, ChunkSpec
 from tensorstore_py.drivers.open import build_metadata
 from tensorstore_py.errors import InvalidArgumentError, UnsupportedError
 
-BUILTIN = ["blosc", "bytes", "crc32c", "gzip", "sharding_indexed", "transpose", "zstd"]
+NUMCODECS = ["adler32", "astype", "bitround", "blosc", "bz2", "crc32", "crc32c", "delta",
+             "fixedscaleoffset", "fletcher32", "gzip", "jenkins_lookup3", "lz4", "lzma", "packbits",
+             "quantize", "shuffle", "zlib", "zstd"]
+BUILTIN = ["blosc", "bytes", "crc32c", "gzip", *(f"numcodecs.{n}" for n in NUMCODECS),
+           "sharding_indexed", "transpose", "vlen-bytes", "vlen-utf8", "zstd"]
 
 
 def test_every_builtin_codec_is_registered() -> None:

@@ -14,6 +14,11 @@ Modules:
 * ``blosc_codec``   ``blosc``; zarr v2 ``blosc``; ``compression="blosc"``
 * ``crc32c_codec``  ``crc32c``
 * ``lz4_v2``        zarr v2 ``lz4`` (no zarr3 codec)
+* ``bz2_lzma``      zarr v2 ``bz2`` and ``lzma``, decoded with a cap on the output
+* ``vlen``          ``vlen-utf8``, ``vlen-bytes`` (strings, bytes); the zarr v2
+                    object codecs of the same ids
+* ``numcodecs_family``  ``numcodecs.*`` (delta, zlib, bz2, shuffle, fletcher32, ...),
+                    delegated to numcodecs, decoded through the checked decoders
 * ``sharding``      ``sharding_indexed`` (inner chunks plus an index)
 * ``_limits``       size checks shared by the decompressors
 
@@ -25,11 +30,14 @@ a codec is one new module plus one import line here.
 from tensorstore_py.drivers.codecs import (  # noqa: F401  (imported to register)
     blosc_codec,
     bytes_codec,
+    bz2_lzma,
     crc32c_codec,
     gzip_codec,
     lz4_v2,
+    numcodecs_family,
     sharding,
     transpose,
+    vlen,
     zstd_codec,
 )
 from tensorstore_py.drivers.codecs.chain import CodecChain

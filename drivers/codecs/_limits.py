@@ -4,8 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tensorstore_py.core.errors import DataCorruptionError
+from tensorstore_py.drivers.dtypes import is_variable_length
 from tensorstore_py.kvstore.base import Buffer
+
+#: the most a variable-length chunk (strings, bytes) may decode to: its size is
+#: not known in advance, so a decompressor stops here instead
+MAX_VLEN_CHUNK_BYTES = 1 << 30
+
+
+def decode_limit(elements: int, dtype: np.dtype) -> int:
+    """The most bytes any decoding stage of a chunk of ``elements`` of ``dtype``
+    may produce: generous for fixed-size types (4x the chunk + 1 MiB), a fixed
+    cap (MAX_VLEN_CHUNK_BYTES) for variable-length ones."""
+    if is_variable_length(dtype):
+        return MAX_VLEN_CHUNK_BYTES
+    return 4 * elements * dtype.itemsize + (1 << 20)
 
 
 def check_size(codec: str, key: str, found: int, size: int | None, limit: int) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs.base import ArrayBytesCodec, ChunkSpec
 from tensorstore_py.drivers.codecs.registry import register_codec
+from tensorstore_py.drivers.dtypes import has_byte_order, is_variable_length
 from tensorstore_py.kvstore.base import Buffer
 
 
@@ -30,8 +31,13 @@ class BytesCodec(ArrayBytesCodec):
         unknown = set(config) - {"endian"}
         if unknown:
             raise InvalidSpecError(f"bytes codec: unknown configuration fields {sorted(unknown)}")
+        if is_variable_length(dtype):
+            raise InvalidSpecError(
+                f"bytes codec: cannot encode the variable-length type {dtype} (use 'vlen-utf8' "
+                "for strings, 'vlen-bytes' for bytes)"
+            )
         endian = config.get("endian")
-        if endian is None and dtype.itemsize > 1 and dtype.kind != "b":
+        if endian is None and has_byte_order(dtype):
             raise InvalidSpecError(
                 f"bytes codec: 'endian' is required for the {dtype.itemsize}-byte type {dtype}"
             )
@@ -43,17 +49,14 @@ class BytesCodec(ArrayBytesCodec):
         return {"name": "bytes", "configuration": {"endian": self.endian}}
 
     def _stored(self, dtype: np.dtype) -> np.dtype:
-        if dtype.itemsize == 1 or self.endian is None:
+        if not has_byte_order(dtype) or self.endian is None:
             return dtype
         if dtype.kind == "V" or dtype.byteorder == "|":  # ml_dtypes are native-only
             return dtype
         return dtype.newbyteorder("<" if self.endian == "little" else ">")
 
     def needs_swap(self, dtype: np.dtype) -> bool:
-        return (
-            dtype.itemsize > 1 and self.endian is not None
-            and self.endian != sys.byteorder
-        )
+        return has_byte_order(dtype) and self.endian is not None and self.endian != sys.byteorder
 
     def stores_native(self, dtype: np.dtype) -> bool:
         return not self.needs_swap(dtype)

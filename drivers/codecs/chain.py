@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
+from tensorstore_py.drivers.codecs._limits import decode_limit
 from tensorstore_py.drivers.codecs.base import (
     ArrayArrayCodec,
     ArrayBytesCodec,
@@ -64,7 +65,7 @@ class CodecChain(ChunkCodec):
             s, d = c.resolve(s, d)
         self.ab_shape, self.ab_dtype = s, d
         # decode limit for variable-size stages: generous, but bounded
-        self.limit = 4 * self.nbytes + (1 << 20)
+        self.limit = decode_limit(int(np.prod(shape, dtype=np.int64)), dtype)
         size = ab.encoded_size(s, d)
         self.bb_sizes: list[int | None] = []  # decoded size of each bytes->bytes stage
         for c in self.bb:

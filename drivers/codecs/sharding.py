@@ -21,6 +21,7 @@ from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
 from tensorstore_py.drivers.codecs.base import ArrayBytesCodec, ChunkSpec
 from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.codecs.registry import register_codec
+from tensorstore_py.drivers.dtypes import is_variable_length
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.kvstore.base import Buffer, ByteRange
 
@@ -33,6 +34,8 @@ def is_fill(a: np.ndarray, fill: np.ndarray) -> bool:
     """True when every element of ``a`` has the bit pattern of ``fill`` (0-d array)."""
     if a.size == 0:
         return True
+    if is_variable_length(a.dtype):  # strings/bytes: compare values, memory holds pointers
+        return bool((a == fill).all())
     size = a.dtype.itemsize
     if size in (1, 2, 4, 8):
         u = np.dtype(f"u{size}")
@@ -41,8 +44,11 @@ def is_fill(a: np.ndarray, fill: np.ndarray) -> bool:
         if a[(slice(0, 1),) * a.ndim].view(u).reshape(-1)[0] != fv:
             return False
         return bool((np.ascontiguousarray(a).view(u) == fv).all())
-    u8 = np.ascontiguousarray(a).reshape(-1).view(np.uint64).reshape(-1, size // 8)
-    return bool((u8 == fill.reshape(1).view(np.uint64)).all())
+    if size % 8 == 0:
+        u8 = np.ascontiguousarray(a).reshape(-1).view(np.uint64).reshape(-1, size // 8)
+        return bool((u8 == fill.reshape(1).view(np.uint64)).all())
+    b = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(-1, size)  # e.g. S5, <U3
+    return bool((b == np.frombuffer(fill.tobytes(), np.uint8)).all())
 
 
 @register_codec

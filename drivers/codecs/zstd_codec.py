@@ -85,7 +85,10 @@ def zstd_decode(z: Zstd, buf: Buffer, *, key: str, size: int | None, limit: int,
             if out is not None and len(out) == declared:
                 return _nz.decompress(mv, out)
             return _nz.decompress(mv)
-        res = z.decode(mv)  # no declared size: numcodecs streams it
+        if size is not None:  # no declared size: decode into exactly the expected size
+            dest = out if out is not None and len(out) == size else bytearray(size)
+            return _nz.decompress(mv, dest)  # numcodecs stops at the end of dest
+        res = z.decode(mv)  # neither size known: numcodecs streams it (limit checked after)
     except DataCorruptionError:
         raise
     except Exception as e:  # numcodecs raises RuntimeError/ValueError

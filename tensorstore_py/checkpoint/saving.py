@@ -46,7 +46,7 @@ from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, s
 from tensorstore_py.core.budget import ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
 from tensorstore_py.core.pools import run_io
-from tensorstore_py.drivers.dtypes import dtype_to_v3
+from tensorstore_py.drivers.dtypes import dtype_to_v3, is_variable_length
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
 
@@ -109,12 +109,20 @@ def _scalar_json(x: Any) -> dict[str, Any]:
     return {"py": "bytes", "v": bytes(x).hex()}
 
 
-def _storable(dtype: np.dtype) -> bool:
+def _check_storable(path: str, dtype: Any) -> None:
+    """InvalidArgumentError unless leaves of ``dtype`` can be stored as raw chunks."""
+    dtype = np.dtype(dtype)
     try:
         dtype_to_v3(dtype)
-        return True
+        ok = not is_variable_length(dtype)  # raw bytes: no strings or objects (pointers)
     except Exception:
-        return False
+        ok = False
+    if not ok:
+        raise InvalidArgumentError(
+            f"checkpoint leaf {path}: dtype {dtype} can not be stored (expected bool, "
+            "integer, float, complex, bfloat16, float8, datetime64/timedelta64 or fixed-size "
+            "U/S/V)"
+        )
 
 
 def snapshot(
@@ -143,6 +151,7 @@ def snapshot(
                 entry["sharding"] = sharding
         elif isinstance(leaf, (np.ndarray, np.generic)) or process_local:
             arr = np.asarray(leaf)
+            _check_storable(path, arr.dtype)  # before copying it
             shape, dtype, shard_shape = arr.shape, arr.dtype, arr.shape
             entry["kind"] = (
                 "jax" if process_local else "numpy" if isinstance(leaf, np.ndarray) else "numpy_scalar"
@@ -158,11 +167,7 @@ def snapshot(
                 "expected jax.Array, numpy array/scalar or python scalar"
             )
         dtype = np.dtype(dtype)
-        if not _storable(dtype):
-            raise InvalidArgumentError(
-                f"checkpoint leaf {path}: dtype {dtype} can not be stored (expected bool, "
-                "integer, float, complex, bfloat16 or float8)"
-            )
+        _check_storable(path, dtype)
         cshape = chunk_shape_for(tuple(shard_shape), dtype.itemsize, target_bytes=options.target_chunk_bytes)
         key = f"a/{i}"
         entry.update(dtype=dtype_to_v3(dtype), shape=list(shape), chunk_shape=list(cshape), key=key)
