@@ -96,6 +96,15 @@ class ArrayDriver(ABC):
         straight into it and it is returned.
         """
 
+    #: True when :meth:`read_blocking` may be used (the store's I/O is cheap blocking calls)
+    reads_blocking: bool = False
+
+    def read_blocking(self, index: Index, out: np.ndarray) -> np.ndarray:
+        """``read`` on the calling thread (it blocks; pool threads may help), for
+        drivers whose ``reads_blocking`` is True: no event loop round trips.
+        Same results and guarantees as :meth:`read`."""
+        raise UnsupportedError(f"{type(self).__name__}: no blocking read")
+
     @abstractmethod
     async def write(self, index: Index, value: np.ndarray) -> None:
         """Write ``value`` (exact shape of ``index``, dtype == ``self.dtype``)."""

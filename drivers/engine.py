@@ -172,15 +172,10 @@ class ChunkedArray(ArrayDriver):
     def encode_metadata(meta: dict[str, Any]) -> bytes:
         """The stored bytes of a metadata document."""
 
-    @staticmethod
-    def is_array_document(doc: dict[str, Any]) -> bool:
-        """False for a stored metadata document that describes no array (a group)."""
-        return True
-
-    @staticmethod
-    def create_into(doc: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
-        """A new array's document where a group's ``doc`` is stored (None: refused)."""
-        return None
+    # drivers/open.py::DocumentFormat: every stored document is an array's, and
+    # none is created into a group's document
+    is_array_document = staticmethod(lambda doc: True)
+    create_into = staticmethod(lambda doc, meta: None)
 
     @classmethod
     def decode_metadata(cls, raw: Any) -> dict[str, Any]:
@@ -283,16 +278,31 @@ class ChunkedArray(ArrayDriver):
         return index
 
     # -- reading -------------------------------------------------------------------
-    async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
-        index = self._check_index(index)
+    def _out(self, index: Index, out: np.ndarray | None) -> np.ndarray:
         shape = out_shape(index)
         if out is None:
-            out = np.empty(shape, dtype=self._dtype)
-        elif out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
+            return np.empty(shape, dtype=self._dtype)
+        if out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
             raise InvalidArgumentError(
                 f"out must be a writeable {self._dtype} array of shape {shape}, "
                 f"got {out.dtype} {out.shape}"
             )
+        return out
+
+    @property
+    def reads_blocking(self) -> bool:  # type: ignore[override]
+        return self._cache is None and has_sync_io(self.kvstore)
+
+    def read_blocking(self, index: Index, out: np.ndarray) -> np.ndarray:
+        index = self._check_index(index)
+        out = self._out(index, out)
+        if out.size:
+            fastpath.read_blocking(self, self.kvstore, index, out, tasks=self._sync_read_tasks())
+        return out
+
+    async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
+        index = self._check_index(index)
+        out = self._out(index, out)
         if out.size == 0:
             return out
         target = out

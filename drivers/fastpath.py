@@ -22,13 +22,14 @@ import numpy as np
 
 from tensorstore_py.core.buffers import aligned_empty
 from tensorstore_py.core.errors import ConditionFailedError
+from tensorstore_py.core.future import submit_blocking
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.kvstore.base import ByteRange, KvStore, ReadResult
 
-__all__ = ["ChunkOps", "batches", "has_sync_io", "read_batch", "read_prepared_batch", "write_batch"]
+__all__ = ["ChunkOps", "batches", "has_sync_io", "read_batch", "read_blocking", "read_prepared_batch", "write_batch"]
 
 T = TypeVar("T")
 
@@ -44,6 +45,7 @@ class ChunkOps(Protocol):
     _codec: ChunkCodec
     _shard: ShardingCodec | None  # the array's codec is sharding_indexed alone
     _chunk_shape: tuple[int, ...]
+    _shape: tuple[int, ...]
     _chunk_nbytes: int
     _dtype: np.dtype
     _fill_arr: np.ndarray
@@ -79,6 +81,36 @@ def batches(parts: Iterable[T], chunk_nbytes: int, *,
             batch = []
     if batch:
         yield batch
+
+
+def read_blocking(arr: ChunkOps, kv: Any, index: tuple[slice, ...], out: np.ndarray, *, tasks: int) -> None:
+    """Read ``index`` into ``out`` from the calling thread: the batches are dealt
+    round-robin into up to ``tasks`` groups; the caller reads one group and
+    ``submit_blocking`` jobs the others (a job no pool thread has started yet is
+    run by the caller when it waits for it, so helpers never deadlock a full
+    pool). No event loop round trip: on a busy machine every thread hand-off
+    waits for a CPU, and a small read (a crop, a plane) is mostly hand-offs.
+    Memory in flight: ``tasks`` batches (each ~BATCH_BYTES of chunks)."""
+    todo = list(batches(chunk_parts(index, arr._chunk_shape, arr._shape), arr._chunk_nbytes))
+    k = max(1, min(tasks, len(todo)))
+
+    def run(group: list[list[ChunkPart]]) -> None:
+        for b in group:
+            read_batch(arr, kv, b, out)
+
+    helpers = [submit_blocking(run, todo[i::k]) for i in range(1, k)]
+    failed: BaseException | None = None
+    try:
+        run(todo[::k])
+    except BaseException as e:  # the helpers still write into out: wait for them first
+        failed = e
+    for h in helpers:
+        try:
+            h.result()
+        except BaseException as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed
 
 
 def read_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:

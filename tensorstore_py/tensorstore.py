@@ -31,7 +31,7 @@ from tensorstore_py.core.errors import (
     NotFoundError,
     UnsupportedError,
 )
-from tensorstore_py.core.future import Future, ready, spawn
+from tensorstore_py.core.future import Future, ready, spawn, submit_blocking
 from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.dtypes import as_dtype, is_variable_length
 from tensorstore_py.drivers.formats import array_format, array_formats, detect_format
@@ -281,10 +281,16 @@ class TensorStore:
         plan = self._get_plan()
         if plan.empty:
             return ready(np.zeros(plan.shape, self.dtype))
+        if self._driver.reads_blocking:  # local files: no event loop round trips
+            return submit_blocking(self._read_blocking, plan)
         return spawn(self._read(plan))
 
     async def _read(self, plan: Plan) -> np.ndarray:
         box = await self._driver.read(plan.index, out=_aligned_empty(plan.box_shape, self.dtype))
+        return plan.to_view(box)
+
+    def _read_blocking(self, plan: Plan) -> np.ndarray:
+        box = self._driver.read_blocking(plan.index, _aligned_empty(plan.box_shape, self.dtype))
         return plan.to_view(box)
 
     def write(self, value: Any) -> Future[None]:

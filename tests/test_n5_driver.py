@@ -260,3 +260,19 @@ def test_http_reads(tmp_path: Path, serve_app: Callable) -> None:
     a = tsp.open(f"{server.url}/data/vol/").result()
     assert a.driver.driver == "n5"
     assert np.array_equal(a[2:11, ::2, 3].read().result(), data[2:11, ::2, 3])
+
+
+def test_corrupt_block_in_a_many_block_read_names_it(tmp_path: Path) -> None:
+    """The blocking read path (local files) spreads a read over helper threads:
+    an error in any of them reaches the caller, after every helper is done."""
+    from tensorstore_py.core.errors import DataCorruptionError
+
+    data = sample("uint16", (40, 30, 6), seed=5)
+    a = tsp_create(tmp_path, "uint16", "gzip", shape=(40, 30, 6), block=(4, 3, 2))
+    a.write(data).result()
+    assert a.driver.reads_blocking
+    assert np.array_equal(a.read().result(), data)
+    (tmp_path / "7/5/1").write_bytes((tmp_path / "7/5/1").read_bytes()[:20])  # truncated gzip
+    with pytest.raises(DataCorruptionError, match="7/5/1"):
+        a.read().result()
+    assert np.array_equal(a[:28].read().result(), data[:28])  # the rest still reads
