@@ -31,7 +31,8 @@ from tensorstore_py.core.errors import (
     NotFoundError,
     UnsupportedError,
 )
-from tensorstore_py.core.future import Future, ready, spawn, submit_blocking
+from tensorstore_py.core.future import Future, ready, spawn
+from tensorstore_py.core.pools import io_pool
 from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.dtypes import as_dtype, is_variable_length
 from tensorstore_py.drivers.formats import array_format, array_formats, detect_format
@@ -281,8 +282,10 @@ class TensorStore:
         plan = self._get_plan()
         if plan.empty:
             return ready(np.zeros(plan.shape, self.dtype))
-        if self._driver.reads_blocking:  # local files: no event loop round trips
-            return submit_blocking(self._read_blocking, plan)
+        if self._driver.reads_blocking:
+            # local files: no event loop round trips; on a pool thread, not the
+            # caller's (numcodecs' blosc spins up its own threads on the main thread)
+            return Future(io_pool().submit(self._read_blocking, plan))
         return spawn(self._read(plan))
 
     async def _read(self, plan: Plan) -> np.ndarray:
