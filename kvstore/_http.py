@@ -31,8 +31,18 @@ retries once.
 A request whose response was lost may still have taken effect on the server:
 retrying is harmless for reads and plain overwrites, but a retried
 *conditional* write can come back as "precondition failed" although the first
-attempt landed. :attr:`Response.attempt` tells a first-attempt answer from a
-possibly-landed retry.
+attempt landed. :attr:`Response.maybe_applied` says whether an earlier attempt
+may have reached the server and taken effect (a dropped connection, a
+truncated answer, a timeout, a 500/502/504); an attempt that the server
+refused outright (408, 429, 503, or a status the store names in
+``retry_statuses``) did not. :mod:`~tensorstore_py.kvstore._objstore` turns
+that into a result: the write-id read back, or
+:class:`~tensorstore_py.errors.CommitOutcomeUnknownError`.
+
+A host name that does not resolve (``EAI_NONAME``: no network, or a wrong
+endpoint) is not transient: it fails at once with a StorageError that names
+the host and the credentials in use. A temporary resolver failure
+(``EAI_AGAIN``) is retried like any connection error.
 
 **Ranged reads**: :func:`range_header` and :func:`partial_body` (checks a
 ``206`` answer against its ``Content-Range``).
@@ -45,12 +55,13 @@ import atexit
 import email.utils
 import json
 import os
+import socket
 import threading
 import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import aiohttp
 import yarl
@@ -60,9 +71,12 @@ from tensorstore_py.core.ranges import Buffer, ByteRange
 from tensorstore_py.core.retry import RetryPolicy, with_retries
 
 __all__ = [
+    "NOT_APPLIED_STATUS",
     "Auth",
     "HttpClient",
     "Response",
+    "RetriesExhaustedError",
+    "RetriesSpec",
     "TransientHttpError",
     "client_session",
     "is_retryable_status",
@@ -72,10 +86,19 @@ __all__ = [
     "range_header",
     "retries_spec",
     "retry_policy",
+    "unresolvable_host",
 ]
 
 #: HTTP statuses worth retrying: timeout, too many requests, server errors.
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+#: retryable answers that say the request was not carried out (the server refused
+#: it before acting); 500/502/504 may come after the request took effect
+NOT_APPLIED_STATUS = frozenset({408, 429, 503})
+#: getaddrinfo errors that mean "this name does not exist" (retrying will not help)
+_PERMANENT_DNS_ERRORS = frozenset(
+    getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA", "EAI_SERVICE")
+    if hasattr(socket, name)
+)
 
 
 def is_retryable_status(status: int) -> bool:
@@ -89,14 +112,42 @@ class TransientHttpError(Exception):
     ``retry_after`` is the server's Retry-After hint in seconds, if it sent one.
     """
 
-    def __init__(self, status: int, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, retry_after: float | None = None,
+        applied: bool | None = None,
+    ) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.retry_after = retry_after
+        #: False when the server refused the request without acting on it
+        self.not_applied = status in NOT_APPLIED_STATUS if applied is None else not applied
+
+
+class RetriesExhaustedError(StorageError):
+    """Every attempt of a request failed transiently. ``maybe_applied``: one of them
+    may have taken effect on the server all the same."""
+
+    def __init__(self, message: str, *, maybe_applied: bool) -> None:
+        super().__init__(message)
+        self.maybe_applied = maybe_applied
+
+
+def unresolvable_host(exc: BaseException) -> str | None:
+    """The host name of a DNS failure that retrying will not fix (the name does not
+    exist), else None. A temporary resolver failure is not one."""
+    if not isinstance(exc, aiohttp.ClientConnectorError):
+        return None
+    cause = exc.os_error
+    if isinstance(cause, socket.gaierror) and cause.errno in _PERMANENT_DNS_ERRORS:
+        return str(exc.host)
+    return None
 
 
 def is_transient(exc: BaseException) -> bool:
-    """The retry predicate: transient HTTP answers, connection trouble, timeouts."""
+    """The retry predicate: transient HTTP answers, connection trouble, timeouts
+    (not a host name that does not exist)."""
+    if unresolvable_host(exc) is not None:
+        return False
     # ClientConnectionError covers refused/reset connections and server disconnects;
     # ClientPayloadError a body cut short; ConnectionError e.g. an unreachable token
     # endpoint. An HTTP status is classified where the answer is read (TransientHttpError).
@@ -125,6 +176,14 @@ def parse_retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+class RetriesSpec(TypedDict, total=False):
+    """The ``retries`` field of a remote store's spec (each field optional)."""
+
+    max_attempts: int
+    initial_delay: float
+    max_delay: float
 
 
 def retry_policy(value: Mapping[str, Any] | RetryPolicy | None, default: RetryPolicy) -> RetryPolicy:
@@ -234,15 +293,20 @@ class Auth(Protocol):
         """Headers to add to this attempt of the request (asked on every attempt)."""
         ...
 
-    def invalidate(self) -> bool:
-        """Drop cached credentials after an HTTP 401; True when one retry with fresh
-        ones may succeed."""
+    def invalidate(self, status: int) -> bool:
+        """Drop cached credentials after an HTTP 401/403 answer (``status``); True
+        when one retry with fresh ones may succeed."""
+        ...
+
+    def describe(self) -> str:
+        """Which credentials the requests carry, for error messages (no secrets)."""
         ...
 
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """A non-retryable answer. ``attempt`` > 1 when earlier attempts failed (a
+    """A non-retryable answer. ``attempt`` > 1 when earlier attempts failed;
+    ``maybe_applied`` when one of those may have taken effect on the server (a
     conditional write may then have landed already)."""
 
     status: int
@@ -250,6 +314,7 @@ class Response:
     headers: Mapping[str, str]
     body: bytes
     attempt: int
+    maybe_applied: bool = False
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -282,15 +347,6 @@ class HttpClient:
             weakref.WeakKeyDictionary()
         )
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_sems"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._sems = weakref.WeakKeyDictionary()
-
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         sem = self._sems.get(loop)
@@ -305,34 +361,85 @@ class HttpClient:
         *,
         what: str,
         headers: Mapping[str, str] | None = None,
-        data: bytes | None = None,
+        data: Buffer | None = None,
+        retry_statuses: frozenset[int] = frozenset(),
+        retries: RetryPolicy | None = None,
     ) -> Response:
         """Send the request, retrying transient failures; returns the first
-        non-retryable answer. ``what`` names the operation in errors."""
+        non-retryable answer. ``what`` names the operation in errors.
+
+        ``retry_statuses``: further statuses that mean "not carried out, try
+        again" for this request (e.g. S3's 409 ConditionalRequestConflict).
+        ``retries`` overrides the client's policy for this request.
+        """
+        maybe_applied = False
 
         async def attempt(n: int) -> Response:
-            async with self._semaphore():
-                hdrs = dict(headers or {})
-                if self.auth is not None:
-                    hdrs.update(await self.auth.headers(method, url, hdrs, data))
-                timeout = {} if self.timeout is None else {"timeout": self.timeout}
-                async with client_session().request(
-                    method, url, headers=hdrs, data=data, **timeout
-                ) as resp:
-                    body = await resp.read() if method != "HEAD" else b""
-                    status, reason = resp.status, resp.reason or ""
-                    if status == 401 and n == 1 and self.auth is not None and self.auth.invalidate():
-                        raise TransientHttpError(status, "unauthorized; refreshing credentials")
-                    if is_retryable_status(status):
-                        text = body[:200].decode("utf-8", "replace").strip()
-                        raise TransientHttpError(
-                            status,
-                            f"{reason}: {text}" if text else reason,
-                            retry_after=parse_retry_after(resp.headers.get("Retry-After")),
-                        )
-                    return Response(status, reason, resp.headers, body, n)
+            nonlocal maybe_applied
+            try:
+                return await self._attempt(method, url, n, headers, data, retry_statuses,
+                                           maybe_applied)
+            except TransientHttpError as e:
+                maybe_applied = maybe_applied or not e.not_applied
+                raise
+            except Exception as e:
+                host = unresolvable_host(e)
+                if host is not None:
+                    raise StorageError(
+                        f"{what}: cannot resolve host {host!r} ({e.os_error}); not retried "
+                        f"(no network, or a wrong endpoint?); credentials: {self.describe_auth()}"
+                    ) from e
+                if is_transient(e):
+                    maybe_applied = True  # the request may have reached the server
+                raise
 
-        return await with_retries(attempt, what=what, policy=self.retries, retry_on=is_transient)
+        try:
+            return await with_retries(
+                attempt, what=what, policy=retries or self.retries, retry_on=is_transient
+            )
+        except StorageError as e:
+            if type(e) is not StorageError or not isinstance(e.__cause__, Exception) \
+                    or not is_transient(e.__cause__):
+                raise  # not the "attempts used up" error of with_retries
+            raise RetriesExhaustedError(str(e), maybe_applied=maybe_applied) from e.__cause__
+
+    def describe_auth(self) -> str:
+        """The credentials of this client's requests, in words."""
+        return "none" if self.auth is None else self.auth.describe()
+
+    async def _attempt(
+        self,
+        method: str,
+        url: str | yarl.URL,
+        n: int,
+        headers: Mapping[str, str] | None,
+        data: Buffer | None,
+        retry_statuses: frozenset[int],
+        maybe_applied: bool,
+    ) -> Response:
+        async with self._semaphore():
+            hdrs = dict(headers or {})
+            if self.auth is not None:
+                hdrs.update(await self.auth.headers(method, url, hdrs, data))
+            timeout = {} if self.timeout is None else {"timeout": self.timeout}
+            async with client_session().request(
+                method, url, headers=hdrs, data=data, **timeout
+            ) as resp:
+                body = await resp.read() if method != "HEAD" else b""
+                status, reason = resp.status, resp.reason or ""
+                if status in (401, 403) and n == 1 and self.auth is not None \
+                        and self.auth.invalidate(status):
+                    raise TransientHttpError(status, "unauthorized; refreshing credentials",
+                                             applied=False)
+                if is_retryable_status(status) or status in retry_statuses:
+                    text = body[:200].decode("utf-8", "replace").strip()
+                    raise TransientHttpError(
+                        status,
+                        f"{reason}: {text}" if text else reason,
+                        retry_after=parse_retry_after(resp.headers.get("Retry-After")),
+                        applied=False if status in retry_statuses else None,
+                    )
+                return Response(status, reason, resp.headers, body, n, maybe_applied)
 
 
 # -- ranged reads ------------------------------------------------------------------------

@@ -20,12 +20,18 @@ Guarantees every store gives (a store that can not give one raises
 * Keys are relative to the store's ``path``; they are validated (no empty key, no
   absolute key, no ``.``/``..`` segment, no empty segment, no NUL) so nothing
   escapes the root.
+* A store pickles as its spec and reopens in the receiving process with its own
+  sessions, locks and caches (:meth:`KvStore.__reduce__`); a store that can not
+  be reopened elsewhere raises :class:`~tensorstore_py.errors.UnsupportedError`
+  when it is pickled. ``copy.copy`` and ``copy.deepcopy`` give another handle on
+  the same data (never a copy of the data).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -40,9 +46,9 @@ from tensorstore_py.core.errors import (
     ReadOnlyError,
     UnsupportedError,
 )
-from tensorstore_py.core.future import Future, spawn, submit_blocking
+from tensorstore_py.core.future import Future, run_sync, spawn, submit_blocking
 from tensorstore_py.core.ranges import Buffer, ByteRange, coalesce
-from tensorstore_py.kvstore.registry import open_kvstore
+from tensorstore_py.kvstore.registry import driver_class, open_kvstore
 
 __all__ = [
     "BlockingRead",
@@ -246,6 +252,28 @@ class KvStore(ABC):
     def _identity(self) -> Any:
         """What makes two instances the same store (default: the spec)."""
         return json.dumps(self.spec(), sort_keys=True)
+
+    # -- pickling and copying ---------------------------------------------------
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as the spec: the receiving process reopens the store with its own
+        sessions, locks and caches (nothing of this process travels).
+
+        Stores that can not be reopened elsewhere override this to raise
+        UnsupportedError; adapters pickle their base store as an object (so its
+        own rules apply) and reopen without I/O.
+        """
+        return (reopen, (self.spec(),))
+
+    def __copy__(self) -> KvStore:
+        # A plain shallow copy: views (with_path) share sessions, locks and state;
+        # without this, copy.copy would go through __reduce__ and reopen the store.
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        return other
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> KvStore:
+        # A store is a handle on stored data: a deep copy is another handle.
+        return self.__copy__()
 
     # -- sub-paths ----------------------------------------------------------
     def with_path(self, sub: str) -> KvStore:
@@ -458,6 +486,29 @@ class KvStore(ABC):
     def _check_writable(self, op: str, key: str) -> None:
         if self.read_only:
             raise ReadOnlyError(f"{op} of {key!r}: {self!r} is read-only")
+
+
+def reopen(spec: dict[str, Any]) -> KvStore:
+    """The store of ``spec``, opened in this process (what unpickling a store calls).
+
+    Drivers whose ``from_spec`` does I/O are opened with a blocking wait, so do not
+    unpickle such a store on the library's event loop thread.
+    """
+    store = driver_class(spec["driver"]).from_spec(dict(spec))
+    if inspect.isawaitable(store):
+        store = run_sync(store)
+    return cast(KvStore, store)
+
+
+def rebuild(cls: type[KvStore], args: tuple[Any, ...], kwargs: dict[str, Any]) -> KvStore:
+    """``cls(*args, **kwargs)``: how adapters unpickle (their base stores travel as
+    objects and reopen themselves; see :meth:`KvStore.__reduce__`)."""
+    return cls(*args, **kwargs)
+
+
+def not_picklable(store: KvStore, why: str) -> UnsupportedError:
+    """The error a store raises when it is pickled but can not be reopened elsewhere."""
+    return UnsupportedError(f"can not pickle {store!r}: {why}")
 
 
 def condition_failed(store: KvStore, key: str, expected: Generation | None, found: Generation) -> ConditionFailedError:

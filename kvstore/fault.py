@@ -22,7 +22,9 @@ Two mechanisms, both reproducible:
 Random errors raise :class:`~tensorstore_py.errors.StorageError` before the call
 reaches the base store. Spec: ``{"driver": "fault", "base": {...}, "seed": 0,
 ...}`` with rules as dicts; errors in specs are named by class name from
-:mod:`tensorstore_py.errors`.
+:mod:`tensorstore_py.errors`. A pickled fault store reopens with the same
+settings and rules over its (pickled) base store; counters start afresh in the
+receiving process.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from tensorstore_py.kvstore.base import (
     Generation,
     KvStore,
     ReadResult,
+    rebuild,
 )
 from tensorstore_py.kvstore.registry import register_kvstore, spec_from_url
 
@@ -298,6 +301,12 @@ class FaultKvStore(KvStore):
 
     def _identity(self) -> Any:
         return (id(self._state), self.path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the base travels as an object (its own pickling rules apply); no I/O to reopen
+        opts = {k: v for k, v in self._spec_fields().items() if k != "base"}
+        opts["latency"] = self.latency
+        return (rebuild, (FaultKvStore, (self.base,), {**opts, "path": self.path}))
 
     # -- the fault machinery ---------------------------------------------------------------
     async def _before(self, op: Op, key: str) -> tuple[FaultRule | None, random.Random, int]:

@@ -1,10 +1,10 @@
-"""Any fsspec filesystem as a store (s3://, az://, hdfs://, ...): driver ``"fsspec"``.
+"""Any fsspec filesystem as a store (az://, hdfs://, sftp://, ...): driver ``"fsspec"``.
 
 It is the registry's fallback: a URL whose scheme no native store registered
-opens here when fsspec knows the protocol (``memory://`` and ``file://`` stay
-with the native stores).
+opens here when fsspec knows the protocol (``memory://``, ``file://``,
+``gs://``, ``s3://`` and ``http(s)://`` stay with the native stores).
 
-Spec: ``{"driver": "fsspec", "url": "s3://bucket/root/", "path": "",
+Spec: ``{"driver": "fsspec", "url": "az://container/root/", "path": "",
 "storage_options": {...}}``. ``url`` is the filesystem root; ``path`` is the key
 prefix below it (as for every store); ``storage_options`` go to
 ``fsspec.filesystem`` and must be JSON-able.
@@ -13,8 +13,8 @@ Guarantees, honestly stated:
 
 * Conditional writes and deletes (``if_equal=...``) raise UnsupportedError: a
   generic fsspec filesystem offers no atomic create-only or compare-and-swap,
-  and an exists-then-write would only pretend to. Use the native ``file`` or
-  ``gcs`` stores (or a filesystem-specific store) when you need them.
+  and an exists-then-write would only pretend to. Use the native ``file``,
+  ``gcs`` or ``s3`` stores (or a filesystem-specific store) when you need them.
 * Atomicity and durability of a plain write are the filesystem's: object stores
   replace a whole object in one PUT; some filesystems write in place.
 * Generation = the filesystem's own metadata for the path (ETag / generation /

@@ -6,17 +6,23 @@ Spec::
      "endpoint": "http://127.0.0.1:4443",   # optional; else $STORAGE_EMULATOR_HOST, else GCS
      "concurrency": 32,                     # optional; requests in flight per store
      "credentials": "auto",                 # optional; "auto" | "default" | "anonymous"
-     "retries": {"max_attempts": 10, "initial_delay": 0.05, "max_delay": 10.0}}
+     "retries": {"max_attempts": 10, "initial_delay": 0.05, "max_delay": 10.0},
+     "emulator_workarounds": false}         # optional; for fake-gcs-server (see below)
 
 URL form: ``gs://bucket/path/``.
 
 Guarantees:
 
-* Atomicity: every write is one single-request multipart upload, so an object
-  is replaced as a whole. Conditions use GCS preconditions: ``ifGenerationMatch``
-  (0 = create-only); a lost condition (HTTP 412) raises
-  :class:`~tensorstore_py.errors.ConditionFailedError`. The multipart path is
-  also the one on which fake-gcs-server enforces preconditions.
+* Atomicity: an object is replaced as a whole: values up to
+  ``resumable_threshold`` (16 MiB) in one multipart upload request, larger ones
+  in a resumable upload that sends ``chunk_size`` slices of the caller's buffer
+  (bounded memory: no joined copy) and, after a failed chunk, asks the server
+  how much it has and resumes from there (:mod:`~tensorstore_py.kvstore._gcs_upload`).
+  Conditions use GCS preconditions: ``ifGenerationMatch`` (0 = create-only); a
+  lost condition (HTTP 412) raises
+  :class:`~tensorstore_py.errors.ConditionFailedError`. With
+  ``emulator_workarounds`` every write is a multipart request (fake-gcs-server
+  enforces preconditions only there).
 * Durability: GCS acknowledges an upload only once it is durably stored.
 * Generation: the object generation (``x-goog-generation``), which changes on
   every write.
@@ -28,23 +34,15 @@ Guarantees:
 * Concurrency: at most ``concurrency`` requests of one store (and its
   ``with_path`` views) are in flight at once.
 
-Retried conditional writes. A conditional write whose response was lost may have
-landed; its retry then fails its own precondition (412), which at the HTTP level
-looks exactly like a lost race. Each upload therefore carries a unique write-id
-in its custom metadata (``tsp-write-id``), and a 412 on a *retry* is resolved by
-reading the object's metadata back: if it carries our write-id, the write landed
-and its generation is returned. For create-only writes this is exact (nobody
-else can have created the object after ours; only an unconditional overwrite or
-a delete in between would hide it). For compare-and-swap one window remains: a
-lost response followed by another writer's successful swap before our retry; the
-call then reports ConditionFailedError although our value was stored (briefly).
-Layers that need exactly-once commits stamp their own write-ids into what they
-write and read them back, as the transactional store does.
-
-Conditional deletes. fake-gcs-server ignores preconditions on DELETE, so a
-conditional delete first reads the object's generation (failing fast with the
-found generation in the message), then deletes with ``ifGenerationMatch``; real
-GCS enforces that atomically, the emulator does not.
+Lost answers. Each upload carries a write-id in its custom metadata
+(``tsp-write-id``); a 412 after an attempt that may have landed is resolved by
+reading it back: ours -> success; a compare-and-swap that finds another
+writer's generation -> CommitOutcomeUnknownError with the write-id, never
+ConditionFailedError (:mod:`~tensorstore_py.kvstore._objstore`). Conditional
+deletes send ``ifGenerationMatch`` (atomic on GCS, no read first); a 404 or 412
+after an attempt that may have landed is an unknown outcome too, not success.
+``emulator_workarounds`` (the test fixture's, for fake-gcs-server, which
+ignores DELETE preconditions) reads the generation first: two steps, not one.
 
 A missing bucket reads as missing keys (GCS answers 404 to both) but makes
 ``list`` raise NotFoundError.
@@ -52,51 +50,57 @@ A missing bucket reads as missing keys (GCS answers 404 to both) but makes
 Credentials (``"auto"``): anonymous when ``STORAGE_EMULATOR_HOST`` is set or the
 endpoint is plain ``http://`` (an emulator or test proxy; tokens must not travel
 unencrypted); otherwise google-auth's application-default credentials, falling
-back to anonymous access (public buckets) with a warning when none are found.
-``"default"`` requires those credentials; ``"anonymous"`` never sends any.
+back to anonymous access (public buckets) with one warning when none are found,
+and looking again after a minute or an access denial
+(:mod:`~tensorstore_py.kvstore._auth`). ``"default"`` requires those
+credentials; ``"anonymous"`` never sends any.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime
-import json
 import os
 import re
-import uuid
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 from urllib.parse import quote, urlencode
 
-import crc32c as _crc32c
 import yarl
 
 from tensorstore_py.core.errors import (
     ChecksumError,
-    ConditionFailedError,
     InvalidSpecError,
     NotFoundError,
     StorageError,
 )
-from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.core.retry import DEFAULT_RETRY_POLICY, RetryPolicy
+from tensorstore_py.kvstore._auth import check_mode
+from tensorstore_py.kvstore._checksums import crc32c_b64
 from tensorstore_py.kvstore._gcs_auth import CredentialsMode, GcsAuth, require_google_auth
+from tensorstore_py.kvstore._gcs_upload import multipart_body, resumable_upload
 from tensorstore_py.kvstore._http import (
     HttpClient,
     Response,
+    RetriesExhaustedError,
+    RetriesSpec,
     range_header,
     retries_spec,
     retry_policy,
+)
+from tensorstore_py.kvstore._objstore import (
+    WRITE_ID,
+    ObjectKvStore,
+    ObjectState,
+    delete_all,
+    new_write_id,
 )
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
     Generation,
     KeyInfo,
-    KvStore,
     ReadResult,
-    validate_key,
 )
 from tensorstore_py.kvstore.registry import register_kvstore
 
@@ -104,14 +108,6 @@ __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_ENDPOINT", "GcsKvStore", "GcsSpec", "
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 DEFAULT_CONCURRENCY = 32
-_WRITE_ID = "tsp-write-id"
-_BIG = 1 << 20  # values above this are checksummed/assembled off the loop thread
-
-
-class RetriesSpec(TypedDict, total=False):
-    max_attempts: int
-    initial_delay: float
-    max_delay: float
 
 
 class GcsSpec(TypedDict, total=False):
@@ -124,6 +120,7 @@ class GcsSpec(TypedDict, total=False):
     concurrency: int
     credentials: CredentialsMode
     retries: RetriesSpec
+    emulator_workarounds: bool
 
 
 # Bucket names: https://cloud.google.com/storage/docs/buckets#naming
@@ -185,27 +182,27 @@ def _generation_of(token: Generation) -> int | None:
     return int(t) if t.isdigit() else None
 
 
-def _write_id(meta: Mapping[str, Any]) -> str | None:
-    """The write-id an upload of ours stored in the object's custom metadata."""
-    return (meta.get("metadata") or {}).get(_WRITE_ID)
+def _state(meta: Mapping[str, Any]) -> ObjectState:
+    """Generation and write-id (from the custom metadata) of an object resource."""
+    return ObjectState(_gen(meta["generation"]), (meta.get("metadata") or {}).get(WRITE_ID))
 
 
-def _show(g: Generation) -> str:
-    """A generation as GCS shows it (its number), else its repr."""
-    n = _generation_of(g)
-    return str(n) if n is not None else repr(g)
 
 
 def _gen(value: Any) -> Generation:
     return Generation(str(int(value)).encode())
 
 
-class GcsKvStore(KvStore):
+class GcsKvStore(ObjectKvStore):
     """Objects in a GCS bucket (or an emulator speaking the GCS JSON API)."""
 
     driver = "gcs"
     #: objects per list request (GCS allows up to 1000)
     list_page_size: int = 1000
+    #: values above this go up in a resumable upload (bounded memory, resumed on failure)
+    resumable_threshold: int = 16 << 20
+    #: bytes per resumable chunk (a multiple of 256 KiB)
+    chunk_size: int = 8 << 20
 
     def __init__(
         self,
@@ -216,18 +213,9 @@ class GcsKvStore(KvStore):
         concurrency: int | None = None,
         credentials: CredentialsMode | None = None,
         retries: Mapping[str, Any] | RetryPolicy | None = None,
+        emulator_workarounds: bool = False,
     ) -> None:
         self.bucket = validate_bucket(bucket)
-        if not isinstance(path, str):
-            raise InvalidSpecError(f"gcs: path must be a string, got {path!r}")
-        if path.strip("/"):
-            try:
-                validate_key(path.strip("/"))
-            except ValueError as e:
-                raise InvalidSpecError(f"gcs: invalid path {path!r}: {e}") from None
-            path = path.strip("/") + "/"
-        else:
-            path = ""
         super().__init__(path=path)
         self._endpoint_option = endpoint
         self.endpoint, from_env = _resolve_endpoint(endpoint)
@@ -237,19 +225,21 @@ class GcsKvStore(KvStore):
             raise InvalidSpecError(f"gcs: concurrency must be an int >= 1, got {concurrency!r}")
         self._concurrency_option = concurrency
         self.concurrency = concurrency or DEFAULT_CONCURRENCY
-        mode = credentials or "auto"
-        if mode not in ("auto", "default", "anonymous"):
-            raise InvalidSpecError(
-                f"gcs: credentials must be 'auto', 'default' or 'anonymous', got {credentials!r}"
-            )
+        mode = check_mode("gcs", credentials)
         self._credentials_option = credentials
         # "auto": no credentials for an emulator, nor over unencrypted http
+        why = "credentials 'anonymous'" if mode == "anonymous" else (
+            "auto: STORAGE_EMULATOR_HOST is set" if from_env else "auto: the endpoint is plain http")
         anonymous = mode == "anonymous" or (
             mode == "auto" and (from_env or self.endpoint.startswith("http://"))
         )
         if not anonymous:
             require_google_auth()
-        self._auth = GcsAuth(mode, anonymous=anonymous)
+        self._auth = GcsAuth(mode, anonymous=anonymous, why_anonymous=why)
+        if not isinstance(emulator_workarounds, bool):
+            raise InvalidSpecError(
+                f"gcs: emulator_workarounds must be true or false, got {emulator_workarounds!r}")
+        self.emulator_workarounds = emulator_workarounds
         self.retry_policy = retry_policy(retries, DEFAULT_RETRY_POLICY)
         self._retries_option = retries_spec(retries)
         # shared with with_path() views (copy.copy keeps the same client)
@@ -262,7 +252,8 @@ class GcsKvStore(KvStore):
     # -- spec ---------------------------------------------------------------------------
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> GcsKvStore:
-        allowed = {"driver", "bucket", "path", "endpoint", "concurrency", "credentials", "retries"}
+        allowed = {"driver", "bucket", "path", "endpoint", "concurrency", "credentials", "retries",
+                   "emulator_workarounds"}
         unknown = set(spec) - allowed
         if unknown:
             raise InvalidSpecError(
@@ -277,6 +268,7 @@ class GcsKvStore(KvStore):
             concurrency=spec.get("concurrency"),
             credentials=spec.get("credentials"),
             retries=spec.get("retries"),
+            emulator_workarounds=spec.get("emulator_workarounds", False),
         )
 
     @classmethod
@@ -304,21 +296,17 @@ class GcsKvStore(KvStore):
             d["credentials"] = self._credentials_option
         if self._retries_option is not None:
             d["retries"] = self._retries_option
+        if self.emulator_workarounds:
+            d["emulator_workarounds"] = True
         return d
 
     def url(self) -> str:
         return f"gs://{self.bucket}/{self.path}"
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickle as the spec (the store holds locks and per-loop state).
-        return (GcsKvStore.from_spec, (self.spec(),))
-
-    def __copy__(self) -> GcsKvStore:
-        # A plain shallow copy (with_path views share credentials and the request bound);
-        # without this, copy.copy would go through __reduce__ and lose both.
-        other = object.__new__(type(self))
-        other.__dict__.update(self.__dict__)
-        return other
+    def _show(self, g: Generation) -> str:
+        """A generation as GCS shows it (its number), else its repr."""
+        n = _generation_of(g)
+        return str(n) if n is not None else repr(g)
 
     def _where(self, key: str) -> str:
         return f"gs://{self.bucket}/{key}" + (
@@ -360,27 +348,9 @@ class GcsKvStore(KvStore):
             raise self._fail(f"stat of {self._where(key)}", resp)
         return resp.json()
 
-    async def _found(self, key: str) -> Generation | None:
-        """Current generation of ``key`` for error messages (None if unknown)."""
-        try:
-            meta = await self._stat(key)
-        except (StorageError, ValueError, KeyError):
-            return None
-        return Generation.NO_VALUE if meta is None else _gen(meta["generation"])
-
-    def _condition_failed(
-        self, op: str, key: str, expected: Generation, found: Generation | None
-    ) -> ConditionFailedError:
-        if expected.is_no_value:
-            want = "the key to be absent" if op == "delete" else "create-only: the key to be absent"
-        else:
-            want = f"generation {_show(expected)}"
-        got = "unknown" if found is None else (
-            "the key is absent" if found.is_no_value else f"generation {_show(found)}"
-        )
-        return ConditionFailedError(
-            f"gcs conditional {op} of {self._where(key)}: expected {want}, found {got}"
-        )
+    async def _object_state(self, key: str) -> ObjectState | None:
+        meta = await self._stat(key)
+        return None if meta is None else _state(meta)
 
     # -- reads --------------------------------------------------------------------------
     async def _read(
@@ -441,12 +411,12 @@ class GcsKvStore(KvStore):
             name, _, b64 = part.strip().partition("=")
             if name != "crc32c" or not b64:
                 continue
-            expected = int.from_bytes(base64.b64decode(b64), "big")
-            actual = await _checksum(resp.body)
+            expected = base64.b64decode(b64).hex()
+            actual = base64.b64decode(await crc32c_b64(resp.body)).hex()
             if actual != expected:
                 raise ChecksumError(
                     f"gcs read of {self._where(key)}: crc32c of the {len(resp.body)} bytes "
-                    f"received is {actual:08x}, GCS reports {expected:08x}"
+                    f"received is {actual}, GCS reports {expected}"
                 )
 
     # -- writes -------------------------------------------------------------------------
@@ -457,20 +427,26 @@ class GcsKvStore(KvStore):
             if expected is None:  # not a GCS generation: it can never match
                 raise self._condition_failed("write", key, if_equal, await self._found(key))
             query["ifGenerationMatch"] = expected
-        write_id = uuid.uuid4().hex
-        body, content_type = await _multipart(key, value, write_id)
+        write_id = new_write_id()
         what = f"write of {self._where(key)}"
-        url = self._url(f"/upload/storage/v1/b/{quote(self.bucket, safe='')}/o", query)
-        resp = await self._call("POST", url, what=what, data=body,
-                                headers={"Content-Type": content_type})
-        if resp.status == 200:
+        try:
+            if len(value) > self.resumable_threshold and not self.emulator_workarounds:
+                resp = await resumable_upload(self, key, value, query, write_id, what)
+            else:
+                body, content_type = await multipart_body(key, value, write_id)
+                url = self._url(f"/upload/storage/v1/b/{quote(self.bucket, safe='')}/o", query)
+                resp = await self._call("POST", url, what=what, data=body,
+                                        headers={"Content-Type": content_type})
+        except RetriesExhaustedError as e:
+            if if_equal is None or not e.maybe_applied:
+                raise
+            return await self._settle_write(key, write_id, if_equal, what, refused=False,
+                                      maybe_applied=True)
+        if resp.status in (200, 201):
             return _gen(resp.json()["generation"])
         if resp.status == 412 and if_equal is not None:
-            meta = await self._stat(key)
-            if resp.attempt > 1 and meta is not None and _write_id(meta) == write_id:
-                return _gen(meta["generation"])  # an earlier attempt landed; its answer was lost
-            found = Generation.NO_VALUE if meta is None else _gen(meta["generation"])
-            raise self._condition_failed("write", key, if_equal, found)
+            return await self._settle_write(key, write_id, if_equal, what, refused=True,
+                                      maybe_applied=resp.maybe_applied)
         if resp.status == 404:
             raise NotFoundError(
                 f"gcs {what}: bucket {self.bucket!r} does not exist ({_message(resp)})"
@@ -481,23 +457,24 @@ class GcsKvStore(KvStore):
         what = f"delete of {self._where(key)}"
         query: dict[str, Any] = {}
         if if_equal is not None:
-            # fake-gcs-server ignores DELETE preconditions; check first (see module doc).
-            meta = await self._stat(key)
-            found = Generation.NO_VALUE if meta is None else _gen(meta["generation"])
-            if found != if_equal:
-                raise self._condition_failed("delete", key, if_equal, found)
-            if if_equal.is_no_value:
-                return  # absent, as required
-            query["ifGenerationMatch"] = _generation_of(if_equal)
-        resp = await self._call("DELETE", self._object_url(key, query), what=what)
+            expected = None if if_equal.is_no_value else _generation_of(if_equal)
+            if expected is None or self.emulator_workarounds:
+                # "delete if absent", a foreign generation (never matches), or an emulator
+                # that ignores DELETE preconditions: compare with the generation found
+                found = await self._object_state(key)
+                if (found.generation if found else Generation.NO_VALUE) != if_equal:
+                    raise self._condition_failed("delete", key, if_equal, found)
+                if if_equal.is_no_value:
+                    return  # absent, as required
+            query["ifGenerationMatch"] = expected
+        resp = await self._send_delete(key, if_equal, what, lambda: self._call(
+            "DELETE", self._object_url(key, query), what=what))
         if resp.status in (200, 204):
             return
-        if resp.status == 404:
-            if if_equal is None or resp.attempt > 1:
-                return  # absent (or our earlier attempt deleted it and its answer was lost)
-            raise self._condition_failed("delete", key, if_equal, Generation.NO_VALUE)
-        if resp.status == 412 and if_equal is not None:
-            raise self._condition_failed("delete", key, if_equal, await self._found(key))
+        if resp.status == 404 and if_equal is None:
+            return  # absent (or our earlier attempt deleted it and its answer was lost)
+        if resp.status in (404, 412) and if_equal is not None:
+            await self._refused_delete(key, if_equal, what, resp)
         raise self._fail(what, resp)
 
     # -- listing ------------------------------------------------------------------------
@@ -551,37 +528,7 @@ class GcsKvStore(KvStore):
 
     async def _delete_range(self, prefix: str) -> None:
         """List, then delete concurrently (bounded by ``concurrency``); not atomic."""
-        names = await self._list_names(prefix)
-        for i in range(0, len(names), 1000):  # keeps the number of pending tasks modest
-            await asyncio.gather(*(self._delete(k, None) for k in names[i:i + 1000]))
-
-
-async def _checksum(data: Buffer) -> int:
-    if len(data) > _BIG:
-        return await run_cpu(_crc32c.crc32c, data)
-    return _crc32c.crc32c(data)
-
-
-async def _multipart(key: str, value: Buffer, write_id: str) -> tuple[bytes, str]:
-    """A multipart/related upload body: JSON metadata, then the value."""
-    crc = await _checksum(value)
-    meta = {
-        "name": key,
-        "crc32c": base64.b64encode(crc.to_bytes(4, "big")).decode(),
-        "metadata": {_WRITE_ID: write_id},
-    }
-    # 128 random bits: the chance that the value contains the delimiter is nil.
-    boundary = "tsp" + uuid.uuid4().hex
-    head = (
-        f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
-        f"{json.dumps(meta)}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
-    ).encode()
-    tail = f"\r\n--{boundary}--\r\n".encode()
-    if len(value) > _BIG:
-        body = await run_cpu(b"".join, [head, value, tail])
-    else:
-        body = b"".join([head, value, tail])
-    return body, f"multipart/related; boundary={boundary}"
+        await delete_all(await self._list_names(prefix), lambda k: self._delete(k, None))
 
 
 register_kvstore(GcsKvStore, schemes=("gs",))

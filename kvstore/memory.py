@@ -21,6 +21,7 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
     condition_failed,
+    not_picklable,
 )
 from tensorstore_py.kvstore.registry import register_kvstore
 
@@ -49,12 +50,18 @@ class MemoryKvStore(KvStore):
 
     Its spec carries a process-unique ``name``; reopening that spec while the
     store is alive gives the same data (so ``open(store.spec())`` round-trips).
+
+    Pickling: a store opened with a ``name`` pickles as its spec and reopens, in
+    the receiving process, *that process's* store of that name (data is never
+    copied between processes). A store without a given name refuses to pickle
+    (UnsupportedError): its generated name means nothing elsewhere.
     """
 
     driver = "memory"
 
     def __init__(self, *, path: str = "", name: str | None = None) -> None:
         super().__init__(path=path)
+        self._named = name is not None
         if name is None:
             name = f"memory-{next(_names)}"
             while name in _by_name:
@@ -86,6 +93,15 @@ class MemoryKvStore(KvStore):
 
     def _identity(self) -> Any:
         return (self.name, self.path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if not self._named:
+            raise not_picklable(
+                self, "a memory store without a name lives in this process only; open it with "
+                "{'driver': 'memory', 'name': ...} to reopen that name in the receiving process, "
+                "or use a file:// or object store"
+            )
+        return super().__reduce__()
 
     async def _read(
         self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None

@@ -17,9 +17,9 @@ the pip extra to install.
 URL forms::
 
     memory://[path]            file:///abs/dir/          /abs/dir (a plain path)
-    gs://bucket/path/          http(s)://host/path/
+    gs://bucket/path/          s3://bucket/path/          http(s)://host/path/
     <adapter>+<base URL>       e.g. versioned+file:///ckpt/@12 (see the adapter)
-    any other fsspec URL       s3://..., via the fsspec driver
+    any other fsspec URL       e.g. az://..., via the fsspec driver
 
 This module imports no store module at the top (``kvstore.base`` imports it
 for ``KvStore.open``), so it recognises an opened store by its shape
@@ -57,6 +57,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "tensorstore_py.kvstore.versioned",
     "tensorstore_py.kvstore.http",
     "tensorstore_py.kvstore.gcs",
+    "tensorstore_py.kvstore.s3",
     "tensorstore_py.kvstore.fsspec_store",
 )
 

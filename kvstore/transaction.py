@@ -82,6 +82,7 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     TransactionLike,
     condition_failed,
+    not_picklable,
 )
 from tensorstore_py.kvstore.ids import check_id
 
@@ -495,6 +496,14 @@ class TransactionalKvStore(KvStore):
 
     def _identity(self) -> Any:
         return (self.base._identity(), self.path, id(self.txn))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the staged writes live in this process's memory: they can not travel
+        raise not_picklable(
+            self, "it is bound to a transaction whose staged writes live in this process; pickle "
+            "the store itself and bind a transaction in the receiving process (tensorstore_py.dask."
+            "store and kvstore.versioned.staging carry writes of many processes into one commit)"
+        )
 
     def with_transaction(self, txn: TransactionLike) -> KvStore:
         if txn is self.txn:

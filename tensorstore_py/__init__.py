@@ -62,6 +62,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Context": ("tensorstore_py.context", "Context"),
     "CheckpointManager": ("tensorstore_py.checkpoint", "CheckpointManager"),
     "checkpoint": ("tensorstore_py.checkpoint", None),  # type: ignore[dict-item]
+    "dask": ("tensorstore_py.dask", None),  # type: ignore[dict-item]
+    "zarr_store": ("tensorstore_py.zarr_store", "zarr_store"),
 }
 
 

@@ -10,6 +10,7 @@
     tensorstore-py gc URL [--grace DURATION] [--apply] [--json]
     tensorstore-py cat URL [ARRAY_PATH] [--index "[0:10, :, 5]"] [--out x.npy] [--step N]
     tensorstore-py copy SRC DST [--json]
+    tensorstore-py export ROOT [--step N] DEST [--json]
 
 Exit codes: 0 success; 1 a problem found (``verify``) or the command failed
 (nothing at the URL, a missing step, corrupt data, a store error); 2 a usage
@@ -125,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("src")
     c.add_argument("dst")
     json_flag(c)
+
+    c = cmd("export", "write a checkpoint step as plain zarr v3 arrays (zarr-python, TensorStore read them)")
+    c.add_argument("root", help="checkpoint root URL")
+    c.add_argument("dest", help="destination URL or folder: empty, or an interrupted export to resume")
+    c.add_argument("--step", type=_int, metavar="N", help="checkpoint step (default: the latest)")
+    json_flag(c)
     return p
 
 
@@ -196,9 +203,16 @@ def _cmd_copy(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_export(a: argparse.Namespace) -> int:
+    with progress("exporting", unit="B", enabled=None if not a.json else False) as bar:
+        data = _run(export.export_step(a.root, a.step, a.dest, on_bytes=bar.advance))
+    _emit(printers.dump(data) if a.json else printers.export(data))
+    return EXIT_OK
+
+
 _COMMANDS = {
     "ls": _cmd_ls, "info": _cmd_info, "history": _cmd_history, "diff": _cmd_diff,
-    "verify": _cmd_verify, "gc": _cmd_gc, "cat": _cmd_cat, "copy": _cmd_copy,
+    "verify": _cmd_verify, "gc": _cmd_gc, "cat": _cmd_cat, "copy": _cmd_copy, "export": _cmd_export,
 }
 
 

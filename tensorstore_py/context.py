@@ -13,11 +13,19 @@ JSON form (every field optional)::
 
 The cache is off by default: a cache only helps repeated reads of the same
 chunks, and it holds memory. Turn it on for interactive slicing of a volume.
+
+Resources are per process. A Context pickles as its settings plus an identity:
+in the receiving process every copy of one Context (sent with many views, or
+many tasks) unpickles to ONE Context there, with its own cache pool and
+budgets; the process-wide default context unpickles to the receiver's default.
+Nothing cached travels.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +52,7 @@ class Context:
     created on first use and lives as long as the Context or an array using it.
     """
 
-    __slots__ = ("_bytes_in_flight", "_cache_limit", "_lock", "_pool")
+    __slots__ = ("__weakref__", "_bytes_in_flight", "_cache_limit", "_lock", "_pool", "_token")
 
     def __init__(
         self,
@@ -76,6 +84,15 @@ class Context:
             raise InvalidSpecError("context: bytes_in_flight.limit must be > 0 (or null)")
         self._pool: Any = None
         self._lock = threading.Lock()
+        self._token = uuid.uuid4().hex  # identifies this Context across pickling
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as the settings and an identity (see the module doc); no resources travel."""
+        token = _DEFAULT_TOKEN if self is _default else self._token
+        if token != _DEFAULT_TOKEN:
+            with _by_token_lock:
+                _by_token.setdefault(token, self)
+        return (_context_for, (self.spec(), token))
 
     @property
     def cache_pool_bytes(self) -> int:
@@ -110,6 +127,24 @@ class Context:
 
 _default: Context | None = None
 _default_lock = threading.Lock()
+_DEFAULT_TOKEN = "default"
+# token -> the Context of this process that stands for it (the original in the
+# process that created it; the first one unpickled elsewhere)
+_by_token: weakref.WeakValueDictionary[str, Context] = weakref.WeakValueDictionary()
+_by_token_lock = threading.Lock()
+
+
+def _context_for(spec: dict[str, Any], token: str) -> Context:
+    """The Context of this process for a pickled one (what unpickling calls)."""
+    if token == _DEFAULT_TOKEN:
+        return default_context()
+    with _by_token_lock:
+        ctx = _by_token.get(token)
+        if ctx is None:
+            ctx = Context(spec)
+            ctx._token = token
+            _by_token[token] = ctx
+        return ctx
 
 
 def default_context() -> Context:

@@ -152,6 +152,14 @@ class Group:
     def __repr__(self) -> str:
         return f"Group({self._node.format}, {url_of(self._kv)!r}, attrs={self._node.attributes!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles as its store (and Context): unpickling reopens the group."""
+        return (_unpickle_group, (self._kv, self._context))
+
+
+def _unpickle_group(kv: KvStore, context: Context | None) -> Group:
+    return open_group(kv, context=context).result()
+
 
 def open_group(spec: str | Mapping[str, Any] | KvStore, *, create: bool = False,
                zarr_format: int | None = None, context: Context | None = None) -> Future[Group]:

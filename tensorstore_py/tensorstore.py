@@ -12,11 +12,19 @@ conditioned on the chunk's generation and retried. A write of several chunks
 is *not* atomic as a whole unless it runs in a transaction
 (:meth:`TensorStore.with_transaction`). Argument errors (shape, dtype, bounds)
 are raised before any byte is read or written.
+
+A view pickles as its spec (kvstore, metadata, transform) and its Context: the
+receiving process reopens the array (reading its metadata once per process and
+Context; later copies reuse the open array) with that process's resources. A
+view whose store can not travel (a memory store without a name, a store bound
+to a transaction) raises UnsupportedError when pickled.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -207,7 +215,8 @@ class TensorStore:
         """JSON from which :func:`open` reopens this view (``"transform"`` if not the whole array)."""
         d = dict(self._driver.spec())
         stored_labels = tuple(lab or None for lab in self._driver.dimension_names)
-        if not self._t.is_identity() or self._t.domain.labels != stored_labels:
+        whole = self._t.is_identity() and self._t.domain.shape == tuple(self._driver.shape)
+        if not whole or self._t.domain.labels != stored_labels:
             d["transform"] = self._t.to_json()
         if self._context is not None and self._context is not default_context():
             d["context"] = self._context.spec()
@@ -215,6 +224,15 @@ class TensorStore:
 
     def __repr__(self) -> str:
         return f"TensorStore({json.dumps(self.spec(), default=str)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as the spec and the Context (see the module doc); the kvstore
+        travels as an object, so its own rules apply (a version pin travels, a
+        store that can not be reopened elsewhere raises UnsupportedError)."""
+        spec = dict(self._driver.spec())
+        spec["kvstore"] = self._driver.kvstore
+        t = self.spec().get("transform")
+        return (_unpickle_view, (spec, t, self._context))
 
     def __len__(self) -> int:
         if not self.shape:
@@ -464,6 +482,36 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 def _shape_probe(ts: TensorStore) -> np.ndarray:
     # A zero-strided array of ts's shape: lets _broadcast check shapes without reading.
     return np.broadcast_to(np.zeros((), np.uint8), ts.shape)
+
+
+# -- unpickling ---------------------------------------------------------------------
+#: arrays reopened by unpickling, per process: (spec JSON, id of the Context) ->
+#: (Context, identity view); bounded, least recently used first out
+_REOPENED: OrderedDict[tuple[str, int], tuple[Context, TensorStore]] = OrderedDict()
+_REOPENED_MAX = 64
+_reopened_lock = threading.Lock()
+
+
+def _unpickle_view(spec: dict[str, Any], transform: dict[str, Any] | None,
+                   context: Context | None) -> TensorStore:
+    """A pickled view, reopened in this process (blocks while the metadata is read)."""
+    ctx = context if context is not None else default_context()
+    key = (json.dumps({**spec, "kvstore": spec["kvstore"].spec()}, sort_keys=True, default=str), id(ctx))
+    with _reopened_lock:
+        hit = _REOPENED.get(key)
+        if hit is not None and hit[0] is ctx:
+            _REOPENED.move_to_end(key)
+    if hit is None or hit[0] is not ctx:
+        base = open(spec, context=ctx).result()
+        with _reopened_lock:
+            _REOPENED[key] = (ctx, base)
+            while len(_REOPENED) > _REOPENED_MAX:
+                _REOPENED.popitem(last=False)
+    else:
+        base = hit[1]
+    if transform is None:
+        return base
+    return base._view(IndexTransform.from_json(transform, len(base._driver.shape)))
 
 
 # -- open -----------------------------------------------------------------------

@@ -96,3 +96,31 @@ def gcs_emulator() -> Iterator[GcsEmulator]:
         yield emulator
     finally:
         emulator.stop()
+
+
+# --- S3-compatible server ------------------------------------------------------------
+# One moto server process for the whole pytest run; each test makes its own bucket
+# with ``s3_server.create_bucket()``. Its fake credentials go into the environment
+# for the session (moto accepts any), so requests are SigV4-signed as against AWS
+# and subprocesses of tests inherit them.
+
+if TYPE_CHECKING:
+    from tensorstore_py.testing.s3_server import S3Server
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A running moto S3 server on 127.0.0.1 (skips if moto[server] is not installed)."""
+    pytest.importorskip("moto.server", reason="moto[server] is a test dependency")
+    from tensorstore_py.testing.s3_server import TEST_CREDENTIALS, S3Server
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in TEST_CREDENTIALS.items():
+            mp.setenv(name, value)
+        for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+            mp.delenv(name, raising=False)
+        server = S3Server().start()
+        try:
+            yield server
+        finally:
+            server.stop()

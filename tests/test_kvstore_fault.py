@@ -19,6 +19,8 @@ from tensorstore_py.testing.kvstore import KvStoreConformance
 class TestFaultOverMemoryConformance(KvStoreConformance):
     """With no faults configured the wrapper is transparent."""
 
+    picklable = False  # its base is a memory store without a name
+
     @pytest.fixture
     def store(self) -> FaultKvStore:
         return FaultKvStore(MemoryKvStore(), seed=1, latency=(0.0, 0.0005))

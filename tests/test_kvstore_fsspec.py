@@ -90,9 +90,9 @@ def test_other_fsspec_urls_open_through_it() -> None:
     assert tsp.KvStore.open(root).result().driver == "memory"
     from tensorstore_py.kvstore.registry import spec_from_url
 
-    assert spec_from_url("s3://bucket/x/") == {
+    assert spec_from_url("az://bucket/x/") == {
         "driver": "fsspec",
-        "url": "s3://bucket/x/",
+        "url": "az://bucket/x/",
         "path": "",
     }
 

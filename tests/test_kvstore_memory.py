@@ -10,6 +10,8 @@ from tensorstore_py.testing.kvstore import KvStoreConformance
 
 
 class TestMemoryConformance(KvStoreConformance):
+    picklable = False  # a memory store without a name lives in one process
+
     @pytest.fixture
     def store(self) -> MemoryKvStore:
         return MemoryKvStore()

@@ -51,7 +51,8 @@ def test_a_url_no_native_store_claims_goes_to_the_fsspec_fallback() -> None:
         """
         import sys
         from tensorstore_py.kvstore.registry import spec_from_url
-        assert spec_from_url("s3://bucket/x/")["driver"] == "fsspec"
+        assert spec_from_url("az://bucket/x/")["driver"] == "fsspec"
+        assert spec_from_url("s3://bucket/x/")["driver"] == "s3"     # a native store now
         assert spec_from_url("gs://bucket/x/")["driver"] == "gcs"   # native wins over fsspec
         print("fsspec" in sys.modules)
         """

@@ -209,3 +209,12 @@ def test_groups_on_a_memory_store() -> None:
     assert np.array_equal(g.open("a").result().read().result(), [1, 2, 3])
     assert g.open("a").result().attributes == {"k": "v"}
     assert isinstance(g.open("s/b").result(), tsp.TensorStore)
+
+
+def test_group_pickles_as_its_store(tmp_path: Path) -> None:
+    import pickle
+
+    g = build_dataset(tmp_path, 3)
+    h = pickle.loads(pickle.dumps(g))
+    assert h.attrs == g.attrs and h.zarr_format == 3
+    assert h.members().result() == {"sub": "group", "temp": "array", "x": "array", "y": "array"}

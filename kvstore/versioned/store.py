@@ -22,6 +22,9 @@ Guarantees:
   commit record is created (docs/FORMAT.md).
 * Every value carries a crc32c, checked when a whole value is read
   (:class:`~tensorstore_py.errors.ChecksumError` names the key and the object).
+* A store pickles as its base store, path and pin: a snapshot reopens at the
+  same version (a tag resolved here travels as its version), a live store reads
+  the newest version in the receiving process. Unpickling does no I/O.
 
 Keys live under the store's ``path`` inside one shared version history, so
 views with different paths over one base commit into the same versions.
@@ -49,6 +52,7 @@ from tensorstore_py.kvstore.base import (
     Generation,
     KvStore,
     ReadResult,
+    rebuild,
 )
 from tensorstore_py.kvstore.registry import open_kvstore, register_kvstore
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
@@ -227,6 +231,15 @@ class VersionedKvStore(KvStore, RootView):
 
     def _identity(self) -> Any:
         return (self.base._identity(), self.path, self.version)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the base travels as an object (its own pickling rules apply); a resolved
+        # tag travels as its version, so the receiver reads the same snapshot
+        if self.version is not None and (self.tag_name is None or self._checked):
+            pin: dict[str, Any] = {"version": self.version}
+        else:
+            pin = {"tag": self.tag_name} if self.tag_name is not None else {}
+        return (rebuild, (VersionedKvStore, (self.base,), {"path": self.path, **pin}))
 
     def snapshot(self, version: int | str) -> VersionedKvStore:
         """A read-only view of ``version`` (an int, or a tag name resolved on first use).

@@ -1,4 +1,5 @@
-"""``cat`` (read a slice of one array) and ``copy`` (a checkpoint or array to another store).
+"""``cat`` (read a slice of one array), ``copy`` (a checkpoint or array to another
+store) and ``export`` (a checkpoint step as plain zarr v3 arrays).
 
 ``copy`` guarantees:
 
@@ -12,6 +13,26 @@
   objects are written before the commit records that reference them (oldest
   first), an array's chunks before its metadata, so an interrupted copy is
   either invisible or shows a prefix of the history.
+
+``export`` guarantees:
+
+* DEST becomes a plain zarr v3 hierarchy that zarr-python and TensorStore read
+  with no tensorstore_py: one array per array leaf of the step, at the leaf's
+  path (``['params']['w']`` -> ``params/w``; ``[0]`` -> ``0``; ``.kernel`` ->
+  ``kernel``), a group at every folder above, and the root group's attributes
+  ``tensorstore_py`` = ``{"checkpoint_step", "leaves": {array path: leaf path},
+  "scalars": {leaf path: value}}`` (Python scalar leaves have no array);
+* the stored bytes of every chunk and ``zarr.json`` are copied, never
+  re-encoded (a checkpoint leaf already is a zarr v3 array; a small leaf's
+  ``zarr.json``, which the checkpoint does not store, is written from its
+  manifest entry); every value is read through its crc32c and each chunk's size
+  is checked against the chunk grid;
+* every object is written create-only, chunks before their array's
+  ``zarr.json``, the root group's ``zarr.json`` last (the mark of a finished
+  export). So an interrupted export is resumed by running the same command
+  again: objects already there are compared byte for byte and kept. A DEST
+  holding anything this export would not write, or different bytes under a
+  name it writes, is refused before (respectively when) anything is written.
 """
 
 from __future__ import annotations
@@ -19,16 +40,20 @@ from __future__ import annotations
 import ast
 import asyncio
 import itertools
+import json
 import math
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from tensorstore_py.checkpoint.layout import zarr3_metadata
 from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.inspect import open_array
 from tensorstore_py.commands.target import Target, list_arrays, open_url, resolve, step_prefix
+from tensorstore_py.core.budget import DEFAULT_BYTES_IN_FLIGHT, ByteBudget, run_bounded
 from tensorstore_py.core.errors import (
     ConditionFailedError,
     DataCorruptionError,
@@ -37,10 +62,12 @@ from tensorstore_py.core.errors import (
     UnsupportedError,
 )
 from tensorstore_py.core.pools import run_cpu
+from tensorstore_py.drivers.dtypes import dtype_from_v3
 from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.replicate import create_copy
 
-__all__ = ["cat", "copy", "find_leaf", "parse_index"]
+__all__ = ["array_path", "cat", "copy", "export_step", "find_leaf", "parse_index"]
 
 
 # -- index expressions ---------------------------------------------------------------
@@ -222,3 +249,148 @@ def _cells_for(drv: Any, keys: list[str]) -> list[tuple[int, ...]]:
                     out.append(cell)
         return out
     return [c for c in itertools.product(*(range(g) for g in grid)) if drv.chunk_key(c) in wanted]
+
+
+# -- export ------------------------------------------------------------------------------
+_SEGMENT = re.compile(r"""\[('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\]]*)\]|\.([^.\[]+)""")
+_GROUP = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
+
+
+def _name(seg: str) -> str:
+    """One path segment as a zarr node name: '%' and '/' escaped, never empty, '.' or '..'."""
+    seg = seg.replace("%", "%25").replace("/", "%2F")
+    return seg.replace(".", "%2E") if seg in ("", ".", "..") else seg
+
+
+def array_path(leaf_path: str) -> str:
+    """The zarr path of a checkpoint leaf: ``['params']['w']`` -> ``params/w``,
+    ``[0].kernel`` -> ``0/kernel`` ("" for a tree that is one leaf)."""
+    segs: list[str] = []
+    pos = 0
+    for m in _SEGMENT.finditer(leaf_path):
+        if m.start() != pos:
+            break
+        inner, attr = m.group(1), m.group(2)
+        if attr is not None:
+            segs.append(attr)
+        elif inner[:1] in ("'", '"'):
+            segs.append(str(ast.literal_eval(inner)))
+        else:
+            segs.append(inner)
+        pos = m.end()
+    if pos != len(leaf_path):  # not a path this library writes: keep it as one name
+        return _name(leaf_path)
+    return "/".join(_name(s) for s in segs)
+
+
+def _plan_paths(leaves: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Array path -> leaf, refusing two leaves on one path or an array inside another."""
+    out: dict[str, dict[str, Any]] = {}
+    for leaf in leaves:
+        path = array_path(str(leaf.get("path", "")))
+        if path in out:
+            raise InvalidArgumentError(
+                f"export: leaves {out[path].get('path')!r} and {leaf.get('path')!r} both map to the "
+                f"zarr path {path!r}")
+        out[path] = leaf
+    if "" in out and len(out) > 1:
+        raise InvalidArgumentError(
+            f"export: the step's root leaf {out[''].get('path')!r} is an array, so it can hold no "
+            f"other leaf")
+    for path in out:
+        for up in itertools.accumulate(path.split("/")[:-1], lambda a, b: f"{a}/{b}"):
+            if up in out:
+                raise InvalidArgumentError(
+                    f"export: leaf {out[path].get('path')!r} would lie inside the array of leaf "
+                    f"{out[up].get('path')!r}")
+    return out
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}/{key}" if path else key
+
+
+async def export_step(root: str, step: int | None, dest: str, *,
+                      on_bytes: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Write checkpoint ``step`` (default: the latest) of ``root`` to ``dest`` as
+    plain zarr v3 arrays (see the module docstring)."""
+    t = await resolve(root)
+    if t.kind != "checkpoint":
+        raise InvalidArgumentError(f"export: {root} is not a checkpoint root (found: {t.kind})")
+    s = await ckpt.pick_step(t, step)
+    manifest = await ckpt.read_manifest(t, s)
+    arrays = _plan_paths(ckpt.array_leaves(manifest))
+    scalars = {str(leaf.get("path")): leaf.get("value") for leaf in manifest["leaves"]
+               if isinstance(leaf, dict) and "key" not in leaf}
+    out = await open_url(dest) if "://" in dest else await open_url(_mkdir(dest))
+
+    # what goes where: (source store, key) per destination key; metadata documents as bytes
+    chunks: dict[str, tuple[KvStore, str, int]] = {}
+    docs: dict[str, bytes | tuple[KvStore, str]] = {}
+    for path, leaf in arrays.items():
+        src = t.store.with_path(step_prefix(s) + str(leaf["key"]))
+        try:
+            dtype = dtype_from_v3(leaf["dtype"])
+            shape, cshape = tuple(map(int, leaf["shape"])), tuple(map(int, leaf["chunk_shape"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataCorruptionError(f"export: step {s}: leaf {leaf.get('path')!r}: malformed manifest entry: {e}") from None
+        size = math.prod(cshape) * dtype.itemsize
+        keys = await src.list("")
+        for k in keys:
+            if k != "zarr.json":
+                chunks[_join(path, k)] = (src, k, size)
+        docs[_join(path, "zarr.json")] = (src, "zarr.json") if "zarr.json" in keys else json.dumps(
+            zarr3_metadata(dtype, shape, cshape)).encode()
+    # groups: every folder above an array, deepest first, the root last
+    groups = sorted({"/".join(p.split("/")[:i]) for p in arrays for i in range(len(p.split("/")))}
+                    - set(arrays), key=lambda g: (-g.count("/") - bool(g), g))
+    attrs = {"checkpoint_step": s, "leaves": {p: leaf.get("path") for p, leaf in sorted(arrays.items())},
+             "scalars": scalars}
+    for g in groups:
+        docs[_join(g, "zarr.json")] = _GROUP if g else json.dumps(
+            {"zarr_format": 3, "node_type": "group", "attributes": {"tensorstore_py": attrs}},
+            sort_keys=True).encode()
+
+    try:
+        foreign = sorted(set(await out.list("")) - set(chunks) - set(docs))
+    except UnsupportedError:
+        foreign = []
+    if foreign:
+        raise ConditionFailedError(
+            f"export: {dest} holds {len(foreign)} key(s) this export does not write (e.g. "
+            f"{foreign[0]!r}); export into an empty location (or rerun an interrupted export of "
+            f"the same step to resume it)")
+    stats = {"objects": 0, "bytes": 0}
+
+    async def put(key: str, data: Any) -> None:
+        if not await create_object(out, key, data, exists="compare"):
+            raise ConditionFailedError(
+                f"export: {key!r} already exists at {dest} with other content; export into an "
+                f"empty location")
+        stats["objects"] += 1
+        stats["bytes"] += len(data)
+        if on_bytes is not None:
+            on_bytes(len(data))
+
+    async def chunk(item: tuple[str, tuple[KvStore, str, int]]) -> None:
+        key, (src, src_key, size) = item
+        res = await src.read(src_key)  # the versioned store checks the crc32c
+        if res.state != "value":
+            raise DataCorruptionError(f"export: step {s}: chunk {src_key!r} vanished")
+        if len(res.value) != size:
+            raise DataCorruptionError(
+                f"export: step {s}: chunk {src_key!r} holds {len(res.value)} bytes, the chunk grid "
+                f"says {size}")
+        await put(key, res.value)
+
+    # memory stays near the bytes in flight, whatever the chunk size
+    await run_bounded(chunks.items(), chunk, budget=ByteBudget(DEFAULT_BYTES_IN_FLIGHT),
+                      cost=lambda item: item[1][2], max_tasks=16)
+    # arrays appear complete or not at all (in insertion order: arrays, then groups deepest
+    # first); the root group, written last, marks a finished export
+    for key, doc in docs.items():
+        if isinstance(doc, tuple):
+            res = await doc[0].read(doc[1])
+            doc = bytes(res.value)
+        await put(key, doc)
+    return {"root": root, "step": s, "dest": dest, "arrays": len(arrays), "scalars": len(scalars), **stats}

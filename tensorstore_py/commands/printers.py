@@ -183,3 +183,9 @@ def array(a: np.ndarray) -> str:
 def copy(data: dict[str, Any]) -> str:
     return (f"copied {data['kind']} {data['src']} -> {data['dst']}: {data['objects']} object(s), "
             f"{human_size(data['bytes'])}, every checksum verified")
+
+
+def export(data: dict[str, Any]) -> str:
+    return (f"exported step {data['step']} of {data['root']} -> {data['dest']}: {data['arrays']} zarr v3 "
+            f"array(s), {data['scalars']} scalar(s) in the root group's attributes, "
+            f"{data['objects']} object(s), {human_size(data['bytes'])}")

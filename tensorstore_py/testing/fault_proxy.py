@@ -13,8 +13,13 @@ fraction of requests, misbehaves in one of these ways::
 Everything else is relayed byte for byte. Each connection carries one request
 (the proxy asks upstream for ``Connection: close`` and relays that), so a
 dropped connection never poisons a pooled one. Decisions come from
-``random.Random(seed)`` in arrival order; :attr:`counters` tells how many
-requests arrived, were forwarded, and which faults were injected::
+``random.Random(seed)`` in arrival order, after those of :meth:`script` (exact
+decisions for the next requests, for deterministic tests); ``on_fault(kind,
+request_head)`` runs (on a worker thread) when a fault is injected, after a
+forwarded request got its answer and before the client learns anything: a test
+can make another writer act exactly in that window. :attr:`counters` tells how
+many requests arrived, were forwarded (and their bytes), and which faults were
+injected::
 
     with FaultProxy(emulator.endpoint, fault_rate=0.3, seed=1) as proxy:
         spec = {..., "endpoint": proxy.endpoint}
@@ -51,6 +56,7 @@ class FaultProxy:
         fault_rate: float = 0.3,
         seed: int = 0,
         kinds: Sequence[str] = FAULT_KINDS,
+        on_fault: Callable[[str, bytes], None] | None = None,
     ) -> None:
         parts = urlsplit(upstream if "://" in upstream else "http://" + upstream)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
@@ -65,6 +71,8 @@ class FaultProxy:
         self.fault_rate = fault_rate
         self.kinds = tuple(kinds)
         self._rng = random.Random(seed)
+        self._script: list[str | None] = []
+        self.on_fault = on_fault
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._in_flight = 0
@@ -132,8 +140,10 @@ class FaultProxy:
 
     # -- counters ------------------------------------------------------------------------
     def counters(self) -> dict[str, Any]:
-        """``{"requests", "forwarded", "faults", "by_kind": {kind: n}, "max_in_flight"}``.
+        """``{"requests", "forwarded", "bytes_forwarded", "faults", "by_kind": {kind: n},
+        "max_in_flight"}``.
 
+        ``bytes_forwarded`` counts the request bytes (head and body) sent upstream;
         ``max_in_flight`` is the most requests the proxy held open at once.
         """
         with self._lock:
@@ -141,6 +151,7 @@ class FaultProxy:
             return {
                 "requests": self._counts["requests"],
                 "forwarded": self._counts["forwarded"],
+                "bytes_forwarded": self._counts["bytes_forwarded"],
                 "faults": sum(by_kind.values()),
                 "by_kind": by_kind,
                 "max_in_flight": self._counts["max_in_flight"],
@@ -150,9 +161,23 @@ class FaultProxy:
         with self._lock:
             self._counts.clear()
 
+    def script(self, decisions: Sequence[str | None]) -> None:
+        """Decide the next requests exactly: a fault kind, or None to relay one
+        untouched; random decisions resume once these are used up."""
+        bad = {d for d in decisions if d is not None} - set(FAULT_KINDS)
+        if bad:
+            raise ValueError(f"FaultProxy: unknown fault kinds {sorted(bad)}; known: {FAULT_KINDS}")
+        with self._lock:
+            self._script.extend(decisions)
+
     def _decide(self) -> str | None:
         with self._lock:
             self._counts["requests"] += 1
+            if self._script:
+                kind = self._script.pop(0)
+                if kind is not None:
+                    self._counts[kind] += 1
+                return kind
             if self._rng.random() < self.fault_rate:
                 kind = self._rng.choice(self.kinds)
                 self._counts[kind] += 1
@@ -197,17 +222,20 @@ class FaultProxy:
         kind: str | None,
         release: Callable[[], None],
     ) -> None:
-        if kind in ("503", "429"):
+        if kind in ("503", "429", "reset"):
+            await self._notify(kind, request)
             release()
-            await _answer(writer, int(kind))
-            return
-        if kind == "reset":
-            release()
-            writer.transport.abort()
+            if kind == "reset":
+                writer.transport.abort()
+            else:
+                await _answer(writer, int(kind), head_only=request.startswith(b"HEAD "))
             return
         with self._lock:
             self._counts["forwarded"] += 1
+            self._counts["bytes_forwarded"] += len(request)
         response = await self._forward(request)
+        if kind is not None:
+            await self._notify(kind, request)
         release()
         if kind == "lost_response":
             writer.transport.abort()
@@ -220,6 +248,11 @@ class FaultProxy:
             return
         writer.write(response)
         await writer.drain()
+
+    async def _notify(self, kind: str, request: bytes) -> None:
+        if self.on_fault is not None:
+            head = request.partition(b"\r\n\r\n")[0]
+            await asyncio.get_running_loop().run_in_executor(None, self.on_fault, kind, head)
 
     async def _forward(self, request: bytes) -> bytes:
         up_reader, up_writer = await asyncio.open_connection(self.upstream_host, self.upstream_port)
@@ -272,7 +305,7 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
     return out + (await reader.readexactly(length) if length else b"")
 
 
-async def _answer(writer: asyncio.StreamWriter, status: int) -> None:
+async def _answer(writer: asyncio.StreamWriter, status: int, *, head_only: bool = False) -> None:
     reason = {503: "Service Unavailable", 429: "Too Many Requests"}[status]
     body = (
         f'{{"error": {{"code": {status}, "message": "injected fault: {reason}"}}}}'
@@ -280,6 +313,6 @@ async def _answer(writer: asyncio.StreamWriter, status: int) -> None:
     writer.write(
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nRetry-After: 0\r\nConnection: close\r\n\r\n".encode()
-        + body
+        + (b"" if head_only else body)  # an answer to HEAD has no body
     )
     await writer.drain()

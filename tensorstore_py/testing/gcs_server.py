@@ -15,11 +15,15 @@ The server listens on 127.0.0.1 only, on a free port, with the in-memory backend
 
 Behaviour of fake-gcs-server (1.5x) worth knowing, checked by our tests:
 preconditions (``ifGenerationMatch``) are enforced on multipart uploads but not
-on DELETE, and ``ifGenerationNotMatch`` is ignored on media downloads.
+on DELETE nor on resumable uploads; resumable uploads append every chunk
+whatever its ``Content-Range`` says, and a status query finalizes the upload;
+``ifGenerationNotMatch`` is ignored on media downloads. :meth:`GcsEmulator.spec`
+therefore sets the store's ``emulator_workarounds``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -27,16 +31,21 @@ import platform
 import shutil
 import socket
 import subprocess
-import tempfile
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-__all__ = ["GcsEmulator", "find_binary"]
+from aiohttp import ClientSession, web
+
+from tensorstore_py.testing._process import ServerProcess
+
+__all__ = ["GcsEmulator", "ResumableUploadFront", "find_binary"]
 
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 _counter = itertools.count(1)
@@ -77,7 +86,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class GcsEmulator:
+class GcsEmulator(ServerProcess):
     """One fake-gcs-server process on 127.0.0.1 (start/stop or a context manager)."""
 
     def __init__(
@@ -89,9 +98,6 @@ class GcsEmulator:
         self.backend = backend
         self.startup_timeout = startup_timeout
         self.port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self._log: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------
     @property
@@ -103,9 +109,7 @@ class GcsEmulator:
 
     def start(self) -> Self:
         binary = find_binary()
-        self._tmp = tempfile.TemporaryDirectory(prefix="fake-gcs-")
-        # stays open for the server's lifetime; closed in stop()
-        self._log = open(os.path.join(self._tmp.name, "server.log"), "wb")
+        tmp = self._open_log("fake-gcs-")
         last_error = ""
         # The port is free when chosen but could be taken before the server binds it.
         for _try in range(3):
@@ -114,7 +118,7 @@ class GcsEmulator:
                    "-backend", self.backend, "-log-level", "warn",
                    "-external-url", f"http://127.0.0.1:{self.port}"]
             if self.backend == "filesystem":
-                cmd += ["-filesystem-root", os.path.join(self._tmp.name, "data")]
+                cmd += ["-filesystem-root", str(tmp / "data")]
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
             )
@@ -141,43 +145,6 @@ class GcsEmulator:
             time.sleep(0.05)
         return False
 
-    def _terminate(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def stop(self) -> None:
-        """Stop the server and delete its temporary directory."""
-        self._terminate()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def log_text(self) -> str:
-        """The server's log so far (for failure messages)."""
-        if self._tmp is None:
-            return ""
-        try:
-            return Path(self._tmp.name, "server.log").read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     # -- buckets -------------------------------------------------------------------------
     def create_bucket(self, name: str | None = None) -> str:
         """Create a bucket (a fresh unique name by default) and return its name."""
@@ -199,8 +166,119 @@ class GcsEmulator:
     ) -> dict[str, Any]:
         """A gcs kvstore spec for ``bucket`` on this emulator, plus ``extra`` spec fields."""
         return {"driver": "gcs", "bucket": bucket, "path": path, "endpoint": self.endpoint,
-                **(extra or {})}
+                "emulator_workarounds": True, **(extra or {})}
 
     def __repr__(self) -> str:
         state = f"port {self.port}" if self._proc is not None else "stopped"
         return f"GcsEmulator({self.backend}, {state})"
+
+
+class ResumableUploadFront:
+    """GCS resumable uploads done right, in front of a fake-gcs-server.
+
+    fake-gcs-server's resumable uploads append each chunk whatever its
+    ``Content-Range`` says, finalize on a status query and ignore
+    preconditions, so resuming can not be tested on it. This loopback server
+    implements the resumable protocol as the GCS documentation describes it
+    (sessions, ``Content-Range`` offsets, 308 with the persisted ``Range``,
+    status queries, overlapping resends) and completes a session with one
+    multipart upload to the emulator, carrying the session's preconditions,
+    which the emulator enforces. Every other request is relayed unchanged.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self._sessions: dict[str, dict[str, Any]] = {}
+        self._loop: Any = None
+        self._runner: Any = None
+        self._thread: Any = None
+        self.port = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Self:
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._runner = web.AppRunner(app, access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            self._loop.run_until_complete(site.start())
+            self.port = self._runner.addresses[0][1]
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="resumable-front", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+        self._loop = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def _handle(self, request: Any) -> Any:
+        body = await request.read()
+        query = dict(request.query)
+        if request.method == "POST" and query.pop("uploadType", None) == "resumable":
+            sid = uuid.uuid4().hex
+            self._sessions[sid] = {"query": query, "meta": json.loads(body), "data": bytearray(),
+                                   "bucket": request.path.split("/")[5], "final": None}
+            # the session URL names the host the client used (a proxy in front stays in front)
+            return web.Response(headers={"Location": f"http://{request.host}/resumable/{sid}"})
+        if request.path.startswith("/resumable/"):
+            return await self._chunk(self._sessions.get(request.path.rsplit("/", 1)[1]),
+                                     request.headers.get("Content-Range", ""), body)
+        async with ClientSession(auto_decompress=False) as s:
+            async with s.request(request.method, self.upstream + request.path_qs, data=body,
+                                 headers={k: v for k, v in request.headers.items()
+                                          if k.lower() not in ("host", "content-length")}) as r:
+                return web.Response(status=r.status, body=await r.read(), headers={
+                    k: v for k, v in r.headers.items()
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection")})
+
+    async def _chunk(self, session: dict[str, Any] | None, content_range: str, body: bytes) -> Any:
+        if session is None:
+            return web.Response(status=404, text="no such upload session")
+        if session["final"] is not None:
+            status, text = session["final"]
+            return web.Response(status=status, body=text, content_type="application/json")
+        span, _, total_s = content_range.removeprefix("bytes ").partition("/")
+        data: bytearray = session["data"]
+        if span != "*":
+            first = int(span.split("-", 1)[0])
+            if first > len(data):
+                return web.Response(status=400, text=f"chunk starts at {first}, have {len(data)}")
+            data += body[len(data) - first:]  # bytes the session already has are ignored
+        if total_s != "*" and len(data) == int(total_s):
+            boundary = "front" + uuid.uuid4().hex
+            payload = (f"--{boundary}\r\nContent-Type: application/json\r\n\r\n"
+                       f"{json.dumps(session['meta'])}\r\n--{boundary}\r\n"
+                       "Content-Type: application/octet-stream\r\n\r\n").encode() \
+                + bytes(data) + f"\r\n--{boundary}--\r\n".encode()
+            url = (f"{self.upstream}/upload/storage/v1/b/{session['bucket']}/o?"
+                   + urllib.parse.urlencode({**session["query"], "uploadType": "multipart"}))
+            async with ClientSession() as s:
+                async with s.post(url, data=payload, headers={
+                        "Content-Type": f"multipart/related; boundary={boundary}"}) as r:
+                    session["final"] = (r.status, await r.read())
+            status, text = session["final"]
+            return web.Response(status=status, body=text, content_type="application/json")
+        headers = {"Range": f"bytes=0-{len(data) - 1}"} if data else {}
+        return web.Response(status=308, headers=headers)

@@ -31,7 +31,10 @@ slow or limited stores:
   with UnsupportedError and write nothing (the race is skipped);
 * ``unique_generations = False``: rewriting identical bytes may keep the
   generation (stores whose only metadata is mtime + size);
-* ``supports_list = False`` (read-only suite): ``list`` must raise UnsupportedError.
+* ``supports_list = False`` (read-only suite): ``list`` must raise UnsupportedError;
+* ``picklable = False``: the store can not be reopened in another process and
+  must say so with UnsupportedError when pickled (else it must pickle as its
+  spec and the unpickled store must read and write the same data).
 
 :func:`cas_increment_worker` is the race body for separate processes (a
 picklable module-level function taking a spec).
@@ -40,8 +43,10 @@ picklable module-level function taking a spec).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
+import pickle
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -115,9 +120,25 @@ def _raises(
 class _Common:
     #: seconds to wait for any one Future
     timeout: ClassVar[float] = 60.0
+    #: False for stores that can not be reopened in another process (see the module doc)
+    picklable: ClassVar[bool] = True
 
     def _res(self, fut: Future[Any]) -> Any:
         return fut.result(self.timeout)
+
+    def _check_pickle(self, store: KvStore, key: str, data: bytes) -> KvStore | None:
+        """``store`` pickled and unpickled (it must still read ``key`` as ``data``),
+        or None for a store that must refuse to pickle; copies are handles on the same data."""
+        for dup in (copy.copy(store), copy.deepcopy(store)):
+            assert dup == store and bytes(self._res(dup.read(key)).value) == data
+        if not self.picklable:
+            with pytest.raises(UnsupportedError, match="pickle"):
+                pickle.dumps(store)
+            return None
+        again = pickle.loads(pickle.dumps(store.with_path("")))
+        assert type(again) is type(store) and again.spec() == store.spec()
+        assert bytes(self._res(again.read(key)).value) == data
+        return again
 
 
 class KvStoreConformance(_Common):
@@ -369,6 +390,13 @@ class KvStoreConformance(_Common):
         assert store.driver in repr(store)
         assert repr(store) == repr(reopened)
 
+    def test_pickles_as_its_spec(self, store: KvStore) -> None:
+        self._res(store.write("p/k", b"pickled"))
+        again = self._check_pickle(store, "p/k", b"pickled")
+        if again is not None:
+            self._res(again.write("p/k2", b"from the copy"))
+            assert bytes(self._res(store.read("p/k2")).value) == b"from the copy"
+
     def test_with_path(self, store: KvStore) -> None:
         sub = store.with_path("sub/dir")
         assert sub.path.endswith("sub/dir/")
@@ -540,6 +568,12 @@ class ReadOnlyKvStoreConformance(_Common):
         assert repr(reopened) == repr(populated_store)
         key, data = self._longest(expected_values)
         assert bytes(self._res(reopened.read(key)).value) == data
+
+    def test_pickles_as_its_spec(
+        self, populated_store: KvStore, expected_values: dict[str, bytes]
+    ) -> None:
+        key, data = self._longest(expected_values)
+        self._check_pickle(populated_store, key, data)
 
     def test_with_path(self, populated_store: KvStore, expected_values: dict[str, bytes]) -> None:
         key = next(k for k in sorted(expected_values) if "/" in k)

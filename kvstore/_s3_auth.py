@@ -1,0 +1,148 @@
+"""Credentials and request signing for the s3 store, by botocore.
+
+botocore (the AWS SDK's core, optional: the ``s3`` extra) provides both halves:
+the standard credential chain (environment, shared credentials and config
+files with profiles, SSO, web identity, container and EC2 instance metadata,
+refreshed before they expire) and Signature Version 4 with S3's rules
+(``S3SigV4Auth``: no path normalisation, ``x-amz-content-sha256``). It is
+imported lazily, only by stores that sign requests; lookups and refreshes run
+on the I/O pool (see :mod:`~tensorstore_py.kvstore._auth`).
+
+Payloads: over https the body is sent as ``UNSIGNED-PAYLOAD`` (every body
+carries an ``x-amz-checksum-*`` header that S3 verifies, and TLS protects
+both), as botocore does; over plain http (local servers) the body's SHA-256
+is signed, computed on the CPU pool for large bodies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import yarl
+
+from tensorstore_py.core.pools import run_cpu
+from tensorstore_py.core.ranges import Buffer
+from tensorstore_py.kvstore._auth import CachedCredentials, CredentialsMode
+
+__all__ = ["S3Auth", "default_region", "require_botocore"]
+
+_INSTALL_HINT = 'pip install "tensorstore_py[s3]"'
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+_UNSIGNED = "UNSIGNED-PAYLOAD"
+_BIG = 1 << 20
+_signer_class: Any = None
+
+
+class S3Auth(CachedCredentials):
+    """SigV4 signatures with credentials from the AWS chain (or a named profile)."""
+
+    driver = "s3"
+
+    def __init__(self, mode: CredentialsMode, *, anonymous: bool, region: str,
+                 profile: str | None = None) -> None:
+        super().__init__(mode, anonymous=anonymous)
+        self.region = region
+        self.profile = profile
+
+    def _lookup(self) -> tuple[Any, str]:
+        # botocore is the optional s3 extra: imported only once credentials are used
+        import botocore.exceptions
+        import botocore.session  # (lazy, as above)
+
+        where = f"profile {self.profile!r}" if self.profile else "the AWS credential chain"
+        try:
+            creds = botocore.session.Session(profile=self.profile).get_credentials()
+        except botocore.exceptions.ProfileNotFound as e:
+            return None, f"{where}: {e}"
+        except botocore.exceptions.BotoCoreError as e:
+            return None, f"{where}: {type(e).__name__}: {e}"
+        if creds is None:
+            return None, (f"{where} (environment, shared credentials/config files, container "
+                          "and instance metadata) has none")
+        return creds, ""
+
+    def _usable(self, creds: Any) -> bool:
+        needed = getattr(creds, "refresh_needed", None)
+        return not (needed is not None and needed())
+
+    def _refresh(self, creds: Any) -> None:
+        creds.get_frozen_credentials()  # refreshes (blocking) when near expiry
+
+    def _forget(self, creds: Any) -> None:
+        pass  # botocore refreshes by expiry; S3 answers 403 (not 401) to a stale token
+
+    def _describe(self, creds: Any) -> str:
+        key = getattr(creds, "access_key", "") or ""
+        return (f"AWS credentials from {getattr(creds, 'method', 'unknown')} "
+                f"(access key ...{key[-4:]}, region {self.region})")
+
+    async def _sign(
+        self, creds: Any, method: str, url: str | yarl.URL, headers: Mapping[str, str],
+        data: Buffer | None,
+    ) -> dict[str, str]:
+        url_s = str(url)
+        if not data:
+            payload = _EMPTY_SHA256
+        elif url_s.startswith("https://"):
+            payload = _UNSIGNED
+        elif len(data) > _BIG:
+            payload = await run_cpu(lambda: hashlib.sha256(data).hexdigest())
+        else:
+            payload = hashlib.sha256(data).hexdigest()
+        return _signed_headers(creds.get_frozen_credentials(), self.region, method, url_s,
+                               headers, payload)
+
+
+def _signed_headers(frozen: Any, region: str, method: str, url: str,
+                    headers: Mapping[str, str], payload: str) -> dict[str, str]:
+    """The headers SigV4 adds (Authorization, X-Amz-Date, X-Amz-Content-SHA256, a
+    session token) for a request whose body hashes to ``payload``."""
+    global _signer_class
+    # botocore is the optional s3 extra (see S3Auth._lookup)
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest  # (lazy, as above)
+
+    if _signer_class is None:
+        class Signer(S3SigV4Auth):  # type: ignore[misc]
+            """S3SigV4Auth with the payload hash given (bodies are buffers it can not read)."""
+
+            def payload(self, request: Any) -> str:
+                return str(request.context["payload_hash"])
+
+        _signer_class = Signer
+    req = AWSRequest(method=method, url=url, headers=dict(headers), data=b"")
+    req.context["payload_hash"] = payload
+    _signer_class(frozen, "s3", region).add_auth(req)
+    return {k: v for k, v in req.headers.items() if k not in headers or headers[k] != v}
+
+
+def default_region(profile: str | None) -> str:
+    """The region of the AWS configuration: ``AWS_REGION``, ``AWS_DEFAULT_REGION``,
+    the profile's ``region`` in the shared config file, else ``us-east-1``."""
+    for var in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        if os.environ.get(var):
+            return os.environ[var]
+    try:
+        # botocore is the optional s3 extra: without it only the environment is read
+        import botocore.session
+    except ImportError:
+        return "us-east-1"
+    try:
+        region = botocore.session.Session(profile=profile).get_config_variable("region")
+    except Exception:  # a missing profile is reported when credentials are looked up
+        region = None
+    return region or "us-east-1"
+
+
+def require_botocore() -> None:
+    try:
+        # botocore is optional (the s3 extra): checked here, imported when used
+        import botocore.auth  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            f"the s3 kvstore needs botocore to sign requests ({e.name} is missing); "
+            f"install it with: {_INSTALL_HINT}, or use credentials 'anonymous'"
+        ) from e

@@ -1,0 +1,246 @@
+"""Dask: read views as dask arrays; write dask arrays with ONE atomic commit.
+
+::
+
+    import tensorstore_py as tsp
+    import tensorstore_py.dask as tspd
+
+    vol = tsp.open("versioned+file:///data/run/").result()
+    arr = tspd.to_dask(vol)                     # chunks = the stored chunks (shards)
+    info = tspd.store(arr * 2, out_view)        # one version for the whole graph
+
+Needs the ``dask`` extra (``pip install "tensorstore_py[dask]"``); works with
+every Dask scheduler, since views pickle as their spec (threads, processes,
+``dask.distributed``).
+
+:func:`to_dask`
+    Dask chunks are exactly the stored chunks as the view sees them (shards
+    where sharded; through steps, flips, transposes, new axes and translations):
+    each task reads whole stored chunks, lazily, through the pickled view. A
+    view of a versioned store that is not pinned is pinned to its newest version
+    when the array is built, so every task reads the same snapshot.
+
+:func:`store`
+    Every task writes a region made of whole stored write chunks (shards), so no
+    two tasks ever touch one chunk. A dask array whose blocks cut a chunk is
+    *realigned* (``realign=True``, the default: ``dask.array.rechunk`` moves each
+    block boundary up to the next chunk boundary) or *refused*
+    (``realign=False``: InvalidArgumentError naming the dimension and boundary).
+
+    On a **versioned store** the graph publishes exactly ONE version: each task
+    writes its chunks in its own transaction and *stages* them
+    (:mod:`tensorstore_py.kvstore.versioned.staging`): its data objects are
+    durable, and its result is the list of changes (key -> index entry, about
+    100 bytes per chunk). A final task commits all of them in one commit. So
+    nothing is visible before that commit, a graph that fails commits nothing,
+    and a task that Dask re-ran (its worker was killed) contributes exactly the
+    changes of the run whose result Dask kept: the data of lost runs is never
+    referenced (gc reclaims it after its grace period). The commit carries a
+    transaction id, so a re-run of the commit task itself does not commit twice.
+    A chunk that another writer changed after a task read it fails the commit
+    with ConflictError, as in any transaction.
+
+    On any **other store** each chunk is replaced atomically as the task writes
+    it; the write as a whole is not atomic (a failed graph leaves the chunks of
+    the tasks that ran).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from typing import Any, Literal
+
+import numpy as np
+
+from tensorstore_py.core.errors import InvalidArgumentError, ReadOnlyError
+from tensorstore_py.kvstore.ids import check_id
+from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
+from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned.staging import StagedChanges, commit_staged, stage
+from tensorstore_py.tensorstore import TensorStore
+
+try:
+    import dask
+    import dask.array as da
+except ImportError as e:  # the optional extra
+    raise ImportError(
+        f'tensorstore_py.dask needs dask ({e.name} is missing): pip install "tensorstore_py[dask]"'
+    ) from e
+
+__all__ = ["storage_chunks", "store", "to_dask"]
+
+Chunks = tuple[tuple[int, ...], ...]
+
+
+# -- chunk grids as a view sees them --------------------------------------------------------
+def _dim_chunks(k0: int, stride: int, n: int, c: int) -> tuple[int, ...]:
+    """Run lengths of view positions ``0..n-1`` (stored index ``k0 + stride * p``)
+    that fall in the same stored chunk of size ``c``."""
+    if n == 0:
+        return (0,)
+    if abs(stride) >= c:
+        return (1,) * n  # consecutive positions always lie in different chunks
+    bounds = [0]
+    if stride > 0:
+        j = k0 // c + 1  # the next chunk's index: it starts at stored index j * c
+        while (p := -(-(j * c - k0) // stride)) < n:
+            bounds.append(p)
+            j += 1
+    else:
+        j = k0 // c  # this chunk's index: we leave it below stored index j * c
+        while (p := (k0 - j * c) // -stride + 1) < n:
+            bounds.append(p)
+            j -= 1
+    bounds.append(n)
+    return tuple(b - a for a, b in itertools.pairwise(bounds))
+
+
+def storage_chunks(view: TensorStore, kind: Literal["write", "read"] = "write") -> Chunks:
+    """The stored chunk grid as ``view`` sees it, in dask's ``chunks`` form.
+
+    ``kind="write"``: the unit written atomically (the shard when sharded);
+    ``"read"``: the smallest unit read alone (the inner chunk). New axes are one
+    chunk; a dimension of length 0 is ``(0,)``.
+    """
+    drv = view.driver
+    grid = drv.write_chunk_shape if kind == "write" else drv.read_chunk_shape
+    t = view.transform
+    lo, shape = t.domain.inclusive_min, t.domain.shape
+    out: list[tuple[int, ...]] = [(n,) for n in shape]
+    for b, m in enumerate(t.output):
+        d = m.input_dimension
+        if d is not None:
+            out[d] = _dim_chunks(m.offset + m.stride * lo[d], m.stride, shape[d], grid[b])
+    return tuple(out)
+
+
+def _pinned(view: TensorStore) -> TensorStore:
+    """``view``, pinned to the newest version when it reads a live versioned store."""
+    kv = view.kvstore
+    if isinstance(kv, VersionedKvStore) and kv.version is None and kv.tag_name is None:
+        snap = kv.snapshot(kv.newest_version().result())
+        return TensorStore(view.driver.with_kvstore(snap), view.transform, view._context)
+    return view
+
+
+# -- reading ----------------------------------------------------------------------------------
+def to_dask(view: TensorStore, *, chunks: Literal["write", "read"] = "write") -> da.Array:
+    """A lazy dask array of ``view`` whose chunks are the stored chunks (see the module doc).
+
+    ``chunks="read"`` uses the inner chunks of a sharded array (more, smaller tasks).
+    """
+    if not isinstance(view, TensorStore):
+        raise InvalidArgumentError(f"to_dask needs a TensorStore view, got {type(view).__name__}")
+    src = _pinned(view)
+    return da.from_array(
+        src, chunks=storage_chunks(src, chunks), name=f"tensorstore-{uuid.uuid4().hex}",
+        asarray=True, lock=False, fancy=False, meta=np.empty((0,) * src.ndim, src.dtype),
+    )
+
+
+# -- writing ----------------------------------------------------------------------------------
+def _boundaries(chunks: tuple[int, ...]) -> list[int]:
+    return list(itertools.accumulate(chunks))[:-1]
+
+
+def _aligned(source: da.Array, grid: Chunks, realign: bool) -> da.Array:
+    """``source`` with every block boundary on a stored chunk boundary."""
+    want: list[tuple[int, ...]] = []
+    for d, (have, cells) in enumerate(zip(source.chunks, grid)):
+        if any(np.isnan(c) for c in have):
+            raise InvalidArgumentError(
+                f"store: dimension {d} of the dask array has unknown chunk sizes; call "
+                f"compute_chunk_sizes() first"
+            )
+        stored = _boundaries(cells)
+        allowed = set(stored)
+        bad = [b for b in _boundaries(have) if b not in allowed]
+        if not bad:
+            want.append(have)
+            continue
+        if not realign:
+            raise InvalidArgumentError(
+                f"store: dimension {d}: a dask block boundary at {bad[0]} cuts a stored chunk "
+                f"(chunk boundaries there: {stored[:8]}{' ...' if len(stored) > 8 else ''}); "
+                f"rechunk to whole chunks (tensorstore_py.dask.storage_chunks) or pass realign=True"
+            )
+        n = sum(have)
+        ends = sorted({next((s for s in stored if s >= b), n) for b in _boundaries(have)} | {n})
+        want.append(tuple(b - a for a, b in itertools.pairwise([0, *ends]) if b > a))
+    want_t = tuple(want)
+    return source if want_t == source.chunks else source.rechunk(want_t)
+
+
+def _write_block(view: TensorStore, region: tuple[slice, ...], block: np.ndarray) -> None:
+    view[region].write(block).result()
+
+
+def _stage_block(view: TensorStore, region: tuple[slice, ...], block: np.ndarray) -> StagedChanges:
+    txn = Transaction()
+    view.with_transaction(txn)[region].write(block).result()
+    return stage(txn, view.kvstore).result()  # type: ignore[arg-type]
+
+
+def _commit(view: TensorStore, parts: list[StagedChanges], txn_id: str, message: str,
+            metadata: dict[str, Any]) -> CommitInfo:
+    return commit_staged(view.kvstore, parts, txn_id=txn_id, message=message,  # type: ignore[arg-type]
+                         metadata=metadata).result()
+
+
+def _done(_results: list[None]) -> None:
+    return None
+
+
+def store(
+    source: da.Array,
+    view: TensorStore,
+    *,
+    realign: bool = True,
+    compute: bool = True,
+    txn_id: str | None = None,
+    message: str = "",
+    metadata: dict[str, Any] | None = None,
+) -> CommitInfo | None | Any:
+    """Write the dask array ``source`` into ``view`` (same shape; dtype cast by
+    numpy ``same_kind`` rules), one task per block (see the module doc).
+
+    Returns the :class:`CommitInfo` of the one new version on a versioned store,
+    None on other stores; with ``compute=False``, a ``dask.delayed`` object that
+    does the work when computed and returns the same. ``txn_id`` (default: a
+    fresh one), ``message`` and ``metadata`` go into the commit record.
+    Argument errors (shape, dtype, alignment, a read-only view) are raised here,
+    before any task runs.
+    """
+    if not isinstance(view, TensorStore):
+        raise InvalidArgumentError(f"store needs a TensorStore view, got {type(view).__name__}")
+    if not isinstance(source, da.Array):
+        raise InvalidArgumentError(f"store needs a dask array, got {type(source).__name__}")
+    if tuple(source.shape) != tuple(view.shape):
+        raise InvalidArgumentError(
+            f"store: the dask array has shape {source.shape}, the view {view.shape} (domain {view.domain})"
+        )
+    if not np.can_cast(source.dtype, view.dtype, "same_kind"):
+        raise InvalidArgumentError(
+            f"store: cannot cast the dask array's dtype {source.dtype} to the view's {view.dtype} under "
+            f"numpy 'same_kind' rules; astype() first"
+        )
+    kv = view.kvstore
+    if kv.read_only:
+        raise ReadOnlyError(f"store: {view!r} is read-only")
+    versioned = isinstance(kv, VersionedKvStore)
+    txn_id = check_id("store: txn_id", txn_id) if txn_id is not None else f"dask-{uuid.uuid4().hex}"
+    source = _aligned(source, storage_chunks(view, "write"), realign)
+    blocks = source.to_delayed().reshape(-1)
+    starts = [[0, *itertools.accumulate(c)] for c in source.chunks]
+    task = dask.delayed(_stage_block if versioned else _write_block, pure=False)
+    view_d = dask.delayed(view, name=f"tensorstore-view-{uuid.uuid4().hex}")
+    results = []
+    for blk, idx in zip(blocks, itertools.product(*(range(len(c)) for c in source.chunks))):
+        region = tuple(slice(s[i], s[i + 1]) for s, i in zip(starts, idx))
+        results.append(task(view_d, region, blk))
+    if versioned:
+        final = dask.delayed(_commit, pure=False)(view_d, results, txn_id, message, dict(metadata or {}))
+    else:
+        final = dask.delayed(_done, pure=False)(results)
+    return final.compute() if compute else final

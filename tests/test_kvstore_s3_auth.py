@@ -1,0 +1,195 @@
+"""Credentials of the object stores: the AWS chain (environment, profile, instance
+metadata served by the moto server), SigV4 on the wire, "auto" mode that looks
+again instead of staying anonymous, and fail-fast DNS errors naming the
+credentials (subprocesses of the real entry points)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tensorstore_py.errors import StorageError
+from tensorstore_py.kvstore import _auth
+from tensorstore_py.kvstore._gcs_auth import GcsAuth
+from tensorstore_py.kvstore.s3 import S3KvStore
+from tensorstore_py.testing.s3_server import S3Server
+
+T = 60
+_AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+             "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
+             "AWS_ENDPOINT_URL_S3", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+             "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_WEB_IDENTITY_TOKEN_FILE")
+
+
+@pytest.fixture
+def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """An environment where the AWS chain finds nothing (no keys, files, metadata)."""
+    for var in _AWS_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return monkeypatch
+
+
+def _recorder(serve_app: Any, *, deny_anonymous: bool = False) -> tuple[str, list[dict[str, str]]]:
+    """A loopback server that records each request's headers and answers like S3 for
+    a missing key (403 to unsigned requests when ``deny_anonymous``)."""
+    seen: list[dict[str, str]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        if deny_anonymous and "Authorization" not in request.headers:
+            return web.Response(status=403, body=b"<Error><Code>AccessDenied</Code></Error>")
+        return web.Response(status=404, body=b"<Error><Code>NoSuchKey</Code></Error>")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    return serve_app(app).url, seen
+
+
+def test_environment_credentials_sign_with_sigv4(serve_app: Any, no_aws: pytest.MonkeyPatch) -> None:
+    url, seen = _recorder(serve_app)
+    no_aws.setenv("AWS_ACCESS_KEY_ID", "AKIDENVIRONMENT")
+    no_aws.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    no_aws.setenv("AWS_SESSION_TOKEN", "session-token")
+    kv = S3KvStore(bucket="b-1", endpoint_url=url, region="eu-west-1")
+    assert kv.read("k").result(T).state == "missing"
+    auth = seen[0]["Authorization"]
+    assert auth.startswith("AWS4-HMAC-SHA256 Credential=AKIDENVIRONMENT/")
+    assert "/eu-west-1/s3/aws4_request" in auth and "SignedHeaders=" in auth
+    assert seen[0]["X-Amz-Security-Token"] == "session-token"
+    assert seen[0]["X-Amz-Content-SHA256"]  # the payload hash S3 requires
+    assert "environment" in kv._auth.describe() or "env" in kv._auth.describe()
+
+
+def test_profile_credentials_and_region(serve_app: Any, no_aws: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
+    url, seen = _recorder(serve_app)
+    (tmp_path / "credentials").write_text(
+        "[ml-team]\naws_access_key_id = AKIDPROFILE\naws_secret_access_key = s\n")
+    (tmp_path / "config").write_text("[profile ml-team]\nregion = ap-south-1\n")
+    no_aws.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    no_aws.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    kv = S3KvStore(bucket="b-1", endpoint_url=url, profile="ml-team")
+    assert kv.region == "ap-south-1" and kv.spec()["profile"] == "ml-team"
+    kv.read("k").result(T)
+    assert seen[0]["Authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIDPROFILE/")
+    assert "/ap-south-1/s3/" in seen[0]["Authorization"]
+    with pytest.raises(StorageError, match="no-such-profile"):
+        S3KvStore(bucket="b-1", endpoint_url=url, profile="no-such-profile",
+                  credentials="default").read("k").result(T)
+
+
+def test_instance_metadata_credentials(s3_server: S3Server, no_aws: pytest.MonkeyPatch) -> None:
+    """EC2 instance metadata (IMDSv2), served by the moto server itself."""
+    no_aws.setenv("AWS_EC2_METADATA_DISABLED", "false")
+    no_aws.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", s3_server.endpoint + "/")
+    kv = S3KvStore.from_spec(s3_server.spec(s3_server.create_bucket(), extra={
+        "credentials": "default"}))
+    kv.write("k", b"signed by a role").result(T)
+    assert bytes(kv.read("k").result(T).value) == b"signed by a role"
+    assert "iam-role" in kv._auth.describe(), kv._auth.describe()
+
+
+def test_auto_credentials_look_again_after_a_denial(serve_app: Any,
+                                                    no_aws: pytest.MonkeyPatch) -> None:
+    """"auto" found no credentials (anonymous); once credentials appear, the next
+    access denial makes it look again instead of staying anonymous for good."""
+    url, seen = _recorder(serve_app, deny_anonymous=True)
+    kv = S3KvStore(bucket="b-1", endpoint_url=url, region="us-east-1")
+    with pytest.raises(StorageError, match="403"):
+        kv.read("k").result(T)
+    assert all("Authorization" not in h for h in seen)
+    no_aws.setenv("AWS_ACCESS_KEY_ID", "AKIDLATER")
+    no_aws.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    assert kv.read("k").result(T).state == "missing"
+    assert seen[-1]["Authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIDLATER/")
+
+
+def test_gcs_auto_credentials_look_again(serve_app: Any, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same policy for google-auth: no application-default credentials at
+    first, a service-account file later (its token endpoint on loopback)."""
+    crypto = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.rsa")
+    from cryptography.hazmat.primitives import serialization
+
+    async def token(request: web.Request) -> web.Response:
+        return web.json_response({"access_token": "tok", "expires_in": 3600, "token_type": "Bearer"})
+
+    app = web.Application()
+    app.router.add_post("/token", token)
+    server = serve_app(app)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud configuration either
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:1")  # and no metadata server
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:1")
+    auth = GcsAuth("auto", anonymous=False)
+    from tensorstore_py.core.future import run_sync
+
+    assert run_sync(auth.headers("GET", "https://x", {}, None), T) == {}
+    assert "no credentials found" in auth.describe()
+    key = crypto.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    creds = tmp_path / "sa.json"
+    creds.write_text(json.dumps({
+        "type": "service_account", "project_id": "p", "private_key_id": "k1", "private_key": pem,
+        "client_email": "sa@p.iam.gserviceaccount.com", "client_id": "1",
+        "token_uri": f"{server.url}/token"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(creds))
+    assert run_sync(auth.headers("GET", "https://x", {}, None), T) == {}  # still within the pause
+    assert auth.invalidate(403)  # an access denial: look again now
+    assert run_sync(auth.headers("GET", "https://x", {}, None), T) == {"Authorization": "Bearer tok"}
+    assert "sa@p.iam.gserviceaccount.com" in auth.describe()
+
+
+def test_auto_lookup_repeats_after_the_pause(no_aws: pytest.MonkeyPatch) -> None:
+    kv = S3KvStore(bucket="b-1", endpoint_url="http://127.0.0.1:1", region="us-east-1")
+    assert kv._auth._ensure() is None
+    no_aws.setenv("AWS_ACCESS_KEY_ID", "AKIDAFTERPAUSE")
+    no_aws.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    assert kv._auth._ensure() is None  # within RELOOKUP_SECONDS
+    no_aws.setattr(_auth.time, "monotonic", lambda: 1e12)
+    assert kv._auth._ensure().access_key == "AKIDAFTERPAUSE"
+
+
+# -- no network: fail fast, say which credentials ----------------------------------------------
+_DNS_SCRIPT = """
+import sys, time
+import tensorstore_py as tsp
+spec = {spec!r}
+t = time.monotonic()
+try:
+    tsp.KvStore.open(spec).result(60).read("k").result(60)
+except tsp.errors.StorageError as e:
+    print(f"{{time.monotonic() - t:.2f}}")
+    print(e)
+"""
+
+
+@pytest.mark.parametrize("spec", [
+    {"driver": "gcs", "bucket": "some-bucket", "endpoint": "https://tsp-test.invalid"},
+    {"driver": "s3", "bucket": "some-bucket", "endpoint_url": "https://tsp-test.invalid"},
+])
+def test_an_unresolvable_host_fails_fast(spec: dict[str, Any], tmp_path: Path) -> None:
+    """A name that does not exist is not retried (was 10 attempts over ~15 s); the
+    error names the host and the credentials in use, once."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("AWS_", "GOOGLE_"))}
+    env.update(HOME=str(tmp_path), AWS_EC2_METADATA_DISABLED="true")
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(_DNS_SCRIPT.format(spec=spec))],
+                         capture_output=True, text=True, timeout=120, env=env)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, (out.stdout, out.stderr)
+    elapsed, message = float(lines[0]), lines[1]
+    assert elapsed < 5, message
+    assert "cannot resolve host 'tsp-test.invalid'" in message and "not retried" in message
+    assert message.count("credentials:") == 1 and "anonymous" in message, message
+    assert out.stderr.count("no credentials found") <= 1, out.stderr
