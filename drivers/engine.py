@@ -45,7 +45,7 @@ from tensorstore_py.core.errors import (
     NotFoundError,
     ReadOnlyError,
 )
-from tensorstore_py.core.pools import run_cpu, run_io
+from tensorstore_py.core.pools import available_cpus, run_cpu, run_io
 from tensorstore_py.drivers.base import ArrayDriver, Index
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.codecs.base import ChunkCodec
@@ -296,8 +296,9 @@ class ChunkedArray(ArrayDriver):
     def read_blocking(self, index: Index, out: np.ndarray) -> np.ndarray:
         index = self._check_index(index)
         out = self._out(index, out)
-        if out.size:
-            fastpath.read_blocking(self, self.kvstore, index, out, tasks=self._sync_read_tasks())
+        if out.size:  # every worker is busy on a CPU here (no loop to wait on): one per core
+            tasks = min(self._sync_read_tasks(), max(2, available_cpus()))
+            fastpath.read_blocking(self, self.kvstore, index, out, tasks=tasks)
         return out
 
     async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:

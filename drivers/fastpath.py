@@ -14,6 +14,8 @@ async path; the results and guarantees are identical.
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, TypeVar
@@ -84,33 +86,39 @@ def batches(parts: Iterable[T], chunk_nbytes: int, *,
 
 
 def read_blocking(arr: ChunkOps, kv: Any, index: tuple[slice, ...], out: np.ndarray, *, tasks: int) -> None:
-    """Read ``index`` into ``out`` from the calling thread: the batches are dealt
-    round-robin into up to ``tasks`` groups; the caller reads one group and
-    ``submit_blocking`` jobs the others (a job no pool thread has started yet is
-    run by the caller when it waits for it, so helpers never deadlock a full
-    pool). No event loop round trip: on a busy machine every thread hand-off
-    waits for a CPU, and a small read (a crop, a plane) is mostly hand-offs.
-    Memory in flight: ``tasks`` batches (each ~BATCH_BYTES of chunks)."""
-    todo = list(batches(chunk_parts(index, arr._chunk_shape, arr._shape), arr._chunk_nbytes))
-    k = max(1, min(tasks, len(todo)))
+    """Read ``index`` into ``out`` from the calling thread, with up to ``tasks`` - 1
+    helpers: ``submit_blocking`` jobs that, like the caller, take batches from
+    one shared queue until it is empty. A helper that starts late finds less (or
+    no) work; one that never started is run by the caller when it waits for it
+    (and finds the queue empty), so helpers never deadlock a full pool. No event
+    loop round trip: on a busy machine every thread hand-off waits for a CPU,
+    and a small read (a crop, a plane) is mostly hand-offs. Memory in flight:
+    ``tasks`` batches (each ~BATCH_BYTES of chunks)."""
+    todo = batches(chunk_parts(index, arr._chunk_shape, arr._shape), arr._chunk_nbytes)
+    lock = threading.Lock()
+    failed: list[BaseException] = []
 
-    def run(group: list[list[ChunkPart]]) -> None:
-        for b in group:
-            read_batch(arr, kv, b, out)
+    def work() -> None:
+        while not failed:
+            with lock:
+                b = next(todo, None)
+            if b is None:
+                return
+            try:
+                read_batch(arr, kv, b, out)
+            except BaseException as e:  # stop every worker; the caller raises it
+                failed.append(e)
 
-    helpers = [submit_blocking(run, todo[i::k]) for i in range(1, k)]
-    failed: BaseException | None = None
-    try:
-        run(todo[::k])
-    except BaseException as e:  # the helpers still write into out: wait for them first
-        failed = e
-    for h in helpers:
-        try:
-            h.result()
-        except BaseException as e:
-            failed = failed or e
-    if failed is not None:
-        raise failed
+    # batches of at most this many chunks (see ``batches``): no helper without work
+    n_chunks = math.prod(0 if s.stop <= s.start else (s.stop - 1) // c - s.start // c + 1
+                         for s, c in zip(index, arr._chunk_shape))
+    per_batch = max(1, min(BATCH_PARTS, BATCH_BYTES // max(1, arr._chunk_nbytes)))
+    helpers = [submit_blocking(work) for _ in range(min(tasks, -(-n_chunks // per_batch)) - 1)]
+    work()
+    for h in helpers:  # they still write into out: wait for every one
+        h.result()
+    if failed:
+        raise failed[0]
 
 
 def read_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:
