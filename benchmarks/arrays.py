@@ -10,7 +10,9 @@ Cases (``--small`` shrinks every size for a quick run):
 * N5 (vs TensorStore's ``n5`` driver only; zarr-python has no N5): a uint8
   volume in 64^3 blocks with N5's default compression (blosc lz4): full write
   (MiB/s), then XY, XZ and YZ planes (planes/s) and unaligned 64^3 crops
-  (crops/s) read by both libraries from the same dataset.
+  (crops/s) read by both libraries from the same dataset, taking turns rep by
+  rep; also the CPU time per read of each (``.cpu_ratio_vs_tensorstore``:
+  theirs over ours, higher is better for us).
 
 Every figure is the median of ``--repeats`` runs. Output lines are
 ``name: value unit``; ``<case>.ratio_vs_tensorstore`` / ``.ratio_vs_zarr`` are
@@ -242,18 +244,25 @@ def bench_n5(tmp: Path, n: int, block: int, n_reads: int, repeats: int) -> None:
     }
     for name, select in selections.items():
         # the two libraries take turns, rep by rep, so that load from elsewhere
-        # on a shared machine falls on both alike
+        # on a shared machine falls on both alike; the process CPU time of each
+        # rep (every thread) is reported too: it depends far less on that load
         views = {lib: select(arr) for lib, arr in opened.items()}
         times: dict[str, list[float]] = {lib: [] for lib in opened}
+        cpu: dict[str, list[float]] = {lib: [] for lib in opened}
         for _ in range(repeats):
             for lib in opened:
                 gc.collect()
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 for v in views[lib]:
                     v.read().result()
                 times[lib].append(time.perf_counter() - t0)
+                cpu[lib].append(time.process_time() - c0)
         rates = {lib: len(views[lib]) / statistics.median(t) for lib, t in times.items()}
         report(f"n5_u8_{name}", rates, "planes/s" if "planes" in name else "crops/s")
+        per_read = {lib: 1000 * statistics.median(c) / len(views[lib]) for lib, c in cpu.items()}
+        for lib, ms in per_read.items():
+            emit(f"n5_u8_{name}.cpu_per_read.{lib}", ms, "ms")
+        emit(f"n5_u8_{name}.cpu_ratio_vs_tensorstore", per_read["tensorstore"] / per_read["tsp"], "x")
     shutil.rmtree(tmp / "n5-tensorstore", ignore_errors=True)
     shutil.rmtree(path, ignore_errors=True)
 
