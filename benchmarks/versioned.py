@@ -1,7 +1,8 @@
 """The versioned store's costs, on the file store (durable: fsync on).
 
     python benchmarks/versioned.py [--sizes 1000,10000,100000,1000000] [--reps 15]
-                                   [--fragments 1000] [--array-mib 128] [--full] [--dir DIR]
+                                   [--fragments 1000] [--versions 10000]
+                                   [--array-mib 128] [--full] [--dir DIR]
 
 * ``commit_1key_<n>``: median latency of committing ONE changed key into a store
   of ``n`` keys (``kv.write(key, value).result()``: probe the newest version,
@@ -10,6 +11,12 @@
   (``build_<n>``), which is how a large checkpoint lands as well.
 * ``merge_<N>_fragments``: a coordinator merging ``N`` simulated multi-writer
   fragments (8 keys each) into one commit.
+* ``reclaim_after_save_<n>_versions``: a store with ``n`` versions (``--versions``,
+  each writing one 2 KiB value: a data object and an index leaf), all but the
+  newest two deleted and reclaimed; then one more save, the deletion of every
+  version before it and the prompt reclaim a checkpoint retention runs
+  (``kvstore.versioned.gc.reclaim``), from a process with cold caches. Prints
+  its seconds and the objects it read (base-store reads, and listings).
 * ``zarr3_write`` / ``zarr3_read`` on ``file`` and on ``versioned`` over the same
   file store (``--array-mib`` MiB of float32, 4 MiB chunks; ``--full``: 1 GiB),
   the versioned write as one transaction; ``ratio_*`` = versioned / file.
@@ -20,7 +27,8 @@
 
 Prints ``name: value unit`` lines and ``ratio_*: x`` lines.
 Targets: ``commit_1key_1000000`` < 50 ms; ``merge_1000_fragments`` < 5 s;
-``ratio_zarr3_*`` <= 1.15.
+``ratio_zarr3_*`` <= 1.15; ``reclaim_after_save_10000_versions`` reads a number
+of objects that does not grow with ``n``.
 """
 
 from __future__ import annotations
@@ -38,9 +46,12 @@ from _harness import emit, fresh, scratch_dir
 
 import tensorstore_py as tsp
 from tensorstore_py.core.future import spawn
+from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned import root as versioned_root
 from tensorstore_py.kvstore.versioned.format import InlineEntry, RefEntry, new_stamp
+from tensorstore_py.kvstore.versioned.gc import reclaim
 from tensorstore_py.kvstore.versioned.multiwriter import encode_fragment, fragment_name
 from tensorstore_py.kvstore.versioned.root import Plan
 
@@ -107,6 +118,28 @@ def bench_merge(root: str, count: int) -> float:
     return dt
 
 
+def bench_reclaim(root: str, n: int) -> tuple[float, int, int]:
+    """(seconds, base-store reads, listings) of the reclaim after one more save."""
+    path = fresh(root)
+    kv = VersionedKvStore(FileKvStore(path=path, sync=False))  # setup speed: no fsync
+    rng = np.random.default_rng(n)
+    for i in range(n):
+        kv.write(f"params/w{i % 3}", rng.bytes(2048)).result()
+    kv.delete_versions(list(range(1, n - 1))).result()
+    reclaim(kv).result()  # the history's deleted versions: reclaimed once, as retention goes
+    kv.write("params/w0", rng.bytes(2048)).result()  # the save
+    newest = kv.newest_version().result()
+    older = [v.version for v in kv.versions().result() if v.version < newest]
+    kv.delete_versions(older).result()  # its retention retires every older version
+    versioned_root._roots.clear()  # cold caches: every object read counts
+    counted = FaultKvStore(FileKvStore(path=path, sync=False))
+    t0 = time.perf_counter()
+    rep = reclaim(VersionedKvStore(counted)).result()
+    dt = time.perf_counter() - t0
+    assert rep.reclaimed, rep
+    return dt, counted.calls["read"], counted.calls["list"]
+
+
 def bench_zarr3(root: str, mib: int, reps: int) -> dict[str, float]:
     """Median seconds of a whole-array write and read, plain file vs versioned."""
     side = int(np.sqrt(mib * MiB / 4)) // 1024 * 1024 or 1024
@@ -148,10 +181,11 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,10000,100000,1000000", help="store sizes (keys)")
     ap.add_argument("--reps", type=int, default=15, help="1-key commits per size (median printed)")
     ap.add_argument("--fragments", type=int, default=1000, help="simulated multi-writer fragments")
+    ap.add_argument("--versions", type=int, default=10000, help="history length of the reclaim case")
     ap.add_argument("--array-mib", type=int, default=128, help="zarr3 array size in MiB")
     ap.add_argument("--array-reps", type=int, default=3, help="zarr3 repetitions (median printed)")
     ap.add_argument("--full", action="store_true", help="1 GiB zarr3 array")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: commit,merge,zarr3")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: commit,merge,reclaim,zarr3")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -164,6 +198,11 @@ def main() -> None:
         if "merge" not in skip:
             dt = bench_merge(os.path.join(base, "merge"), args.fragments)
             emit(f"merge_{args.fragments}_fragments", dt, "s")
+        if "reclaim" not in skip:
+            dt, reads, lists = bench_reclaim(os.path.join(base, "reclaim"), args.versions)
+            emit(f"reclaim_after_save_{args.versions}_versions", dt * 1e3, "ms", digits=1)
+            emit(f"reclaim_after_save_{args.versions}_versions_reads", reads, "objects", digits=0)
+            emit(f"reclaim_after_save_{args.versions}_versions_listings", lists, "listings", digits=0)
         if "zarr3" not in skip:
             mib = 1024 if args.full else args.array_mib
             res = bench_zarr3(os.path.join(base, "zarr3"), mib, args.array_reps)

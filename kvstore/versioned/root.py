@@ -15,6 +15,7 @@ resolved by reading the record back and comparing write-ids (FORMAT.md §6.3).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -29,6 +30,7 @@ from tensorstore_py.core.errors import (
     DataCorruptionError,
     DeadlineExceededError,
     NotFoundError,
+    SnapshotExpiredError,
     StorageError,
 )
 from tensorstore_py.core.retry import RetryPolicy
@@ -45,8 +47,10 @@ from tensorstore_py.kvstore.versioned.format import (
     frame,
     new_name,
     new_write_id,
+    ranges_contain,
     unframe,
 )
+from tensorstore_py.kvstore.versioned.leases import LeaseKeeper
 from tensorstore_py.kvstore.versioned.tree import (
     Change,
     Node,
@@ -57,7 +61,10 @@ from tensorstore_py.kvstore.versioned.tree import (
     scan,
 )
 
-__all__ = ["Plan", "RootView", "VersionedRoot", "base_of", "get_root", "probe_newest", "read_hint"]
+__all__ = [
+    "Plan", "RootView", "VersionedRoot", "base_of", "get_root", "is_missing", "missing_object",
+    "probe_newest", "read_hint",
+]
 
 #: concurrent object writes of one commit
 WRITE_CONCURRENCY = 64
@@ -85,9 +92,24 @@ class Plan:
     tags: dict[str, int] | None = None  # None = the parent's
     deleted: list[list[int]] | None = None  # None = the parent's
     write_id: str = field(default_factory=new_write_id)
+    #: awaited after the attempt's objects are written, right before its commit
+    #: record; raising aborts the commit (nothing becomes visible)
+    before_publish: Callable[[], Awaitable[None]] | None = None
 
 
 Planner = Callable[[CommitRecord | None], Awaitable[Plan | None]]
+
+
+def missing_object(name: str, message: str) -> DataCorruptionError:
+    """The error for a referenced object that is absent (``is_missing`` tells it
+    apart from other corruption: a reclaimed version reads like this)."""
+    err = DataCorruptionError(message)
+    err.missing_object = name  # type: ignore[attr-defined]
+    return err
+
+
+def is_missing(err: BaseException) -> bool:
+    return getattr(err, "missing_object", None) is not None
 
 
 class _Lru(OrderedDict):  # type: ignore[type-arg]
@@ -120,6 +142,10 @@ class VersionedRoot:
         self.committer: asyncio.Task[None] | None = None
         self._hint_task: asyncio.Future[None] | None = None
         self._hint_time = -HINT_INTERVAL
+        self._hint_later = False  # a rewrite is due when the interval has passed
+        self._hint_known = [0]  # what it will say (shared with the pending rewrite)
+        #: this process's lease on the store (docs/FORMAT.md §9.3)
+        self.leases = LeaseKeeper(base)
 
     def __repr__(self) -> str:
         return f"VersionedRoot({self.base!r})"
@@ -138,9 +164,7 @@ class VersionedRoot:
         try:
             res = await self.base.read(name)
             if res.state != "value":
-                raise DataCorruptionError(
-                    f"versioned store {self.base!r}: index node {name!r} is missing"
-                )
+                raise missing_object(name, f"versioned store {self.base!r}: index node {name!r} is missing")
             node = decode_node(res.value, name)
             self.cache.put(name, node)
             fut.set_result(node)
@@ -231,6 +255,21 @@ class VersionedRoot:
         self.known = max(self.known, lo)
         return self.known
 
+    async def snapshot_expired(self, version: int | None, err: BaseException) -> SnapshotExpiredError | None:
+        """What to raise instead of ``err`` when it is a missing object of
+        ``version`` and the newest record lists ``version`` as deleted: its
+        objects were reclaimed by garbage collection. None otherwise."""
+        if version is None or version < 1 or not is_missing(err):
+            return None
+        newest = await self.record_at(await self.newest())
+        if newest is None or not ranges_contain(newest.deleted, version):
+            return None
+        return SnapshotExpiredError(
+            f"versioned store {self.base!r}: version {version} was deleted and garbage collection "
+            f"reclaimed its objects ({err.missing_object!r} is gone); read a retained version "  # type: ignore[attr-defined]
+            f"(hold a snapshot, which leases its version, to keep reading one)"
+        )
+
     async def record_at(self, version: int) -> CommitRecord | None:
         """The record of ``version`` (None for version 0); raises if absent."""
         if version == 0:
@@ -264,6 +303,8 @@ class VersionedRoot:
                 if plan is None:
                     return None
                 rec = await self._build(parent, plan)
+                if plan.before_publish is not None:
+                    await plan.before_publish()
             except (TimeoutError, OSError):
                 # Nothing is visible before the commit record, and every object
                 # of an attempt has a fresh name: a failed attempt is safe to redo.
@@ -336,10 +377,21 @@ class VersionedRoot:
 
     def _maybe_write_hint(self) -> None:
         """Refresh the ``latest`` hint in the background, at most once per
-        HINT_INTERVAL seconds (object stores rate-limit rewrites of one object;
-        the hint is only a starting point for probing, so staleness is fine)."""
+        HINT_INTERVAL seconds (object stores rate-limit rewrites of one object).
+        A commit inside the interval schedules one trailing rewrite, so the hint
+        ends up naming the newest version this process committed (``verify``
+        uses that to notice a deleted newest record)."""
         now = time.monotonic()
+        self._hint_known[0] = self.known
         if self._hint_task is not None or now - self._hint_time < HINT_INTERVAL:
+            if not self._hint_later:
+                self._hint_later = True
+                delay = max(0.05, self._hint_time + HINT_INTERVAL - now)
+                # weakly: a root lives only as long as its users (get_root must
+                # not hand a stale root to a store recreated at the same place);
+                # if it is gone by then, its last known version is written anyway
+                asyncio.get_running_loop().call_later(
+                    delay, _hint_due, weakref.ref(self), self.base, self._hint_known)
             return
         self._hint_time = now
         self._hint_task = asyncio.ensure_future(self._write_hint())
@@ -360,6 +412,21 @@ class VersionedRoot:
         self.queue = []
         self.committer = None
         self._hint_task = None
+        self._hint_later = False
+
+
+def _hint_due(ref: weakref.ref[VersionedRoot], base: KvStore, known: list[int]) -> None:
+    root = ref()
+    if root is not None:
+        root._hint_later = False
+        root._maybe_write_hint()
+    else:
+        asyncio.ensure_future(_write_hint_of(base, known[0]))
+
+
+async def _write_hint_of(base: KvStore, version: int) -> None:
+    with contextlib.suppress(Exception):
+        await base.write(HINT_NAME, frame(MAGIC_HINT, {"version": version}))
 
 
 class RootView:

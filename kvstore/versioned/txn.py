@@ -10,6 +10,9 @@ since the pinned one (write-write conflicts) and committed as one new version.
 from __future__ import annotations
 
 import asyncio
+import time
+import weakref
+from collections.abc import Awaitable, Callable
 
 from tensorstore_py.core.errors import ConditionFailedError, ConflictError, DataCorruptionError
 from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, ReadResult
@@ -20,11 +23,13 @@ from tensorstore_py.kvstore.versioned.data import (
     Staged,
     blocking_reader,
     make_entry,
+    missing_objects,
     pack,
     read_entry,
     staged_generation,
 )
-from tensorstore_py.kvstore.versioned.format import CommitRecord
+from tensorstore_py.kvstore.versioned.format import CommitRecord, RefEntry
+from tensorstore_py.kvstore.versioned.leases import Hold
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
 
@@ -77,6 +82,10 @@ class VersionedParticipant(Participant):
         self.writes: dict[str, Staged] = {}
         self._pending_bytes = 0
         self._packing: set[int] = set()  # ids of Pending values being packed
+        # the writer lease (from the first staged change until the commit ends)
+        # and the data objects written so far, with when (time.monotonic())
+        self._hold: Hold | None = None
+        self._written: dict[str, float] = {}
 
     @property
     def has_writes(self) -> bool:
@@ -100,7 +109,30 @@ class VersionedParticipant(Participant):
         return await self.root.lookup(self._base_root, key)
 
     async def read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
-        return await read_entry(self.root, key, await self._current(key), byte_range, if_not_equal)
+        try:
+            return await read_entry(self.root, key, await self._current(key), byte_range, if_not_equal)
+        except DataCorruptionError as e:
+            expired = await self.root.snapshot_expired(self.base_version, e)
+            if expired is not None:
+                raise expired from e
+            raise
+
+    async def _protect(self) -> None:
+        """Hold a writer lease until the transaction is over (garbage collection
+        keeps what this transaction writes; docs/FORMAT.md §9.3)."""
+        if self._hold is None:
+            ref = weakref.ref(self.txn)
+
+            def alive() -> bool:
+                t = ref()
+                return t is not None and t.state in ("open", "committing")
+
+            self._hold = await self.root.leases.write_hold(alive)
+
+    def _release(self) -> None:
+        if self._hold is not None:
+            self._hold.release()
+            self._hold = None
 
     async def prepare_read(self, key: str) -> BlockingRead | None:
         """A blocking whole-value read of ``key`` as this transaction sees it (or None)."""
@@ -118,10 +150,13 @@ class VersionedParticipant(Participant):
                 )
         else:
             await self.pin()
+        await self._protect()
         if value is None:
             self._stage(key, None)
             return None
         entry = await make_entry(self.root, value)
+        if isinstance(entry, RefEntry):
+            self._written[entry.object] = time.monotonic()
         self._stage(key, entry)
         if isinstance(entry, Pending) and self._pending_bytes >= STAGING_MAX:
             await self._flush()
@@ -150,13 +185,21 @@ class VersionedParticipant(Participant):
         finally:
             for _, s in items:
                 self._packing.discard(id(s))
+        now = time.monotonic()
         for (k, s), e in zip(items, entries, strict=True):
+            self._written.setdefault(e.object, now)
             if self.writes.get(k) is s:  # else a newer write replaced it: garbage
                 self.writes[k] = e
 
     async def list(self, prefix: str) -> list[str]:
         await self.pin()
-        keys = {k for k, _ in await self.root.scan(self._base_root, prefix)}
+        try:
+            keys = {k for k, _ in await self.root.scan(self._base_root, prefix)}
+        except DataCorruptionError as e:
+            expired = await self.root.snapshot_expired(self.base_version, e)
+            if expired is not None:
+                raise expired from e
+            raise
         for k, s in self.writes.items():
             if k.startswith(prefix):
                 if s is None:
@@ -176,21 +219,47 @@ class VersionedParticipant(Participant):
         return out
 
     async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
-        changes = await self.finalize()
-        base = await self.pin()
-        rec = await commit_changes(self.root, changes, base, txn)
+        try:
+            changes = await self.finalize()
+            base = await self.pin()
+
+            async def check() -> None:
+                await self.check_written(changes)
+
+            rec = await commit_changes(self.root, changes, base, txn, before_publish=check)
+        finally:
+            self._release()
         return CommitInfo(
             version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn.txn_id,
             keys_changed=len(changes),
         )
 
+    async def check_written(self, changes: list[Change]) -> None:
+        """Refuse the commit when a data object this transaction wrote more than
+        ``LeaseKeeper.check_after`` seconds ago and still references is gone (a
+        collector that did not see our lease took it): DataCorruptionError."""
+        cutoff = time.monotonic() - self.root.leases.check_after
+        old = sorted({
+            e.object for _, e in changes
+            if isinstance(e, RefEntry) and self._written.get(e.object, cutoff + 1) <= cutoff
+        })
+        gone = await missing_objects(self.root.base, old) if old else []
+        if gone:
+            raise DataCorruptionError(
+                f"{self.name}: {len(gone)} data object(s) this transaction wrote are gone "
+                f"(e.g. {gone[0]!r}; deleted by garbage collection while the transaction was open?); "
+                f"nothing was committed: retry the transaction"
+            )
+
     def abort(self) -> None:
         self.writes.clear()
         self._pending_bytes = 0
+        self._release()
 
 
 async def commit_changes(
-    root: VersionedRoot, changes: list[Change], base: int, txn: Transaction
+    root: VersionedRoot, changes: list[Change], base: int, txn: Transaction,
+    *, before_publish: Callable[[], Awaitable[None]] | None = None,
 ) -> CommitRecord:
     """Commit ``changes`` read from version ``base``: rebase or ConflictError."""
     ours = {k for k, _ in changes}
@@ -204,7 +273,7 @@ async def commit_changes(
             checked = n
         return Plan(
             changes, kind="data", message=txn.message, metadata=txn.metadata,
-            txn_id=txn.txn_id, write_id=txn.write_id,
+            txn_id=txn.txn_id, write_id=txn.write_id, before_publish=before_publish,
         )
 
     rec = await root.commit(plan)
