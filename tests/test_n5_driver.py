@@ -17,7 +17,12 @@ import pytest
 from aiohttp import web
 
 import tensorstore_py as tsp
-from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError, NotFoundError
+from tensorstore_py.core.errors import (
+    DataCorruptionError,
+    InvalidArgumentError,
+    InvalidSpecError,
+    NotFoundError,
+)
 from tensorstore_py.drivers.n5 import ATTRIBUTES_KEY, N5Metadata, block_shape, decode_header
 
 ts = pytest.importorskip("tensorstore")
@@ -265,8 +270,6 @@ def test_http_reads(tmp_path: Path, serve_app: Callable) -> None:
 def test_corrupt_block_in_a_many_block_read_names_it(tmp_path: Path) -> None:
     """The blocking read path (local files) spreads a read over helper threads:
     an error in any of them reaches the caller, after every helper is done."""
-    from tensorstore_py.core.errors import DataCorruptionError
-
     data = sample("uint16", (40, 30, 6), seed=5)
     a = tsp_create(tmp_path, "uint16", "gzip", shape=(40, 30, 6), block=(4, 3, 2))
     a.write(data).result()

@@ -7,6 +7,7 @@ the error for a group opened as an array.
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 from pathlib import Path
 
@@ -212,8 +213,6 @@ def test_groups_on_a_memory_store() -> None:
 
 
 def test_group_pickles_as_its_store(tmp_path: Path) -> None:
-    import pickle
-
     g = build_dataset(tmp_path, 3)
     h = pickle.loads(pickle.dumps(g))
     assert h.attrs == g.attrs and h.zarr_format == 3
