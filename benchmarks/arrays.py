@@ -10,6 +10,12 @@ Cases (``--small`` shrinks every size for a quick run):
 * neuroglancer precomputed, sharded, ``compressed_segmentation`` uint64 labels
   written by TensorStore: XY, XZ and YZ planes through the middle and random
   64^3 crops (reads/s), tensorstore_py and TensorStore reading the same files.
+* N5 (vs TensorStore's ``n5`` driver only; zarr-python has no N5): a uint8
+  volume in 64^3 blocks with N5's default compression (blosc lz4): full write
+  (MiB/s), then XY, XZ and YZ planes (planes/s) and unaligned 64^3 crops
+  (crops/s) read by both libraries from the same dataset, taking turns rep by
+  rep; also the CPU time per read of each (``.cpu_ratio_vs_tensorstore``:
+  theirs over ours, higher is better for us).
 
 Every figure is the median of ``--repeats`` runs. Output lines are
 ``name: value unit``; ``<case>.ratio_vs_tensorstore`` / ``.ratio_vs_zarr`` are
@@ -263,11 +269,78 @@ def bench_precomputed(tmp: Path, n: int, n_crops: int, repeats: int) -> None:
     shutil.rmtree(root)
 
 
+# -- N5 ----------------------------------------------------------------------------
+def bench_n5(tmp: Path, n: int, block: int, n_reads: int, repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    # EM-like: smooth structure plus noise, so blosc compresses it a little
+    vol = (np.add.outer(np.arange(n), np.arange(n))[None] // 8 + rng.integers(0, 40, (n, n, n))).astype(np.uint8)
+    shape, chunks = [n, n, n], [block] * 3
+
+    def create(lib: str, path: Path) -> Any:
+        shutil.rmtree(path, ignore_errors=True)
+        if lib == "tsp":
+            return tsp.open(path.as_uri() + "/", driver="n5", create=True, dtype="uint8", shape=shape,
+                            chunks=chunks).result()
+        return ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(path) + "/"},
+                        "metadata": {"dimensions": shape, "blockSize": chunks, "dataType": "uint8"}},
+                       create=True, delete_existing=True).result()
+
+    w_rates: dict[str, float] = {}
+    for lib in ("tsp", "tensorstore"):
+        holder: dict[str, Any] = {}
+
+        def setup(lib: str = lib, holder: dict[str, Any] = holder) -> None:
+            holder["a"] = create(lib, tmp / f"n5-{lib}")
+
+        w_rates[lib] = vol.nbytes / (1 << 20) / median_time(lambda h=holder: h["a"].write(vol).result(),
+                                                           repeats, setup)
+    report("n5_u8_write", w_rates, "MiB/s")
+    # both read the same dataset (ours); each library checks it first
+    path = tmp / "n5-tsp"
+    opened = {"tsp": tsp.open(path.as_uri() + "/").result(),
+              "tensorstore": ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(path) + "/"}},
+                                     read=True).result()}
+    for lib, arr in opened.items():
+        if not np.array_equal(np.asarray(arr.read().result()), vol):
+            raise SystemExit(f"n5: {lib} read different data")
+    at = [int(v) for v in rng.integers(0, n, n_reads)]
+    corners = [tuple(int(v) for v in rng.integers(0, n - 64 + 1, 3)) for _ in range(n_reads)]
+    selections: dict[str, Callable[[Any], list[Any]]] = {
+        "xy_planes": lambda a: [a[i, :, :] for i in at],
+        "xz_planes": lambda a: [a[:, i, :] for i in at],
+        "yz_planes": lambda a: [a[:, :, i] for i in at],
+        "crops_64": lambda a: [a[z:z + 64, y:y + 64, x:x + 64] for z, y, x in corners],
+    }
+    for name, select in selections.items():
+        # the two libraries take turns, rep by rep, so that load from elsewhere
+        # on a shared machine falls on both alike; the process CPU time of each
+        # rep (every thread) is reported too: it depends far less on that load
+        views = {lib: select(arr) for lib, arr in opened.items()}
+        times: dict[str, list[float]] = {lib: [] for lib in opened}
+        cpu: dict[str, list[float]] = {lib: [] for lib in opened}
+        for _ in range(repeats):
+            for lib in opened:
+                gc.collect()
+                c0, t0 = time.process_time(), time.perf_counter()
+                for v in views[lib]:
+                    v.read().result()
+                times[lib].append(time.perf_counter() - t0)
+                cpu[lib].append(time.process_time() - c0)
+        rates = {lib: len(views[lib]) / statistics.median(t) for lib, t in times.items()}
+        report(f"n5_u8_{name}", rates, "planes/s" if "planes" in name else "crops/s")
+        per_read = {lib: 1000 * statistics.median(c) / len(views[lib]) for lib, c in cpu.items()}
+        for lib, ms in per_read.items():
+            emit(f"n5_u8_{name}.cpu_per_read.{lib}", ms, "ms")
+        emit(f"n5_u8_{name}.cpu_ratio_vs_tensorstore", per_read["tensorstore"] / per_read["tsp"], "x")
+    shutil.rmtree(tmp / "n5-tensorstore", ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="array throughput vs TensorStore and zarr-python")
     p.add_argument("--small", action="store_true", help="small sizes for a quick run")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--only", default="", help="comma-separated case prefixes (large,small,http,precomputed)")
+    p.add_argument("--only", default="", help="comma-separated case prefixes (large,small,http,precomputed,n5)")
     p.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = p.parse_args()
     only = set(filter(None, args.only.split(",")))
@@ -295,6 +368,8 @@ def main() -> None:
             bench_http_crops(tmp, n, 64, 10 if args.small else 40, args.repeats)
         if not only or "precomputed" in only:
             bench_precomputed(tmp, 128 if args.small else 512, 5 if args.small else 20, max(args.repeats, 9))
+        if not only or "n5" in only:
+            bench_n5(tmp, 128 if args.small else 512, 64, 8 if args.small else 16, args.repeats)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
