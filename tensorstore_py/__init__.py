@@ -41,6 +41,12 @@ _LAZY: dict[str, tuple[str, str]] = {
     "VersionInfo": ("tensorstore_py.kvstore.versioned", "VersionInfo"),
     "open": ("tensorstore_py.tensorstore", "open"),
     "TensorStore": ("tensorstore_py.tensorstore", "TensorStore"),
+    "downsample": ("tensorstore_py.downsample_view", "downsample"),
+    "open_multiscale": ("tensorstore_py.multiscale", "open_multiscale"),
+    "Multiscale": ("tensorstore_py.multiscale", "Multiscale"),
+    "write_pyramid": ("tensorstore_py.pyramid", "write_pyramid"),
+    "open_group": ("tensorstore_py.group", "open_group"),
+    "Group": ("tensorstore_py.group", "Group"),
     "Context": ("tensorstore_py.context", "Context"),
     "CheckpointManager": ("tensorstore_py.checkpoint", "CheckpointManager"),
     "checkpoint": ("tensorstore_py.checkpoint", None),  # type: ignore[dict-item]
