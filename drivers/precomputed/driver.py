@@ -263,6 +263,11 @@ class PrecomputedArray(ChunkedArray):
         assert self._scale.sharding is not None
         return shard_cells(self._scale.sharding, self._grid, int(key.rsplit("/", 1)[-1].split(".")[0], 16))
 
+    @property
+    def reads_blocking(self) -> bool:  # type: ignore[override]
+        # sharded scales read through their own ranged path (indexes, then chunks)
+        return self._sharded is None and super().reads_blocking
+
     async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
         if self._sharded is None:
             return await super().read(index, out=out)
