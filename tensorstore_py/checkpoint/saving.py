@@ -51,7 +51,7 @@ from tensorstore_py.checkpoint.layout import (
 from tensorstore_py.checkpoint.pytree import flatten
 from tensorstore_py.checkpoint.staging import Staging, check_staging, choose_staging, chunk_fetcher, stage
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
-from tensorstore_py.core.budget import ByteBudget, run_bounded
+from tensorstore_py.core.budget import MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.drivers.dtypes import dtype_to_v3, is_variable_length
@@ -61,6 +61,9 @@ from tensorstore_py.kvstore.transaction import Transaction
 __all__ = ["MANIFEST_FORMAT", "SaveOptions", "run_save", "snapshot"]
 
 MANIFEST_FORMAT = "tensorstore_py.checkpoint.manifest/1"
+
+#: concurrent chunk tasks of a streamed save (each holds its share of the budget)
+MAX_STREAMED_TASKS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,8 +304,13 @@ async def _write_chunks(view: KvStore, snap: Snapshot, options: SaveOptions) -> 
     for k, doc in snap.zarr_json.items():
         body = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
         chunks.append(_Chunk(k, body, body.nbytes))
+    # chunks staged on a device leave it as fast as the budget allows, not only as
+    # fast as the chunks before them are written (a "pinned_host" caller waits for
+    # the last one): the budget bounds them, the task cap is raised
+    streamed = snap.staging in ("device", "pinned_host")
     await run_bounded(
-        chunks, one, budget=ByteBudget(options.max_bytes_in_flight), cost=lambda c: c.nbytes
+        chunks, one, budget=ByteBudget(options.max_bytes_in_flight), cost=lambda c: c.nbytes,
+        max_tasks=max(MAX_TASKS, min(len(chunks), MAX_STREAMED_TASKS)) if streamed else MAX_TASKS,
     )
 
 
