@@ -210,25 +210,22 @@ async def _versioned_target_unchecked(
 
 
 async def key_sizes(target: Target, prefix: str) -> dict[str, int] | None:
-    """Stored size of every key under ``prefix`` where that is cheap to know.
+    """Stored size of every key under ``prefix`` where the listing tells it.
 
-    A versioned store knows value lengths from its index; a local folder from
-    ``stat``. Other stores (gs, http) return None: sizes would cost a request
-    per key.
+    A versioned store knows value lengths from its index; file, gs and s3
+    listings carry sizes. Other stores (http, which can not list; stores whose
+    listing has no sizes) return None: sizes would cost a request per key.
     """
     store = target.store
     if isinstance(store, VersionedKvStore):
         return {e.key: e.size for e in await store.entries(prefix)}
-    if store.driver == "file":
-        keys = await store.list(prefix)
-        out = {}
-        for k in keys:
-            try:
-                out[k] = os.path.getsize(store.path + k)
-            except OSError:
-                pass
-        return out
-    return None
+    try:
+        infos = await store.list_info(prefix)
+    except UnsupportedError:
+        return None
+    if any(i.size is None for i in infos):
+        return None
+    return {i.key: int(i.size) for i in infos if i.size is not None}
 
 
 async def list_arrays(store: KvStore, prefix: str = "") -> list[tuple[str, str]]:
