@@ -31,7 +31,7 @@ _URL_HINT = (
     "URLs look like file:///abs/dir/, gs://bucket/dir/, https://host/dir/, "
     "versioned+file:///run/@12, or a local path"
 )
-_LS_HINT = "check the URL (and --step / --version); `tensorstore-py ls URL` lists what is there"
+_LS_HINT = "check the URL (and --step / --at); `tensorstore-py ls URL` lists what is there"
 _READ_ONLY_HINT = (
     "this store is read-only (http(s):// stores and @version snapshots are); use a writable URL"
 )

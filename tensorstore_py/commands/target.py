@@ -124,14 +124,14 @@ async def _is_checkpoint(vs: KvStore) -> bool:
 async def resolve(url: str, *, version: int | None = None) -> Target:
     """Open and classify ``url``; ``version`` pins a versioned store's snapshot."""
     if version is not None and (not isinstance(version, int) or version < 1):
-        raise InvalidArgumentError(f"--version must be an integer >= 1, got {version!r}")
+        raise InvalidArgumentError(f"--at must be a version number >= 1, got {version!r}")
     if url.startswith("versioned+"):
         vs = await open_kvstore(_dir_url(url))
         if not isinstance(vs, VersionedKvStore):  # a third-party adapter registered as "versioned"
             raise InvalidSpecError(f"{url}: not a tensorstore_py versioned store")
         await _check_format(vs.base, url)
         if vs.version is not None and version is not None and version != vs.version:
-            raise InvalidArgumentError(f"{url} already names version {vs.version}; drop --version")
+            raise InvalidArgumentError(f"{url} already names version {vs.version}; drop --at")
         head = VersionedKvStore(vs.base, path=vs.path)
         pinned = version or vs.version
         return await _versioned_target(url, vs.base, head, pinned)
@@ -142,7 +142,7 @@ async def resolve(url: str, *, version: int | None = None) -> Target:
         return await _versioned_target(url, base, head, version)
     target = await _plain_target(url, base, version)
     if version is not None and target.head is None:
-        raise InvalidArgumentError(f"{url} is not a versioned store: --version does not apply")
+        raise InvalidArgumentError(f"{url} is not a versioned store: --at does not apply")
     return target
 
 
