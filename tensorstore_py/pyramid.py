@@ -47,8 +47,8 @@ from tensorstore_py.drivers.precomputed.sharding import ShardingSpec, shard_shap
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 from tensorstore_py.multiscale import Axis, Level, Multiscale, ngff_attributes, open_multiscale
+from tensorstore_py.opening import open as open_array
 from tensorstore_py.tensorstore import TensorStore
-from tensorstore_py.tensorstore import open as open_array
 
 __all__ = ["write_pyramid"]
 
