@@ -45,7 +45,7 @@ from tensorstore_py.core.errors import (
     NotFoundError,
     ReadOnlyError,
 )
-from tensorstore_py.core.pools import run_cpu, run_io
+from tensorstore_py.core.pools import available_cpus, run_cpu, run_io
 from tensorstore_py.drivers.base import ArrayDriver, Index
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.codecs.base import ChunkCodec
@@ -176,6 +176,11 @@ class ChunkedArray(ArrayDriver):
     def encode_metadata(meta: dict[str, Any]) -> bytes:
         """The stored bytes of a metadata document."""
 
+    # drivers/open.py::DocumentFormat: every stored document is an array's, and
+    # none is created into a group's document
+    is_array_document = staticmethod(lambda doc: True)
+    create_into = staticmethod(lambda doc, meta: None)
+
     @classmethod
     def decode_metadata(cls, raw: Any) -> dict[str, Any]:
         """The metadata document stored as ``raw`` (a JSON object)."""
@@ -277,16 +282,32 @@ class ChunkedArray(ArrayDriver):
         return index
 
     # -- reading -------------------------------------------------------------------
-    async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
-        index = self._check_index(index)
+    def _out(self, index: Index, out: np.ndarray | None) -> np.ndarray:
         shape = out_shape(index)
         if out is None:
-            out = np.empty(shape, dtype=self._dtype)
-        elif out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
+            return np.empty(shape, dtype=self._dtype)
+        if out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
             raise InvalidArgumentError(
                 f"out must be a writeable {self._dtype} array of shape {shape}, "
                 f"got {out.dtype} {out.shape}"
             )
+        return out
+
+    @property
+    def reads_blocking(self) -> bool:  # type: ignore[override]
+        return self._cache is None and has_sync_io(self.kvstore)
+
+    def read_blocking(self, index: Index, out: np.ndarray) -> np.ndarray:
+        index = self._check_index(index)
+        out = self._out(index, out)
+        if out.size:  # every worker is busy on a CPU here (no loop to wait on): one per core
+            tasks = min(self._sync_read_tasks(), max(2, available_cpus()))
+            fastpath.read_blocking(self, self.kvstore, index, out, tasks=tasks)
+        return out
+
+    async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
+        index = self._check_index(index)
+        out = self._out(index, out)
         if out.size == 0:
             return out
         target = out
@@ -573,7 +594,7 @@ class ChunkedArray(ArrayDriver):
             if res.state == "missing":
                 raise NotFoundError(f"resize: {self.metadata_key!r} is gone from {self.kvstore!r}")
             current = self.decode_metadata(res.value)
-            old_shape = tuple(current["shape"])
+            old_shape = tuple(self.parse_metadata(current).shape)
             meta = self._metadata_with_shape(current, new_shape)
             try:
                 gen = await self.kvstore.write(
