@@ -68,14 +68,8 @@ class Progress:
     """
 
     def __init__(
-        self,
-        description: str,
-        *,
-        unit: str = "B",
-        total: int | None = None,
-        bar: bool | None = None,
-        summary: bool = False,
-        callback: ProgressCallback | None = None,
+        self, description: str, *, unit: str = "B", total: int | None = None,
+        bar: bool | None = None, summary: bool = False, callback: ProgressCallback | None = None,
         stream: IO[str] | None = None,
     ) -> None:
         self.description = description
