@@ -167,6 +167,7 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
     ctx_json = spec.pop("context", None)
     if context is None:
         context = Context(ctx_json) if ctx_json is not None else default_context()
+    spec["kvstore"] = context.bind_kvstore(spec["kvstore"])  # memory:// shares the Context's store
     transform_json = spec.pop("transform", None)
 
     if driver is not None and spec.get("driver") not in (None, driver):
