@@ -39,8 +39,8 @@ from tensorstore_py.drivers.groups import (
 )
 from tensorstore_py.kvstore.base import KvStore, validate_prefix
 from tensorstore_py.kvstore.registry import open_kvstore
+from tensorstore_py.opening import open as open_array
 from tensorstore_py.tensorstore import TensorStore
-from tensorstore_py.tensorstore import open as open_array
 
 __all__ = ["Group", "open_group"]
 
@@ -175,7 +175,8 @@ def open_group(spec: str | Mapping[str, Any] | KvStore, *, create: bool = False,
         raise InvalidArgumentError(f"zarr_format must be 3 or 2, got {zarr_format!r}")
 
     async def run() -> Group:
-        kv = spec if isinstance(spec, KvStore) else await open_kvstore(spec)
+        bound = context.bind_kvstore(spec) if context is not None else spec  # memory:// per Context
+        kv = bound if isinstance(bound, KvStore) else await open_kvstore(bound)
         found = await node_at(kv)
         if found is None:
             if not create:

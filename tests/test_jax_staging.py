@@ -91,8 +91,8 @@ def test_device_assembly_casts_like_the_host_path(tmp_path: Path) -> None:
     tsp.checkpoint.save(f"file://{tmp_path}", {"f32": jnp.asarray(values["f32"])},
                         options=SaveOptions(target_chunk_bytes=1024)).result()
     target = {"f32": jax.ShapeDtypeStruct((96, 40), jnp.bfloat16, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))}
-    host = tsp.checkpoint.restore(f"file://{tmp_path}", target=target, assemble="host")
-    dev = tsp.checkpoint.restore(f"file://{tmp_path}", target=target, assemble="device")
+    host = tsp.checkpoint.restore(f"file://{tmp_path}", target=target, assemble="host", cast=True)
+    dev = tsp.checkpoint.restore(f"file://{tmp_path}", target=target, assemble="device", cast=True)
     assert dev["f32"].dtype == jnp.bfloat16
     assert np.asarray(dev["f32"]).tobytes() == np.asarray(host["f32"]).tobytes()
     assert np.asarray(dev["f32"]).tobytes() == values["f32"].astype(jnp.bfloat16).tobytes()

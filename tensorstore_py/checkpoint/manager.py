@@ -15,6 +15,7 @@ from tensorstore_py.checkpoint.saving import SaveOptions
 from tensorstore_py.checkpoint.storage import StepInfo
 from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import Future, ready, run_sync
+from tensorstore_py.progress import ProgressArg
 
 __all__ = ["CheckpointManager"]
 
@@ -99,14 +100,15 @@ class CheckpointManager:
         *,
         metrics: Mapping[str, Any] | None = None,
         force: bool = False,
+        progress: ProgressArg = None,
     ) -> Future[StepInfo | None]:
         """Save ``tree`` as ``step``; returns a Future of the commit record.
 
         Skipped (a done Future of None) when ``step`` is off the save interval and
         ``force`` is False. Blocks for the staging (:class:`SaveOptions`
         ``staging``) and for a previous save still in flight; the rest continues
-        in the background. Raises
-        :class:`ConditionFailedError` if the step exists.
+        in the background. Raises :class:`ConditionFailedError` if the step
+        exists. ``progress``: see :func:`tensorstore_py.checkpoint.save`.
         """
         if not force and step % self.save_interval_steps != 0:
             return ready(None)
@@ -117,7 +119,8 @@ class CheckpointManager:
         with self._lock:
             self.wait_until_finished()
             fut = self._root.save(
-                step, tree, metrics=metrics, options=self.options, on_commit=self._after_commit
+                step, tree, metrics=metrics, options=self.options, on_commit=self._after_commit,
+                progress=progress,
             )
             self._pending = fut
         return fut  # type: ignore[return-value]
@@ -200,11 +203,15 @@ class CheckpointManager:
         target: Any = None,
         max_bytes_in_flight: int = 512 << 20,
         stats: ReadStats | None = None,
+        progress: ProgressArg = None,
+        cast: bool = False,
         assemble: Assemble = "auto",
     ) -> Any:
-        """Restore ``step`` (default: the latest); see :func:`tensorstore_py.checkpoint.restore`."""
+        """Restore ``step`` (default: the latest); see :func:`tensorstore_py.checkpoint.restore`
+        (a target leaf of another dtype needs ``cast=True``)."""
         return self._root.restore(
-            step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, assemble=assemble
+            step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
+            cast=cast, assemble=assemble,
         )
 
     def delete(self, step: int) -> None:

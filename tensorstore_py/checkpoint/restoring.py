@@ -16,6 +16,10 @@ only the read buffers in flight). ``"auto"`` picks the device for accelerators.
 Everything is read from one snapshot (the newest version when the restore
 starts), so a concurrent save or deletion can not mix steps. Reads run under a
 bytes-in-flight budget.
+
+A target leaf of another dtype than the stored one is an error unless the
+caller asks for the conversion (``cast=True``: numpy ``astype``), checked for
+every leaf before anything is read.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError
 from tensorstore_py.core.future import run_sync
 from tensorstore_py.core.pools import run_cpu, run_io
 from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.progress import Progress
 
 __all__ = ["ReadStats", "read_regions", "restore_step"]
 
@@ -111,9 +116,11 @@ async def read_regions(
     *,
     max_bytes_in_flight: int = 512 << 20,
     stats: ReadStats | None = None,
+    progress: Progress | None = None,
     sinks: list[DeviceBlock | None] | None = None,
 ) -> list[np.ndarray | None]:
     """Read each ``(leaf, region)`` from ``data`` (the step's keys); C-order arrays.
+    ``progress`` gets the bytes to read as its total and advances as they arrive.
 
     A request with a sink (``sinks[i]``) gets its pieces delivered to it as they
     are read (each ``put`` waits for its transfer, inside the budget) and None
@@ -169,6 +176,8 @@ async def read_regions(
                     f"checkpoint chunk {key!r}: read {len(buf)} bytes, expected {b - a}"
                 )
             stats.bytes_read += len(buf)
+            if progress is not None:
+                progress.advance(len(buf))
             await _deliver(cr, buf)
 
     # batches of about a quarter of the budget: large enough to coalesce many small
@@ -186,6 +195,8 @@ async def read_regions(
         acc += n
     if cur:
         batches.append(cur)
+    if progress is not None:
+        progress.add_total(sum(size(b) for b in batches))
     await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight), cost=size)
     return [r.out for r in reqs]
 
@@ -225,9 +236,14 @@ def restore_step(
     *,
     max_bytes_in_flight: int = 512 << 20,
     stats: ReadStats | None = None,
+    progress: Progress | None = None,
+    cast: bool = False,
     assemble: Assemble = "auto",
 ) -> Any:
     """Restore ``step`` (None: the newest) into the shape of ``target`` (None: numpy).
+
+    A target leaf whose dtype differs from the stored one raises
+    InvalidArgumentError (before anything is read) unless ``cast`` is True.
 
     Blocking (call from a user thread). Planning and the final JAX calls run in
     the calling thread; the reads run on the library's event loop, and with
@@ -240,7 +256,8 @@ def restore_step(
 
     def read(requests: list[tuple[LeafLayout, Region]]) -> list[np.ndarray | None]:
         return run_sync(read_regions(
-            data, requests, max_bytes_in_flight=max_bytes_in_flight, stats=stats, sinks=sinks
+            data, requests, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
+            sinks=sinks,
         ))
 
     if target is None:
@@ -284,6 +301,12 @@ def restore_step(
                 f"expects {tuple(tshape)}"
             )
         tdtype = np.dtype(t.dtype) if hasattr(t, "dtype") else leaf.dtype
+        if not cast and tdtype.newbyteorder("=") != leaf.dtype.newbyteorder("="):
+            raise InvalidArgumentError(
+                f"checkpoint step {step}: leaf {path} is stored as {leaf.dtype}, the target asks "
+                f"for {tdtype}; pass cast=True to convert it (numpy astype: narrowing rounds or "
+                f"wraps), or give a target of dtype {leaf.dtype}"
+            )
         if is_sharded_target(t):
             sharding, dev_regions = target_regions(t, regions_cache)
             on_device = assemble_on_device(assemble, sharding)
@@ -321,11 +344,11 @@ def restore_step(
             values.append(None)
         else:
             t, sharding, devs, tdtype = p
-            cast: dict[int, np.ndarray] = {}
+            converted: dict[int, np.ndarray] = {}
             for _d, i in devs:
-                if i not in cast:
-                    cast[i] = _cast(arrays[i], tdtype)  # type: ignore[arg-type]
-            to_place.append((len(values), t, sharding, [(d, cast[i]) for d, i in devs]))
+                if i not in converted:
+                    converted[i] = _cast(arrays[i], tdtype)  # type: ignore[arg-type]
+            to_place.append((len(values), t, sharding, [(d, converted[i]) for d, i in devs]))
             values.append(None)
     if to_place:
         placed = assemble_all([(t, s, blocks) for _, t, s, blocks in to_place])
