@@ -3,6 +3,22 @@
     python benchmarks/checkpoint.py            # the full cases (1 GiB, 2,000 leaves, 2 processes)
     python benchmarks/checkpoint.py --small    # 64 MiB / 200 leaves: a quick check
     python benchmarks/checkpoint.py --cases single_1gib --systems tsp,orbax
+    python benchmarks/checkpoint.py --device gpu --gib 8 --reps 3   # a train state on a GPU
+    python benchmarks/checkpoint.py --device cpu --gib 0.25         # the same on CPU devices
+
+``--device`` runs the accelerator case instead (benchmarks/_train_state.py: a
+transformer-shaped train state, tensorstore_py vs Orbax vs the hardware's
+floor, blocked / durable / restore seconds, extra RSS, every leaf checked
+bit-exact, page cache dropped before restores when running as root). On a
+machine with jax + GPU, orbax-checkpoint and tensorstore installed, carry the
+wheels it lacks (``pip wheel --no-deps . -w .whl`` for this project, plus
+numcodecs and crc32c, downloaded for its Python) and run, as one command from
+the repository root::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
+      && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/checkpoint.py --device gpu --gib 8 --reps 3
+
+Without ``--device``, the CPU cases:
 
 Cases (JAX arrays on CPU devices, ``file://`` roots in one scratch folder):
 
@@ -41,6 +57,9 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+import _train_state  # this folder is on sys.path when run as a script
+from _floor import read_files, write_files
 
 MiB = 1 << 20
 SYSTEMS = ["tsp", "orbax", "orbax_4mib", "floor"]
@@ -187,8 +206,6 @@ def _child(args: argparse.Namespace) -> None:
 def _floor(state: dict[str, Any], root: str) -> dict[str, float]:
     """The disk's floor: the same bytes this process owns, as 64 MiB files written
     by 16 threads (write + fsync + directory fsync), then read back."""
-    import concurrent.futures
-
     import numpy as np
 
     pieces = []
@@ -197,36 +214,9 @@ def _floor(state: dict[str, Any], root: str) -> dict[str, float]:
             if shard.replica_id == 0:
                 flat = np.asarray(shard.data).reshape(-1).view(np.uint8)
                 pieces += [flat[i:i + 64 * MiB] for i in range(0, len(flat), 64 * MiB)]
-    os.makedirs(root, exist_ok=True)
-    pool = concurrent.futures.ThreadPoolExecutor(16)
-
-    def write(i: int) -> None:
-        fd = os.open(os.path.join(root, str(i)), os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            mv = memoryview(pieces[i])
-            while mv:
-                mv = mv[os.write(fd, mv):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def read(i: int) -> None:
-        buf = np.empty(len(pieces[i]), np.uint8)
-        fd = os.open(os.path.join(root, str(i)), os.O_RDONLY)
-        try:
-            os.preadv(fd, [memoryview(buf)], 0)
-        finally:
-            os.close(fd)
-
-    t0 = time.perf_counter()
-    list(pool.map(write, range(len(pieces))))
-    dfd = os.open(root, os.O_RDONLY)
-    os.fsync(dfd)
-    os.close(dfd)
-    save = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    list(pool.map(read, range(len(pieces))))
-    return {"save": save, "save_blocked": 0.0, "restore": time.perf_counter() - t0}
+    save = write_files(pieces, root)
+    restore = read_files(root, [len(p) for p in pieces])
+    return {"save": save, "save_blocked": 0.0, "restore": restore}
 
 
 # -- the driver ------------------------------------------------------------------------------
@@ -265,7 +255,11 @@ def main() -> None:
     ap.add_argument("--dir", help="scratch folder (default: a temporary folder)")
     ap.add_argument("--reps", type=int, default=1,
                     help="repetitions per (case, system), systems interleaved; medians are printed")
+    ap.add_argument("--device", choices=["cpu", "gpu"],
+                    help="run the train-state case on jax's first device of this kind")
+    ap.add_argument("--gib", type=float, help="train-state size in GiB (default: 8 on gpu, 0.25 on cpu)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--op", help=argparse.SUPPRESS)
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--system", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -273,10 +267,20 @@ def main() -> None:
     ap.add_argument("--pid", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    gib = args.gib if args.gib is not None else 8.0 if args.device == "gpu" else 0.25
+    if args.child and args.device:
+        _train_state.run_child(args.op, args.system, gib, args.device, args.dir)
+        return
     if args.child:
         _child(args)
         return
     scratch = args.dir or tempfile.mkdtemp(prefix="tsp-ckpt-bench-")
+    if args.device:
+        systems = args.systems.split(",") if args.systems != ",".join(SYSTEMS) else _train_state.SYSTEMS
+        _train_state.main(args.device, gib, systems, args.reps, scratch)
+        if not args.dir:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
     results: dict[tuple[str, str], dict[str, Any]] = {}
     ops = ["save", "restore", "restore_resharded"]
     systems = args.systems.split(",")

@@ -133,6 +133,24 @@ def main() -> None:
         st = ReadStats()
         check_tree(mgr.restore(target=target(tree, mesh, specs_r), stats=st), "replicated")
         report["replicated"] = [st.bytes_read, st.bytes_needed]
+    elif scenario == "staging":
+        # every staging mode, restored with every assembly into several shardings
+        mesh = Mesh(devices.reshape(2, len(devices) // 2), ("a", "b"))
+        tree = make_tree(mesh)
+        specs = {"w": P("a", "b"), "e": P(None, "b"), "r": P(), "odd": P("b", None)}
+        transposed = {"w": P("b", "a"), "e": P("b", None), "r": P("a"), "odd": P(None, "a")}
+        for mode in ("device", "pinned_host", "host"):
+            # tiny chunks and budget: many chunks, streamed a few at a time
+            opts = SaveOptions(staging=mode, target_chunk_bytes=64, max_bytes_in_flight=256)
+            mgr = tsp.CheckpointManager(f"{root}{mode}/", options=opts)
+            mgr.save(1, tree).result()
+            for assemble in ("host", "device"):
+                st = ReadStats()
+                out = mgr.restore(target=target(tree, mesh, specs), stats=st, assemble=assemble)
+                check_tree(out, f"{mode}/{assemble}")
+                report[f"{mode}/{assemble}"] = [st.bytes_read, st.bytes_needed]
+                check_tree(mgr.restore(target=target(tree, mesh, transposed), assemble=assemble),
+                           f"{mode}/{assemble}/transposed")
     elif scenario == "retention_space":
         # 3 saves of an 8 MiB array whose 1 MiB shards are split over both
         # processes, max_to_keep=2: every process's share of step 10 must go

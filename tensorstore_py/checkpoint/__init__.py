@@ -7,7 +7,7 @@ Quick tour::
     tree = tsp.checkpoint.restore("file:///tmp/ckpt/")          # numpy leaves
 
     mgr = tsp.CheckpointManager("gs://bucket/run1/", max_to_keep=3)
-    mgr.save(step, params)        # returns once the device->host copy is done
+    mgr.save(step, params)        # returns once the state is staged (device snapshot or host)
     mgr.wait_until_finished()
     params = mgr.restore(mgr.latest_step(), target=abstract_params)
 
@@ -20,7 +20,9 @@ re-exports; no module imports it)::
     pytree        flatten / unflatten with a JSON structure
     layout        per-leaf chunk grids, zarr v3 metadata, region math
     storage       the steps of one root: StepStore, StepInfo, list_steps, read_spans
-    jax_adapter   the JAX edge (never imports JAX itself)
+    jax_adapter   the JAX edge: shards to save, target regions (never imports JAX itself)
+    staging       how a save's shards leave the devices (SaveOptions.staging)
+    assembly      restored blocks built on their devices (restore(assemble=...))
     leaves        a saved array leaf as a TensorStore view
     saving        snapshot + background writes + one commit
     restoring     plan and read the regions a process needs

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Union
 
+from tensorstore_py.checkpoint.assembly import Assemble
 from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.leaves import array_leaves, open_leaf
 from tensorstore_py.checkpoint.restoring import ReadStats, restore_step
@@ -90,8 +91,12 @@ class Root:
                 metrics=metrics, options=options, on_commit=on_commit, progress=bar,
             )
         )
+        fut.add_done_callback(lambda _f: snap.release())
         if bar is not None:
             fut.add_done_callback(lambda f: bar.close(failed=f.cancelled() or f.exception() is not None))
+        # "pinned_host" staging: the writes copy the last chunks off the caller's
+        # arrays; return once they are no longer needed (or the save failed)
+        snap.staged.wait()
         return fut
 
     def restore(
@@ -103,12 +108,13 @@ class Root:
         stats: ReadStats | None = None,
         progress: ProgressArg = None,
         cast: bool = False,
+        assemble: Assemble = "auto",
     ) -> Any:
         bar = reporter(progress, "checkpoint restore")
         try:
             out = restore_step(
                 self.store, step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats,
-                progress=bar, cast=cast,
+                progress=bar, cast=cast, assemble=assemble,
             )
         except BaseException:
             if bar is not None:
@@ -131,8 +137,10 @@ def save(
 ) -> Future[StepInfo]:
     """Save ``tree`` as ``step`` under ``root``; returns a Future of its :class:`StepInfo`.
 
-    The device-to-host copy is done when this returns (the caller may then change
-    or donate its arrays); writing and the commit continue in the background.
+    When this returns the caller may change, donate or delete its arrays: what is
+    saved has been staged (``options.staging``: a device-side snapshot, pinned or
+    ordinary host memory; see :class:`SaveOptions`); the copy to the host, writing
+    and the commit continue in the background.
     The step becomes visible atomically (one commit) when the Future completes,
     or never. In a multi-process JAX job every process calls it with the same
     arguments. Raises :class:`ConditionFailedError` if ``step`` already exists, and
@@ -157,6 +165,7 @@ def restore(
     stats: ReadStats | None = None,
     progress: ProgressArg = None,
     cast: bool = False,
+    assemble: Assemble = "auto",
 ) -> Any:
     """Restore ``step`` (default: the newest) from ``root``.
 
@@ -165,8 +174,13 @@ def restore(
     ``jax.Array`` or ``jax.ShapeDtypeStruct`` becomes a ``jax.Array`` with the
     target's sharding, read only where this process's devices need it. Raises
     :class:`NotFoundError` for a missing step or leaf. ``max_bytes_in_flight``
-    bounds the read buffers held at once (host memory peaks near the restored
-    size plus this).
+    bounds the read buffers held at once. ``assemble`` says where the block of
+    each device is put together: ``"host"`` (then transferred; host memory peaks
+    near the restored size plus the budget, and on CPU devices the host blocks
+    become the arrays without a copy), ``"device"`` (each piece is transferred as
+    soon as it is read and written into the block on the device: host memory
+    holds only the budget) or ``"auto"`` (the device for accelerators, the host
+    for CPU devices).
 
     A target leaf of another dtype than the saved one (a float32 target for a
     bfloat16 leaf) raises :class:`InvalidArgumentError` before anything is read,
@@ -176,7 +190,7 @@ def restore(
     """
     return Root(root).restore(
         step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
-        cast=cast,
+        cast=cast, assemble=assemble,
     )
 
 

@@ -2,14 +2,14 @@
 
 Save: a ``jax.Array`` contributes only its *addressable* shards with
 ``replica_id == 0`` — across all processes each element is written exactly once,
-and a replicated leaf is stored once in total. Shards are on the host before
-the save call returns (a device-to-host copy on accelerators, a pinned
-zero-copy view on CPU).
+and a replicated leaf is stored once in total. How those shards leave the
+devices is staging.py's business.
 
 Restore: for a target leaf with a sharding, every addressable device's index is
 turned into a region; identical regions of several local devices are read once;
-each device gets its block with ``jax.device_put`` and the global array is built
-with ``jax.make_array_from_single_device_arrays``.
+each device gets its block (put together on the host and transferred with
+``jax.device_put`` here, or assembled on the device by assembly.py) and the
+global array is built with ``jax.make_array_from_single_device_arrays``.
 """
 
 from __future__ import annotations
@@ -20,19 +20,27 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.checkpoint.coordination import JaxCoordinator
-from tensorstore_py.checkpoint.layout import Region, host_copy, region_of_index
+from tensorstore_py.checkpoint.layout import Region, region_of_index
 
 __all__ = [
     "assemble_all",
     "distributed_coordinator",
-    "host_shards",
+    "global_array",
     "is_jax_array",
+    "jax_module",
+    "shards_to_save",
     "target_regions",
 ]
 
 
 def _jax() -> Any:
     return sys.modules.get("jax")
+
+
+def jax_module() -> Any:
+    """The imported ``jax`` module (callers reach here only with jax values, so
+    it is imported already)."""
+    return sys.modules["jax"]
 
 
 def is_jax_array(x: Any) -> bool:
@@ -44,22 +52,6 @@ def is_sharded_target(x: Any) -> bool:
     """A target leaf that asks for a jax.Array: a jax.Array or a ShapeDtypeStruct."""
     jax = _jax()
     return jax is not None and isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
-
-
-def _host_copy(data: Any) -> np.ndarray:
-    """A host array of a jax buffer that can not change behind our back.
-
-    On accelerators ``np.asarray`` is the device-to-host copy itself. On CPU it
-    is a zero-copy view, which is already a stable snapshot: jax arrays are
-    immutable, and the view holds an external reference that keeps the buffer's
-    memory alive and stops XLA from donating it (checked: a jit with
-    ``donate_argnums`` and ``.delete()`` leave the view's bytes intact). So no
-    second copy is made.
-    """
-    h = np.asarray(data)
-    if not h.flags.c_contiguous:
-        h = host_copy(h)
-    return h
 
 
 def _sharding_json(arr: Any) -> dict[str, Any] | None:
@@ -74,22 +66,22 @@ def _sharding_json(arr: Any) -> dict[str, Any] | None:
     }
 
 
-def host_shards(
+def shards_to_save(
     arr: Any,
-) -> tuple[tuple[int, ...], np.dtype, tuple[int, ...], list[tuple[Region, np.ndarray]], dict[str, Any] | None]:
-    """``(shape, dtype, shard_shape, [(region, host copy)], sharding json)`` of the
-    shards this process must write (addressable, ``replica_id == 0``)."""
+) -> tuple[tuple[int, ...], np.dtype, tuple[int, ...], list[tuple[Region, Any]], dict[str, Any] | None]:
+    """``(shape, dtype, shard_shape, [(region, single-device array)], sharding json)``
+    of the shards this process must write (addressable, ``replica_id == 0``)."""
     shape = tuple(arr.shape)
-    parts: list[tuple[Region, np.ndarray]] = []
+    parts: list[tuple[Region, Any]] = []
     if len(arr.sharding.device_set) == 1 and arr.is_fully_addressable:
         # one device holds it all (the common case for small leaves): skip the shard walk
         shard_shape = shape
-        parts.append((tuple((0, n) for n in shape), _host_copy(arr)))
+        parts.append((tuple((0, n) for n in shape), arr))
     else:
         shard_shape = tuple(arr.sharding.shard_shape(shape))
         for s in arr.addressable_shards:
             if s.replica_id == 0:
-                parts.append((region_of_index(s.index, shape), _host_copy(s.data)))
+                parts.append((region_of_index(s.index, shape), s.data))
     try:
         sj = _sharding_json(arr)
     except Exception:
@@ -137,15 +129,21 @@ def target_regions(target: Any, cache: dict[Any, Any] | None = None) -> tuple[An
 
 
 def assemble_all(items: list[tuple[Any, Any, list[tuple[Any, np.ndarray]]]]) -> list[Any]:
-    """Global ``jax.Array``s from ``(target, sharding, [(device, block)])`` items:
-    one batched ``device_put`` for every block, then
-    ``jax.make_array_from_single_device_arrays`` per array."""
+    """Global ``jax.Array``s from ``(target, sharding, [(device, host block)])``
+    items: one batched ``device_put`` of every block (into the memory kind of
+    its target's sharding), then ``jax.make_array_from_single_device_arrays``
+    per array."""
     jax = _jax()
     blocks = [b for _, _, per_dev in items for _, b in per_dev]
-    dests = [jax.sharding.SingleDeviceSharding(d) for _, _, per_dev in items for d, _ in per_dev]
+    dests = [
+        jax.sharding.SingleDeviceSharding(d, memory_kind=getattr(sharding, "memory_kind", None))
+        for _, sharding, per_dev in items for d, _ in per_dev
+    ]
     placed = iter(jax.device_put(blocks, dests))
-    out = []
-    for target, sharding, per_dev in items:
-        arrays = [next(placed) for _ in per_dev]
-        out.append(jax.make_array_from_single_device_arrays(tuple(target.shape), sharding, arrays))
-    return out
+    return [global_array(target, sharding, [next(placed) for _ in per_dev]) for target, sharding, per_dev in items]
+
+
+def global_array(target: Any, sharding: Any, arrays: list[Any]) -> Any:
+    """The global ``jax.Array`` of ``target``'s shape from this process's
+    single-device blocks (in ``sharding``'s addressable-device order)."""
+    return _jax().make_array_from_single_device_arrays(tuple(target.shape), sharding, arrays)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, Self
 
 from tensorstore_py.checkpoint.api import Root, RootLike
+from tensorstore_py.checkpoint.assembly import Assemble
 from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.restoring import ReadStats
 from tensorstore_py.checkpoint.saving import SaveOptions
@@ -29,9 +30,11 @@ class CheckpointManager:
     * Every step is published by one atomic commit: :meth:`all_steps`,
       :meth:`latest_step` and :meth:`restore` never see a partial step, whichever
       process dies when.
-    * :meth:`save` returns once the device-to-host copy is done; writing and the
-      commit run in the background (one save at a time: a new save first waits
-      for the previous one, so at most one host snapshot exists).
+    * :meth:`save` returns once what is saved has been staged (``options.staging``:
+      a device-side snapshot, or copies in pinned or ordinary host memory); the
+      copy to the host, writing and the commit run in the background (one save
+      at a time: a new save first waits for the previous one, so at most one
+      snapshot exists).
     * Retention runs after each commit, on process 0: with ``max_to_keep=n`` only
       the newest ``n`` steps remain — or, with ``best_metric``, the ``n`` best by
       that metric plus always the newest step. A deleted step disappears with
@@ -102,10 +105,10 @@ class CheckpointManager:
         """Save ``tree`` as ``step``; returns a Future of the commit record.
 
         Skipped (a done Future of None) when ``step`` is off the save interval and
-        ``force`` is False. Blocks for the device-to-host copy (and for a previous
-        save still in flight); the rest continues in the background. Raises
-        :class:`ConditionFailedError` if the step exists. ``progress``: see
-        :func:`tensorstore_py.checkpoint.save`.
+        ``force`` is False. Blocks for the staging (:class:`SaveOptions`
+        ``staging``) and for a previous save still in flight; the rest continues
+        in the background. Raises :class:`ConditionFailedError` if the step
+        exists. ``progress``: see :func:`tensorstore_py.checkpoint.save`.
         """
         if not force and step % self.save_interval_steps != 0:
             return ready(None)
@@ -202,12 +205,13 @@ class CheckpointManager:
         stats: ReadStats | None = None,
         progress: ProgressArg = None,
         cast: bool = False,
+        assemble: Assemble = "auto",
     ) -> Any:
         """Restore ``step`` (default: the latest); see :func:`tensorstore_py.checkpoint.restore`
         (a target leaf of another dtype needs ``cast=True``)."""
         return self._root.restore(
             step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
-            cast=cast,
+            cast=cast, assemble=assemble,
         )
 
     def delete(self, step: int) -> None:

@@ -7,6 +7,12 @@ then its crc32c is checked by the versioned store — when the target sharding
 matches the saved one). A region that is exactly one chunk is returned as a view
 of the read buffer, without a copy.
 
+Blocks for ``jax.Array`` targets are put together where ``assemble`` says
+(assembly.py): in host memory and then transferred (``"host"``; zero-copy on
+CPU devices), or on the device itself, each piece transferred as soon as it is
+read while the next spans are being read (``"device"``; host memory then holds
+only the read buffers in flight). ``"auto"`` picks the device for accelerators.
+
 Everything is read from one snapshot (the newest version when the restore
 starts), so a concurrent save or deletion can not mix steps. Reads run under a
 bytes-in-flight budget.
@@ -25,7 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.checkpoint.jax_adapter import assemble_all, is_sharded_target, target_regions
+from tensorstore_py.checkpoint.assembly import Assemble, DeviceBlock, assemble_on_device, check_assemble
+from tensorstore_py.checkpoint.jax_adapter import (
+    assemble_all,
+    global_array,
+    is_sharded_target,
+    target_regions,
+)
 from tensorstore_py.checkpoint.layout import (
     LeafLayout,
     Region,
@@ -41,7 +53,7 @@ from tensorstore_py.core.budget import ByteBudget, run_bounded
 from tensorstore_py.core.buffers import aligned_empty
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import run_sync
-from tensorstore_py.core.pools import run_cpu
+from tensorstore_py.core.pools import run_cpu, run_io
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.progress import Progress
 
@@ -63,8 +75,9 @@ class ReadStats:
 class _Req:
     leaf: LeafLayout
     region: Region
-    out: np.ndarray | None = None  # allocated unless served directly by one chunk
+    out: np.ndarray | None = None  # allocated unless served directly by one chunk or a sink
     direct: bool = False
+    sink: DeviceBlock | None = None  # assembled on a device instead
 
 
 @dataclass
@@ -104,11 +117,19 @@ async def read_regions(
     max_bytes_in_flight: int = 512 << 20,
     stats: ReadStats | None = None,
     progress: Progress | None = None,
-) -> list[np.ndarray]:
+    sinks: list[DeviceBlock | None] | None = None,
+) -> list[np.ndarray | None]:
     """Read each ``(leaf, region)`` from ``data`` (the step's keys); C-order arrays.
-    ``progress`` gets the bytes to read as its total and advances as they arrive."""
+    ``progress`` gets the bytes to read as its total and advances as they arrive.
+
+    A request with a sink (``sinks[i]``) gets its pieces delivered to it as they
+    are read (each ``put`` waits for its transfer, inside the budget) and None
+    in the result.
+    """
     stats = stats if stats is not None else ReadStats()
     reqs = [_Req(leaf, region) for leaf, region in requests]
+    for r, sink in zip(reqs, sinks or []):
+        r.sink = sink
     chunk_reads: dict[tuple[str, tuple[int, ...]], _ChunkRead] = {}
     for r in reqs:
         leaf = r.leaf
@@ -125,7 +146,7 @@ async def read_regions(
             cr.consumers.append((r, ov))
         if len(overlaps) == 1 and region_shape(overlaps[0][1]) == tuple(leaf.chunk_shape):
             r.direct = True
-        else:
+        elif r.sink is None:
             r.out = aligned_empty(shape, _le(leaf.dtype))
     for cr in chunk_reads.values():
         cs = cr.leaf.chunk_shape
@@ -177,7 +198,7 @@ async def read_regions(
     if progress is not None:
         progress.add_total(sum(size(b) for b in batches))
     await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight), cost=size)
-    return [r.out for r in reqs]  # type: ignore[misc]
+    return [r.out for r in reqs]
 
 
 async def _deliver(cr: _ChunkRead, buf: Any) -> None:
@@ -191,6 +212,12 @@ async def _deliver(cr: _ChunkRead, buf: Any) -> None:
         view = np.ndarray(
             region_shape(ov), dtype=dt, buffer=buf, offset=start - cr.span[0], strides=strides
         )
+        if req.sink is not None:
+            dst = None if req.direct else tuple(
+                slice(lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(ov, req.region)
+            )
+            await run_io(req.sink.put, dst, view)  # to the device while other spans are read
+            continue
         if req.direct:
             req.out = view
             continue
@@ -211,21 +238,27 @@ def restore_step(
     stats: ReadStats | None = None,
     progress: Progress | None = None,
     cast: bool = False,
+    assemble: Assemble = "auto",
 ) -> Any:
     """Restore ``step`` (None: the newest) into the shape of ``target`` (None: numpy).
 
     A target leaf whose dtype differs from the stored one raises
     InvalidArgumentError (before anything is read) unless ``cast`` is True.
 
-    Blocking (call from a user thread). Planning and the JAX calls run in the
-    calling thread; only the reads run on the library's event loop.
+    Blocking (call from a user thread). Planning and the final JAX calls run in
+    the calling thread; the reads run on the library's event loop, and with
+    device assembly the transfers of pieces run on I/O threads as they arrive.
     """
+    check_assemble(assemble)
     step, manifest, data = run_sync(store.open_step(step))
     entries = manifest["leaves"]
+    sinks: list[DeviceBlock | None] = []
 
-    def read(requests: list[tuple[LeafLayout, Region]]) -> list[np.ndarray]:
-        return run_sync(read_regions(data, requests, max_bytes_in_flight=max_bytes_in_flight, stats=stats,
-                                     progress=progress))
+    def read(requests: list[tuple[LeafLayout, Region]]) -> list[np.ndarray | None]:
+        return run_sync(read_regions(
+            data, requests, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
+            sinks=sinks,
+        ))
 
     if target is None:
         requests: list[tuple[LeafLayout, Region]] = []
@@ -241,7 +274,7 @@ def restore_step(
             if e["kind"] == "python":
                 values.append(_python_value(e["value"]))
             else:
-                a = _native(next(arrays))
+                a = _native(next(arrays))  # type: ignore[arg-type]
                 values.append(a[()] if e["kind"] == "numpy_scalar" else a)
         return unflatten(manifest["tree"], values)
 
@@ -276,37 +309,53 @@ def restore_step(
             )
         if is_sharded_target(t):
             sharding, dev_regions = target_regions(t, regions_cache)
+            on_device = assemble_on_device(assemble, sharding)
             uniq: dict[Region, int] = {}
-            for _d, reg in dev_regions:
+            for d, reg in dev_regions:
                 if reg not in uniq:  # several local devices, one read
                     uniq[reg] = len(requests)
                     requests.append((leaf, reg))
-            plans.append(("jax", (t, sharding, [(d, uniq[reg]) for d, reg in dev_regions], tdtype)))
+                    sinks.append(DeviceBlock(d, region_shape(reg), tdtype) if on_device else None)
+            kind = "device" if on_device else "jax"
+            plans.append((kind, (t, sharding, [(d, uniq[reg]) for d, reg in dev_regions], tdtype)))
         else:
             plans.append(("numpy", (len(requests), tdtype, isinstance(t, np.generic))))
             requests.append((leaf, tuple((0, n) for n in leaf.shape)))
+            sinks.append(None)
     arrays = read(requests)
     values: list[Any] = []
     to_place: list[tuple[int, Any, Any, list[tuple[Any, np.ndarray]]]] = []
+    assembled: list[tuple[int, Any, Any, list[Any]]] = []
     for kind, p in plans:
         if kind == "value":
             values.append(p)
         elif kind == "numpy":
             i, tdtype, scalar = p
-            a = _native(_cast(arrays[i], tdtype))
+            a = _native(_cast(arrays[i], tdtype))  # type: ignore[arg-type]
             values.append(a[()] if scalar else a)
+        elif kind == "device":
+            t, sharding, devs, _tdtype = p
+            blocks = []
+            for d, i in devs:
+                sink = sinks[i]
+                assert sink is not None
+                blocks.append(sink.result() if d == sink.device else sink.to(d))
+            assembled.append((len(values), t, sharding, blocks))
+            values.append(None)
         else:
             t, sharding, devs, tdtype = p
-            cast: dict[int, np.ndarray] = {}
+            converted: dict[int, np.ndarray] = {}
             for _d, i in devs:
-                if i not in cast:
-                    cast[i] = _cast(arrays[i], tdtype)
-            to_place.append((len(values), t, sharding, [(d, cast[i]) for d, i in devs]))
+                if i not in converted:
+                    converted[i] = _cast(arrays[i], tdtype)  # type: ignore[arg-type]
+            to_place.append((len(values), t, sharding, [(d, converted[i]) for d, i in devs]))
             values.append(None)
     if to_place:
         placed = assemble_all([(t, s, blocks) for _, t, s, blocks in to_place])
         for (slot, *_), arr in zip(to_place, placed):
             values[slot] = arr
+    for slot, t, sharding, blocks in assembled:
+        values[slot] = global_array(t, sharding, blocks)
     return rebuild(values)
 
 

@@ -1,16 +1,22 @@
-"""Saving one step: host snapshot (blocking), then background writes and one commit.
+"""Saving one step: staging (blocking), then background writes and one commit.
 
 Phases:
 
-1. *Snapshot* (:func:`snapshot`, in the caller's thread, before ``save``
+1. *Staging* (:func:`snapshot`, in the caller's thread, before ``save``
    returns): the tree is flattened, every leaf gets its layout, and the chunks
-   this process must write are copied to host memory (``jax.Array`` shards with
-   ``replica_id == 0`` that are addressable here; numpy leaves on process 0
-   only). After this the caller may mutate or donate its arrays.
+   this process must write (``jax.Array`` shards with ``replica_id == 0`` that
+   are addressable here; numpy leaves on process 0 only) are taken out of the
+   caller's reach: numpy leaves are copied; jax shards are staged as
+   ``SaveOptions.staging`` says (staging.py: a host view or copy, a device-side
+   snapshot, or chunk-by-chunk copies into pinned host memory). ``save``
+   returns when the caller's arrays are no longer needed
+   (:attr:`Snapshot.staged`); after that the caller may mutate or donate them.
 2. *Write* (:func:`run_save`, background): one transaction on the root's
    versioned store — multi-writer when there are several processes. Chunks are
-   written under a bytes-in-flight budget; each chunk's host memory is released
-   as soon as it is stored, so host memory peaks at the snapshot size.
+   written under a bytes-in-flight budget; a chunk staged on the device is
+   copied to (pinned) host memory inside that budget, so the copy of one chunk
+   overlaps the writes of others, and each chunk's host memory is released as
+   soon as it is stored (one data object, fsync'ed once, per chunk).
 3. *Commit*: the transaction's commit publishes the step atomically (process 0
    merges every process's fragment into ONE version). Process 0 then applies
    retention and tells the others, so that when any process's save completes,
@@ -22,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -31,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.checkpoint.coordination import Coordinator, SingleProcess
-from tensorstore_py.checkpoint.jax_adapter import distributed_coordinator, host_shards, is_jax_array
+from tensorstore_py.checkpoint.jax_adapter import distributed_coordinator, is_jax_array, shards_to_save
 from tensorstore_py.checkpoint.layout import (
     DEFAULT_TARGET_CHUNK_BYTES,
     Region,
@@ -42,8 +49,9 @@ from tensorstore_py.checkpoint.layout import (
     zarr3_metadata,
 )
 from tensorstore_py.checkpoint.pytree import flatten
+from tensorstore_py.checkpoint.staging import Staging, check_staging, choose_staging, chunk_fetcher, stage
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
-from tensorstore_py.core.budget import ByteBudget, run_bounded
+from tensorstore_py.core.budget import MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.drivers.dtypes import dtype_to_v3, is_variable_length
@@ -54,6 +62,9 @@ from tensorstore_py.progress import Progress
 __all__ = ["MANIFEST_FORMAT", "SaveOptions", "run_save", "snapshot"]
 
 MANIFEST_FORMAT = "tensorstore_py.checkpoint.manifest/1"
+
+#: concurrent chunk tasks of a streamed save (each holds its share of the budget)
+MAX_STREAMED_TASKS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +78,22 @@ class SaveOptions:
     #: smaller ones are described by the step manifest alone (one key fewer each,
     #: which matters for thousands of small leaves)
     zarr_metadata_min_bytes: int = 1 << 20
-    #: bytes handed to the store at once. Chunks are views of the host snapshot, so
-    #: this bounds the store's work in progress (and any copies it makes), not new
-    #: host memory; 1 GiB keeps a local disk busy (512 MiB left it idle between waves)
+    #: bytes handed to the store at once; 1 GiB keeps a local disk busy (512 MiB
+    #: left it idle between waves). With "device" or "pinned_host" staging this is
+    #: also all the host memory the save holds: chunks are copied off the device
+    #: inside this budget. With "host" staging chunks are views of the host copy,
+    #: so it bounds the store's work in progress, not new host memory
     max_bytes_in_flight: int = 1 << 30
     #: how long the processes of a multi-process save wait for each other
     commit_timeout: float = 600.0
+    #: where jax shards are staged before ``save()`` returns: "auto", "device"
+    #: (a device-side snapshot streamed to the host in the background),
+    #: "pinned_host" (chunk by chunk into pinned host memory) or "host" (all
+    #: of it in host memory; a zero-copy view on CPU devices). See staging.py
+    staging: Staging = "auto"
+
+    def __post_init__(self) -> None:
+        check_staging(self.staging)
 
 
 @dataclass(slots=True)
@@ -80,6 +101,10 @@ class _Chunk:
     key: str
     data: np.ndarray | None  # C-contiguous chunk, full chunk shape
     nbytes: int
+    #: a chunk staged on a device: copies it to the host (blocking, on an I/O thread)
+    fetch: Callable[[], np.ndarray] | None = None
+    #: the fetch reads the caller's array ("pinned_host" staging)
+    reads_caller: bool = False
 
 
 @dataclass(slots=True)
@@ -91,9 +116,27 @@ class Snapshot:
     chunks: list[_Chunk] = field(default_factory=list)
     zarr_json: dict[str, dict[str, Any]] = field(default_factory=dict)  # process 0 writes
     nbytes: int = 0
+    #: the staging mode used for jax shards ("auto" resolved)
+    staging: str = "host"
+    #: set once no chunk needs the caller's arrays any more (or the save ended)
+    staged: threading.Event = field(default_factory=threading.Event)
+    #: chunks still to be copied from the caller's arrays
+    unstaged: int = 0
 
     def manifest(self) -> dict[str, Any]:
         return {"format": MANIFEST_FORMAT, "tree": self.structure, "leaves": self.leaves}
+
+    def chunk_staged(self) -> None:
+        """One chunk that read the caller's array is off the device."""
+        self.unstaged -= 1
+        if self.unstaged <= 0:
+            self.staged.set()
+
+    def release(self) -> None:
+        """The save ended (committed or failed): drop what is staged (device memory)
+        and release a caller still waiting for the staging."""
+        self.chunks = []
+        self.staged.set()
 
 
 def _scalar_json(x: Any) -> dict[str, Any]:
@@ -129,7 +172,12 @@ def _check_storable(path: str, dtype: Any) -> None:
 def snapshot(
     tree: Any, *, process_index: int, process_count: int = 1, options: SaveOptions
 ) -> Snapshot:
-    """Phase 1: flatten, lay out and copy to host what this process writes.
+    """Phase 1: flatten, lay out and stage what this process writes.
+
+    Every leaf is checked before anything is copied. Returns with
+    :attr:`Snapshot.staged` set, except with ``"pinned_host"`` staging, where the
+    chunks are copied off the device by the writes (:func:`run_save`) and the
+    caller waits for ``staged`` before it may change its arrays.
 
     In a multi-process job a ``jax.Array`` that lives on this process alone
     (fully addressable, e.g. a step counter made with ``jnp.int32``) is taken
@@ -137,6 +185,8 @@ def snapshot(
     """
     pairs, structure = flatten(tree)
     snap = Snapshot(structure=structure, leaves=[])
+    # (leaf key, region, chunk shape, dtype, single-device array): staged together below
+    on_devices: list[tuple[str, Region, tuple[int, ...], np.dtype, Any]] = []
     for i, (path, leaf) in enumerate(pairs):
         entry: dict[str, Any] = {"path": path}
         if isinstance(leaf, (bool, int, float, complex, str, bytes)) and not isinstance(leaf, np.generic):
@@ -145,8 +195,10 @@ def snapshot(
             snap.leaves.append(entry)
             continue
         process_local = is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
+        parts: list[tuple[Region, Any]]
         if is_jax_array(leaf) and not process_local:
-            shape, dtype, shard_shape, parts, sharding = host_shards(leaf)
+            shape, dtype, shard_shape, parts, sharding = shards_to_save(leaf)
+            _check_storable(path, dtype)
             entry["kind"] = "jax"
             if sharding is not None:
                 entry["sharding"] = sharding
@@ -168,7 +220,6 @@ def snapshot(
                 "expected jax.Array, numpy array/scalar or python scalar"
             )
         dtype = np.dtype(dtype)
-        _check_storable(path, dtype)
         cshape = chunk_shape_for(tuple(shard_shape), dtype.itemsize, target_bytes=options.target_chunk_bytes)
         key = f"a/{i}"
         entry.update(dtype=dtype_to_v3(dtype), shape=list(shape), chunk_shape=list(cshape), key=key)
@@ -177,11 +228,42 @@ def snapshot(
         snap.nbytes += nbytes
         if process_index == 0 and nbytes >= options.zarr_metadata_min_bytes:
             snap.zarr_json[f"{key}/zarr.json"] = zarr3_metadata(dtype, tuple(shape), cshape)
-        for region, host in parts:
-            for grid, sub in chunks_overlapping(region, cshape):
-                data = _chunk_data(host, region, sub, cshape, dtype)
-                snap.chunks.append(_Chunk(chunk_key(key, grid), data, data.nbytes))
+        for region, part in parts:
+            if isinstance(part, np.ndarray):
+                _add_host_chunks(snap, key, part, region, cshape, dtype)
+            else:
+                on_devices.append((key, region, cshape, dtype, part))
+    shards = [p[-1] for p in on_devices]
+    snap.staging = choose_staging(options.staging, shards)
+    for (key, region, cshape, dtype, _), src in zip(on_devices, stage(shards, snap.staging)):
+        if isinstance(src, np.ndarray):
+            _add_host_chunks(snap, key, src, region, cshape, dtype)
+            continue
+        reads_caller = snap.staging == "pinned_host"
+        for grid, sub in chunks_overlapping(region, cshape):
+            box = None if sub == region else tuple((lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(sub, region))
+            fetch = _fetch_chunk(chunk_fetcher(src, box), sub, cshape, dtype)
+            size = int(math.prod(cshape)) * dtype.itemsize
+            snap.chunks.append(_Chunk(chunk_key(key, grid), None, size, fetch, reads_caller))
+            snap.unstaged += reads_caller
+    if snap.unstaged == 0:
+        snap.staged.set()
     return snap
+
+
+def _add_host_chunks(
+    snap: Snapshot, key: str, host: np.ndarray, region: Region, cshape: tuple[int, ...], dtype: np.dtype
+) -> None:
+    for grid, sub in chunks_overlapping(region, cshape):
+        data = _chunk_data(host, region, sub, cshape, dtype)
+        snap.chunks.append(_Chunk(chunk_key(key, grid), data, data.nbytes))
+
+
+def _fetch_chunk(
+    fetch: Callable[[], np.ndarray], sub: Region, cshape: tuple[int, ...], dtype: np.dtype
+) -> Callable[[], np.ndarray]:
+    """``fetch`` (the host copy of the box ``sub``) as a full, padded chunk."""
+    return lambda: _chunk_data(fetch(), sub, sub, cshape, dtype)
 
 
 def _chunk_data(
@@ -207,9 +289,16 @@ async def _write_chunks(
     view: KvStore, snap: Snapshot, options: SaveOptions, progress: Progress | None = None
 ) -> None:
     """Write the snapshot's chunks (and zarr.json documents) under the bytes-in-flight
-    budget, dropping each chunk's host copy as soon as it is stored."""
+    budget, copying each chunk staged on a device to the host first (inside the
+    budget), and dropping each chunk's host copy as soon as it is stored."""
 
     async def one(c: _Chunk) -> None:
+        if c.fetch is not None:
+            fetch, c.fetch = c.fetch, None
+            c.data = await run_io(fetch)  # device -> (pinned) host, inside the budget
+            del fetch  # the last reference to the staged shard may go now
+            if c.reads_caller:
+                snap.chunk_staged()
         assert c.data is not None
         await view.write(c.key, _bytes(c.data))
         c.data = None  # release the host copy as soon as it is stored
@@ -220,8 +309,13 @@ async def _write_chunks(
     for k, doc in snap.zarr_json.items():
         body = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
         chunks.append(_Chunk(k, body, body.nbytes))
+    # chunks staged on a device leave it as fast as the budget allows, not only as
+    # fast as the chunks before them are written (a "pinned_host" caller waits for
+    # the last one): the budget bounds them, the task cap is raised
+    streamed = snap.staging in ("device", "pinned_host")
     await run_bounded(
-        chunks, one, budget=ByteBudget(options.max_bytes_in_flight), cost=lambda c: c.nbytes
+        chunks, one, budget=ByteBudget(options.max_bytes_in_flight), cost=lambda c: c.nbytes,
+        max_tasks=max(MAX_TASKS, min(len(chunks), MAX_STREAMED_TASKS)) if streamed else MAX_TASKS,
     )
 
 
@@ -238,7 +332,9 @@ async def run_save(
     progress: Progress | None = None,
 ) -> StepInfo:
     """Phases 2 and 3 (background). Raises ConditionFailedError if ``step`` exists.
-    ``progress`` advances with the bytes of each chunk written."""
+    ``progress`` advances with the bytes of each chunk written. The caller
+    releases the snapshot (:meth:`Snapshot.release`) when this ends, however it
+    ends."""
     p, n = coordinator.process_index, coordinator.process_count
     timeout = options.commit_timeout
     if n > 1:
