@@ -117,29 +117,33 @@ def _read_raw_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndar
     key_of = arr.chunk_key
     cs = arr._chunk_shape
     nbytes = arr._chunk_nbytes
-    fill = arr._fill_arr
     raw = aligned_empty(nbytes)
     chunk = raw.view(arr._dtype).reshape(cs)
+    copyto = np.copyto
     # a whole chunk can be contiguous in ``out`` only if it spans out's rows
     maybe_direct = out.flags.c_contiguous and cs[1:] == out.shape[1:]
+    ell = (Ellipsis,)
+    fill = arr._fill_arr
     for p in parts:
-        dest = out[p.out + (Ellipsis,)]  # a view even for 0-d arrays
-        whole = dest.shape == cs
-        if whole and maybe_direct and dest.flags.c_contiguous:
-            size = read_into(prefix + key_of(p.cell), dest.reshape(-1).view(np.uint8))
-            if size == nbytes:
-                continue
+        dest = out[p.out + ell]  # a view even for 0-d arrays
+        if p.full and dest.shape == cs:
+            if maybe_direct and dest.flags.c_contiguous:
+                size = read_into(prefix + key_of(p.cell), dest.reshape(-1).view(np.uint8))
+                if size == nbytes:
+                    continue
+            else:
+                size = read_into(prefix + key_of(p.cell), raw)
+                if size == nbytes:
+                    copyto(dest, chunk)
+                    continue
         else:
             size = read_into(prefix + key_of(p.cell), raw)
             if size == nbytes:
-                if whole:
-                    np.copyto(dest, chunk)
-                else:
-                    dest[...] = chunk[p.chunk]
+                copyto(dest, chunk[p.chunk])
                 continue
         if size < 0:
-            dest[...] = fill
-        else:  # wrong size (or a changed value): the general path decides
+            copyto(dest, fill)
+        else:  # a value of another size (corrupt, or changed): the general path decides
             read_batch_general(arr, kv, [p], out)
 
 
