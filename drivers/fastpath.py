@@ -24,9 +24,10 @@ from tensorstore_py.core.buffers import aligned_empty
 from tensorstore_py.core.errors import ConditionFailedError
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec
-from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
+from tensorstore_py.drivers.grid import ChunkPart
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
-from tensorstore_py.kvstore.base import ByteRange, KvStore, ReadResult
+from tensorstore_py.drivers.shard_reads import ShardIndexCache, read_part, run_blocking
+from tensorstore_py.kvstore.base import KvStore, ReadResult
 
 __all__ = ["ChunkOps", "batches", "has_sync_io", "read_batch", "read_prepared_batch", "write_batch"]
 
@@ -43,6 +44,7 @@ class ChunkOps(Protocol):
 
     _codec: ChunkCodec
     _shard: ShardingCodec | None  # the array's codec is sharding_indexed alone
+    _shard_indexes: ShardIndexCache | None  # see drivers/shard_reads.py
     _chunk_shape: tuple[int, ...]
     _chunk_nbytes: int
     _dtype: np.dtype
@@ -160,25 +162,8 @@ def read_prepared_batch(arr: ChunkOps, prepared: list[tuple[ChunkPart, Any]], ou
 
 
 def _read_sharded(arr: ChunkOps, kv: Any, key: str, full: str, p: ChunkPart, dest: np.ndarray) -> None:
-    sh = arr._shard
-    assert sh is not None
-    inner = list(chunk_parts(p.chunk, sh.chunk_shape, sh.shard_shape))
-    for _attempt in range(5):
-        ires = kv._read_blocking(full, sh.index_range(), None)
-        if ires.state == "missing":
-            dest[...] = arr._fill_arr
-            return
-        present = sh.present_parts(sh.decode_index(ires.value, key=key), inner, dest)
-        changed = False
-        for ip, off, n in present:
-            res = kv._read_blocking(full, ByteRange(off, off + n), None)
-            if res.state == "missing" or res.generation != ires.generation:
-                changed = True  # rewritten between the index and the data: again
-                break
-            dest[ip.out] = sh.decode_inner(res.value, ip, off, n, key=key)[ip.chunk]
-        if not changed:
-            return
-    raise ConditionFailedError(f"shard {key!r} kept changing while being read")
+    assert arr._shard is not None
+    run_blocking(read_part(arr._shard, key, p.chunk, dest, arr._shard_indexes), kv, full)
 
 
 def encode_batch(arr: ChunkOps, parts: list[ChunkPart], value: np.ndarray) -> list[Any]:
