@@ -449,7 +449,8 @@ class ChunkedArray(ArrayDriver):
     def _encode_full(self, p: ChunkPart, src: np.ndarray) -> Any:
         """Encode a chunk wholly given by ``src`` (out-of-bounds part = fill)."""
         if src.shape == self._chunk_shape:
-            arr = np.ascontiguousarray(src)
+            # a shard gathers its inner chunks from any strides: no copy first
+            arr = src if self._shard is not None else np.ascontiguousarray(src)
         else:
             arr = np.full(self._chunk_shape, self._fill_arr, dtype=self._dtype)
             arr[self._in_bounds(p.cell)] = src

@@ -49,7 +49,8 @@ def is_fill(a: np.ndarray, fill: np.ndarray) -> bool:
         # most chunks with data differ at their first element: O(1) answer
         if a[(slice(0, 1),) * a.ndim].view(u).reshape(-1)[0] != fv:
             return False
-        return bool((np.ascontiguousarray(a).view(u) == fv).all())
+        au = a.view(u)  # any strides: no contiguous copy first
+        return not au.any() if fv == 0 else not (au != fv).any()
     if size % 8 == 0:
         u8 = np.ascontiguousarray(a).reshape(-1).view(np.uint64).reshape(-1, size // 8)
         return bool((u8 == fill.reshape(1).view(np.uint64)).all())
