@@ -16,17 +16,46 @@ Guarantees on the versioned store (``{"driver": "versioned", ...}``):
 * **Atomic**: all writes of a transaction become visible at once, in one new
   version, or none do (the commit point is one create-only write).
 * **Isolated**: reads see the version the transaction started from (pinned at
-  its first read or write) plus its own writes and deletes (snapshot isolation).
+  its first read or write) plus its own writes and deletes. The default,
+  ``isolation="snapshot"``, is snapshot isolation: only keys the transaction
+  also *writes* are checked at commit, so two transactions that each read what
+  the other writes may both commit (write skew, below).
+  ``isolation="serializable"`` also records every key read (including reads
+  that found nothing) and every prefix listed, and at commit checks them against
+  the keys changed by versions committed after the one it read: a read-write
+  conflict raises ConflictError naming the key. Serializable transactions
+  behave as if they ran one at a time, in commit order.
 * **Conflicts**: at commit, if newer versions changed a key this transaction
-  also writes, the commit raises :class:`~tensorstore_py.errors.ConflictError`
-  naming the key and leaves nothing visible; otherwise it is rebased onto the
-  newest version automatically. Retrying the whole transaction is safe.
+  also writes (or, serializable, read), the commit raises
+  :class:`~tensorstore_py.errors.ConflictError` naming the key and leaves
+  nothing visible; otherwise it is rebased onto the newest version
+  automatically. Retrying the whole transaction is safe.
 * **Durable**: when ``commit()`` resolves, every byte is on the base store (and
   fsync'ed on the file store).
 
+Write skew, the classic example: two doctors are on call and at least one must
+stay. Each, in its own transaction, checks that the other is on call and signs
+off::
+
+    def sign_off(me, other, isolation):
+        with tsp.Transaction(isolation=isolation) as txn:
+            v = kv.with_transaction(txn)
+            if v.read(other).result().value == b"on":
+                v.write(me, b"off").result()
+
+Run concurrently (both read before either commits), under ``"snapshot"`` both
+commit (they write different keys) and nobody is on call; under
+``"serializable"`` the second commit raises ConflictError (the key it read was
+changed by the first), and its retry sees the other doctor already off.
+
 On any other store a transaction is honoured only when it can be: it may write
 ONE key (committed as a conditional write: a compare-and-swap against the
-generation it read, or the ``if_equal`` it was given). The first write of a
+generation it read, or the ``if_equal`` it was given), which serialises a
+read-modify-write of that key under either isolation mode. Reads go straight to
+the store (there are no snapshots); with ``isolation="serializable"``, a
+transaction that writes its key after reading *other* keys raises
+:class:`~tensorstore_py.errors.UnsupportedError` at commit, because those reads
+can not be checked atomically with the write. The first write of a
 second key raises :class:`~tensorstore_py.errors.UnsupportedError`. One
 transaction writes into one store root; the first write into a second root
 raises ``UnsupportedError`` too.
@@ -38,6 +67,28 @@ fragment); process 0 waits for all N fragments, merges them into ONE version
 and publishes the result, which every process's ``commit()`` returns. If a
 process never delivers its fragment, nothing is committed and the others raise
 :class:`~tensorstore_py.errors.DeadlineExceededError` after ``timeout`` seconds.
+
+* **Attempts**: every run of process 0 opens a new *attempt* of the
+  transaction (a fresh random nonce, published through the coordinator and the
+  store) and merges only fragments written for that attempt. A participant
+  writes its fragment for the newest attempt it sees and, while it waits,
+  rewrites it for a newer attempt (it still has its data). So a job restarted
+  with the same ``txn_id`` after process 0 died never merges a fragment left by
+  the dead run: the commit holds exactly the restarted processes' data, or
+  nothing (DeadlineExceededError) when a participant is missing.
+* **The txn_id is an idempotency key**: a transaction id commits at most once.
+  A process that calls ``commit()`` again with the same ``txn_id`` after the
+  transaction committed (e.g. the job restarted after process 0 committed but
+  before everyone heard) gets that commit's :class:`CommitInfo` back, and
+  nothing is committed again, provided its writes are the ones committed (same
+  keys, deleted or holding values of the same length and crc32c); other
+  writes raise InvalidArgumentError ("transaction ids must not be reused").
+  A process that asks after the commit, even if process 0 died before
+  announcing it, finds the commit record (it carries the ``txn_id``).
+* ``isolation="serializable"`` works per participant: each one's read set
+  travels in its fragment and process 0 checks all of them (from the oldest
+  version any participant read) before committing.
+
 ``coordinator`` is an optional :class:`Barrier`: an object with
 ``publish(key, value)`` and ``wait_for(key, timeout) -> value`` (str keys and
 values); without it the processes poll the store. A checkpoint
@@ -51,7 +102,8 @@ jax.distributed's key-value store is three lines::
         def wait_for(self, key, timeout):
             return self.client.blocking_key_value_get(key, int(timeout * 1000))
 
-See docs/FORMAT.md §7 for the objects written.
+See docs/FORMAT.md §7 for the objects written and docs/TRANSACTIONS.md for a
+tour of the guarantees.
 """
 
 from __future__ import annotations
@@ -89,6 +141,8 @@ from tensorstore_py.kvstore.ids import check_id
 __all__ = ["Barrier", "CommitInfo", "Participant", "Transaction", "TransactionalKvStore"]
 
 TxnState = Literal["open", "committing", "committed", "aborted", "failed"]
+Isolation = Literal["snapshot", "serializable"]
+ISOLATION_LEVELS: tuple[Isolation, ...] = ("snapshot", "serializable")
 
 
 @dataclass(frozen=True)
@@ -110,12 +164,15 @@ class CommitInfo:
 class Barrier(Protocol):
     """The barrier / broadcast service a multi-writer commit waits on.
 
-    Both methods block and are called from worker threads. Keys used:
-    ``tsp/<txn_id>/fragment/<i>`` (published by participant ``i > 0`` once its
-    fragment is durable) and ``tsp/<txn_id>/result`` (published by process 0;
-    the value is the result as JSON text). ``wait_for`` returns the value
-    published for ``key``, waiting up to ``timeout`` seconds, and raises
-    (any exception, e.g. TimeoutError) when it does not arrive in time.
+    Both methods block and are called from worker threads. Keys used (each
+    published once per transaction id, so a barrier must be fresh per job, as
+    jax.distributed's is): ``tsp/<txn_id>/attempt`` (published by process 0
+    when it opens its attempt; JSON text), ``tsp/<txn_id>/fragment/<i>``
+    (published by participant ``i > 0`` once its fragment is durable) and
+    ``tsp/<txn_id>/result`` (published by process 0; the result as JSON text).
+    ``wait_for`` returns the value published for ``key``, waiting up to
+    ``timeout`` seconds, and raises (any exception, e.g. TimeoutError) when it
+    does not arrive in time.
     """
 
     def publish(self, key: str, value: str) -> None: ...
@@ -161,7 +218,8 @@ class Transaction:
     """A group of reads and writes committed atomically (see the module doc).
 
     Options (keyword-only): ``message`` and ``metadata`` (JSON-able) are stored
-    in the commit record; ``txn_id``, ``process_index``, ``process_count``,
+    in the commit record; ``isolation`` is ``"snapshot"`` (the default) or
+    ``"serializable"``; ``txn_id``, ``process_index``, ``process_count``,
     ``timeout`` (seconds) and ``coordinator`` configure multi-writer commits.
     """
 
@@ -175,6 +233,7 @@ class Transaction:
         coordinator: Barrier | None = None,
         message: str = "",
         metadata: dict[str, Any] | None = None,
+        isolation: Isolation = "snapshot",
     ) -> None:
         if not isinstance(process_count, int) or process_count < 1:
             raise InvalidArgumentError(f"Transaction: process_count must be an int >= 1, got {process_count!r}")
@@ -191,6 +250,11 @@ class Transaction:
             check_id("Transaction: txn_id", txn_id)
         if not timeout > 0:
             raise InvalidArgumentError(f"Transaction: timeout must be > 0 seconds, got {timeout!r}")
+        if isolation not in ISOLATION_LEVELS:
+            raise InvalidArgumentError(
+                f"Transaction: isolation must be one of {list(ISOLATION_LEVELS)}, got {isolation!r}"
+            )
+        self.isolation: Isolation = isolation
         self.txn_id = txn_id
         self.process_index = process_index
         self.process_count = process_count
@@ -256,17 +320,27 @@ class Transaction:
         """Commit atomically; the Future resolves to a :class:`CommitInfo`.
 
         Raises (through the Future) ConflictError when newer versions changed a
-        written key, DeadlineExceededError when a multi-writer barrier times
-        out. On error nothing is visible and the transaction is "failed".
+        written key (or, serializable, a key or prefix read),
+        DeadlineExceededError when a multi-writer barrier times out. On those
+        errors nothing is visible and the transaction is "failed".
         ``wait=False`` (multi-writer, process_index > 0): resolve as soon as
-        this process's fragment is durable, without waiting for the merge.
+        this process's fragment is durable for process 0's current attempt,
+        without waiting for the merge (such a process can not follow a newer
+        attempt of a restarted process 0).
 
         Writes issued before ``commit()`` (even if not yet awaited) are part of
         the transaction. A commit-record write that fails or times out is
         resolved by reading the record back (its write-id tells whether it
-        landed) and retried; only when the store stays unreachable through
-        every retry does ``commit`` raise StorageError with the outcome
-        unknown — then ``versions()`` shows whether ``txn.write_id`` landed.
+        landed) and retried. Only when the store stays unreachable through
+        every retry and a last look-up does ``commit`` raise
+        :class:`~tensorstore_py.errors.CommitOutcomeUnknownError`: the commit
+        may or may not have landed. Do NOT treat it as a failure and simply
+        retry (that could apply the transaction twice); once the store answers
+        again, ask ``kv.find_write_id(err.write_id)`` (``err.write_id`` is
+        :attr:`write_id`): a version number means it committed as that
+        version, None means it did not and the transaction may be redone. A
+        multi-writer transaction may instead simply be run again with the same
+        ``txn_id``: it commits at most once (see the module doc).
         """
         with self._issued_lock:  # no write can be issued after this point
             if self._commit_future is not None:
@@ -390,6 +464,7 @@ class SingleKeyParticipant(Participant):
         self.key = ("single", store.driver, store._identity())
         self.name = f"{store.driver} store {store.spec().get('path', '')!r}"
         self._read_gens: dict[str, Generation] = {}
+        self._listed: list[str] = []  # prefixes listed
         self._key: str | None = None
         self._value: bytes | None = None
         self._condition: Generation | None = None
@@ -435,6 +510,7 @@ class SingleKeyParticipant(Participant):
         return key.removeprefix(self.store.path)
 
     async def list(self, prefix: str) -> list[str]:
+        self._listed.append(prefix)
         keys = set(await self.store._list(prefix))
         if self._key is not None and self._key.startswith(prefix):
             if self._value is None:
@@ -446,6 +522,14 @@ class SingleKeyParticipant(Participant):
     async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
         assert self._key is not None
         key, cond = self._key, self._condition
+        others = sorted(self._rel(k) for k in self._read_gens if k != key)
+        if txn.isolation == "serializable" and (others or self._listed):
+            what = f"key(s) {others[:5]}" if others else f"prefix(es) {self._listed[:5]}"
+            raise UnsupportedError(
+                f"serializable transaction on {self.name}: it writes {self._rel(key)!r} after "
+                f"reading {what}; a {self.store.driver!r} store can only check the written key "
+                f"atomically with the write. Use a versioned store, or isolation='snapshot'"
+            )
         try:
             if self._value is None:
                 await self.store._delete(key, cond)

@@ -133,6 +133,20 @@ def main() -> None:
         st = ReadStats()
         check_tree(mgr.restore(target=target(tree, mesh, specs_r), stats=st), "replicated")
         report["replicated"] = [st.bytes_read, st.bytes_needed]
+    elif scenario == "retention_space":
+        # 3 saves of an 8 MiB array whose 1 MiB shards are split over both
+        # processes, max_to_keep=2: every process's share of step 10 must go
+        from jax.sharding import NamedSharding
+
+        mesh = Mesh(devices.reshape(2, 4), ("a", "b"))
+        g = np.arange(1024 * 2048, dtype=np.float32).reshape(1024, 2048)
+        mgr = tsp.CheckpointManager(root, max_to_keep=2)
+        for step in (10, 20, 30):
+            x = jax.make_array_from_callback(g.shape, NamedSharding(mesh, P("a", "b")),
+                                             lambda i, s=step: g[i] + s)
+            mgr.save(step, {"w": x})
+        mgr.wait_until_finished()
+        report["steps"] = mgr.all_steps()
     elif scenario == "restore_single":
         mesh = Mesh(devices.reshape(2, 2), ("a", "b"))
         specs = {"w": P("b", "a"), "e": P(), "r": P("a"), "odd": P("a")}

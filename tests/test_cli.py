@@ -200,17 +200,18 @@ def test_newer_format_is_refused(ckpt: str) -> None:
     import subprocess
     import sys
 
-    from tensorstore_py.kvstore.versioned.format import MAGIC_COMMIT, frame, unframe
+    from tensorstore_py.kvstore.versioned.format import FORMAT, MAGIC_COMMIT, frame, unframe
 
+    newer = FORMAT + 1
     path = Path(ckpt[len("file://"):]) / "commits" / f"{3:020d}"
     body = unframe(MAGIC_COMMIT, path.read_bytes(), "x")
-    body["format"] = 2
+    body["format"] = newer
     path.write_bytes(frame(MAGIC_COMMIT, body))
     # a fresh process: this one caches the records it wrote
     p = subprocess.run([sys.executable, "-m", "tensorstore_py.cli", "ls", ckpt],
                        check=False, capture_output=True, text=True, timeout=T)
     assert p.returncode == 1, p.stderr
-    assert "format 2" in p.stderr and "upgrade tensorstore_py" in p.stderr
+    assert f"format {newer}" in p.stderr and "upgrade tensorstore_py" in p.stderr
     assert "Traceback" not in p.stderr
 
 

@@ -91,6 +91,19 @@ def test_two_processes_save_and_restore_any_sharding(tmp_path: Path) -> None:
     assert single["steps"] == [2, 3]
 
 
+def test_two_processes_retention_frees_every_process_share(tmp_path: Path) -> None:
+    # the twin of test_checkpoint.py::test_manager_retention_frees_space_now
+    root = tmp_path / "ckpt"
+    size = 8 << 20
+    reports = _run("retention_space", 2, f"file://{root}/", tmp_path)
+    assert [r["steps"] for r in reports] == [[20, 30], [20, 30]]
+    used = _file_bytes(root)
+    assert 2 * size <= used < 2 * size + (256 << 10), used  # 2 steps + small metadata
+    g = np.arange(1024 * 2048, dtype=np.float32).reshape(1024, 2048)
+    mgr = tsp.CheckpointManager(f"file://{root}/")
+    np.testing.assert_array_equal(mgr.restore(20)["w"], g + 20)
+
+
 def test_kill_one_process_mid_save_never_publishes(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     procs, outs = _launch("kill", 2, f"file://{root}/", tmp_path)

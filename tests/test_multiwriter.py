@@ -10,17 +10,24 @@ import time
 from typing import Any
 
 import pytest
+from _multiwriter import in_threads
 
 import tensorstore_py as tsp
 from tensorstore_py.errors import (
     ConflictError,
     InvalidArgumentError,
 )
+from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.format import InlineEntry, RefEntry, new_stamp
-from tensorstore_py.kvstore.versioned.multiwriter import encode_fragment, fragment_name
+from tensorstore_py.kvstore.versioned.fragments import (
+    Fragment,
+    decode_attempt,
+    encode_fragment,
+    fragment_name,
+)
 
 T = 120
 
@@ -78,6 +85,8 @@ def test_three_processes_commit_one_version(tmp_path: Any) -> None:
             assert bytes(kv.read(f"shard{i}/{j}").result(T).value) == expect
     info = kv.versions().result(T)[-1]  # type: ignore[attr-defined]
     assert info.metadata == {"step": 100} and info.message == "step"
+    # the merged fragments and the attempt are deleted; the small result stays
+    assert FileKvStore(path=root).list("txns/").result(T) == ["txns/step-100/result"]
 
 
 def test_participant_that_never_writes_means_no_commit(tmp_path: Any) -> None:
@@ -115,23 +124,12 @@ class ThreadCoordinator:
 
 
 def _threads(kv: VersionedKvStore, n: int, body: Any, **kw: Any) -> list[Any]:
-    out: list[Any] = [None] * n
-
-    def run(i: int) -> None:
+    def run(i: int) -> Any:
         txn = tsp.Transaction(process_index=i, process_count=n, **kw)
-        v = kv.with_transaction(txn)
-        try:
-            body(i, v)
-            out[i] = txn.commit().result(T)
-        except Exception as e:
-            out[i] = e
+        body(i, kv.with_transaction(txn))
+        return txn.commit().result(T)
 
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(T)
-    return out
+    return in_threads(n, run)
 
 
 def test_coordinator_object_is_used_as_barrier() -> None:
@@ -141,7 +139,11 @@ def test_coordinator_object_is_used_as_barrier() -> None:
                    txn_id="c1", coordinator=coord, timeout=30)
     assert [r.version for r in res] == [1, 1, 1, 1]
     assert kv.list().result(T) == ["k0", "k1", "k2", "k3"]
-    assert set(coord.published) == {"tsp/c1/fragment/1", "tsp/c1/fragment/2", "tsp/c1/fragment/3", "tsp/c1/result"}
+    assert set(coord.published) == {"tsp/c1/attempt", "tsp/c1/fragment/1", "tsp/c1/fragment/2",
+                                    "tsp/c1/fragment/3", "tsp/c1/result"}
+    # each fragment was written for the attempt process 0 announced (its nonce in the name)
+    nonce = json.loads(coord._kv["tsp/c1/attempt"])["nonce"]
+    assert all(nonce in coord._kv[f"tsp/c1/fragment/{i}"] for i in (1, 2, 3))
 
 
 def test_duplicate_key_across_participants_is_an_error() -> None:
@@ -172,14 +174,20 @@ def test_conflict_is_reported_to_every_participant() -> None:
 
 def test_wait_false_returns_once_the_fragment_landed_and_ids_are_single_use() -> None:
     kv = VersionedKvStore(MemoryKvStore())
-    t1 = tsp.Transaction(txn_id="w", process_index=1, process_count=2, timeout=30)
+    # a fragment belongs to an attempt of process 0, so process 0 starts first;
+    # participant 2 holds the merge back until participant 1 has returned
+    t0 = tsp.Transaction(txn_id="w", process_index=0, process_count=3, timeout=30)
+    kv.with_transaction(t0).write("a", b"0").result(T)
+    fut0 = t0.commit()
+    t1 = tsp.Transaction(txn_id="w", process_index=1, process_count=3, timeout=30)
     kv.with_transaction(t1).write("b", b"1").result(T)
     info = t1.commit(wait=False).result(T)
     assert info.version is None and kv.newest_version().result(T) == 0
-    t0 = tsp.Transaction(txn_id="w", process_index=0, process_count=2, timeout=30)
-    kv.with_transaction(t0).write("a", b"0").result(T)
-    assert t0.commit().result(T).version == 1
-    again = tsp.Transaction(txn_id="w", process_index=1, process_count=2, timeout=30)
+    t2 = tsp.Transaction(txn_id="w", process_index=2, process_count=3, timeout=30)
+    kv.with_transaction(t2).write("c", b"2").result(T)
+    assert t2.commit().result(T).version == 1
+    assert fut0.result(T).version == 1
+    again = tsp.Transaction(txn_id="w", process_index=1, process_count=3, timeout=30)
     kv.with_transaction(again).write("b", b"2").result(T)
     with pytest.raises(InvalidArgumentError, match="must not be reused"):
         again.commit().result(T)
@@ -190,17 +198,22 @@ def test_merging_1000_fragments_is_fast(tmp_path: Any) -> None:
     base = FileKvStore(path=str(tmp_path), sync=False)
     kv = VersionedKvStore(base)
     obj = "data/" + "0" * 32
+    t0 = tsp.Transaction(txn_id="big", process_index=0, process_count=n + 1, timeout=60)
+    kv.with_transaction(t0).write("p/0000/0", b"coordinator").result(T)
+    fut = t0.commit()
+    name = "txns/big/attempts/000001"  # opened by process 0 at its first write
+    while base.read(name).result(T).state != "value":
+        time.sleep(0.01)
+    attempt = decode_attempt(base.read(name).result(T).value, name, "big")
     for i in range(1, n + 1):
-        txn = tsp.Transaction(txn_id="big", process_index=i, process_count=n + 1)
         changes = [
             (f"p/{i:04d}/{j}", RefEntry(new_stamp(), obj, j * 10, 10, 0) if j % 2 else InlineEntry(new_stamp(), b"v"))
             for j in range(8)
         ]
-        base.write(fragment_name("big", i), encode_fragment(txn, 0, changes)).result(T)
-    t0 = tsp.Transaction(txn_id="big", process_index=0, process_count=n + 1, timeout=60)
-    kv.with_transaction(t0).write("p/0000/0", b"coordinator").result(T)
-    start = time.perf_counter()
-    info = t0.commit().result(T)
+        base.write(fragment_name("big", 1, attempt.nonce, i),
+                   encode_fragment("big", attempt, "0" * 32, Fragment(i, 0, changes))).result(T)
+    start = time.perf_counter()  # from the last fragment landing to the commit
+    info = fut.result(T)
     dt = time.perf_counter() - start
     assert info.version == 1 and info.keys_changed == n * 8 + 1
     assert dt < 5.0, f"merging {n} fragments took {dt:.2f} s"
@@ -238,11 +251,17 @@ def test_polling_barrier_on_file_and_gcs(where: str, tmp_path: Any, request: pyt
 
 
 def test_participant_finds_a_commit_whose_result_was_never_published() -> None:
-    kv = VersionedKvStore(MemoryKvStore())
+    mem = MemoryKvStore()
+    kv = VersionedKvStore(mem)
     t1 = tsp.Transaction(txn_id="lost", process_index=1, process_count=2, timeout=1.5)
     kv.with_transaction(t1).write("b", b"1").result(T)
     fut = t1.commit()
-    # a coordinator that commits (the record carries the txn id) and dies before publishing
-    with tsp.Transaction(txn_id="lost") as t0:
-        kv.with_transaction(t0).write("a", b"0").result(T)
+    # a coordinator that commits (the record carries the txn id) and never manages
+    # to write the result
+    lossy = FaultKvStore(mem)
+    lossy.inject(op="write", key_pattern="txns/*/result")
+    t0 = tsp.Transaction(txn_id="lost", process_index=0, process_count=2, timeout=30)
+    VersionedKvStore(lossy).with_transaction(t0).write("a", b"0").result(T)
+    assert t0.commit().result(T).version == 1
+    assert mem.read("txns/lost/result").result(T).state == "missing"
     assert fut.result(T).version == 1

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +25,11 @@ from tensorstore_py.kvstore.versioned.format import (
     new_name,
     new_stamp,
 )
-from tensorstore_py.kvstore.versioned.root import VersionedRoot
+from tensorstore_py.kvstore.versioned.root import VersionedRoot, missing_object
 
 __all__ = [
     "INLINE_MAX", "LARGE_MIN", "STAGING_MAX", "Pending", "Staged",
-    "blocking_reader", "make_entry", "pack", "read_entry",
+    "blocking_reader", "make_entry", "missing_objects", "pack", "read_entry",
 ]
 
 INLINE_MAX = 128
@@ -125,6 +126,18 @@ def _pack_objects(values: list[bytes]) -> tuple[list[list[int]], list[int], list
     return groups, crcs, objects
 
 
+async def missing_objects(base: KvStore, names: list[str]) -> list[str]:
+    """Those of the data objects ``names`` that do not exist (one 1-byte read each)."""
+    sem = asyncio.Semaphore(64)
+
+    async def gone(name: str) -> bool:
+        async with sem:
+            return (await base.read(name, byte_range=ByteRange(0, 1))).state != "value"
+
+    flags = await asyncio.gather(*(gone(n) for n in names))
+    return [n for n, f in zip(names, flags) if f]
+
+
 def staged_generation(staged: Staged) -> Generation:
     return Generation.NO_VALUE if staged is None else Generation(staged.stamp)
 
@@ -134,8 +147,8 @@ def _checked(root: VersionedRoot, key: str, entry: RefEntry, res: ReadResult, st
     """``res`` (bytes [start, stop) of ``entry``'s value) checked for presence,
     length and, for a whole value, crc32c (``crc``: precomputed, or None)."""
     if res.state != "value":
-        raise DataCorruptionError(
-            f"versioned store {root.base!r}: key {key!r}: data object {entry.object!r} is missing"
+        raise missing_object(
+            entry.object, f"versioned store {root.base!r}: key {key!r}: data object {entry.object!r} is missing"
         )
     value = res.value
     if len(value) != stop - start:

@@ -1,4 +1,4 @@
-"""Encoding of the versioned store's objects (docs/FORMAT.md, format 1).
+"""Encoding of the versioned store's objects (docs/FORMAT.md, format 2; format 1 reads).
 
 Every metadata object is framed as ``magic(4) | msgpack body | crc32c(magic+body)``
 (little-endian uint32). This module holds the framing, the object names, the
@@ -23,6 +23,7 @@ from tensorstore_py.kvstore.ids import check_id as check_id  # re-export (the ru
 
 __all__ = [
     "FORMAT",
+    "READABLE_FORMATS",
     "CommitRecord",
     "Entry",
     "InlineEntry",
@@ -37,7 +38,11 @@ __all__ = [
     "unframe",
 ]
 
-FORMAT = 1
+#: the format this code writes (docs/FORMAT.md)
+FORMAT = 2
+#: the formats this code reads: a format-1 store reads exactly as before, and
+#: new commits on it are format 2 (nothing of format 1 is rewritten)
+READABLE_FORMATS = (1, 2)
 
 MAGIC_NODE = b"TSN1"
 MAGIC_COMMIT = b"TSC1"
@@ -45,6 +50,7 @@ MAGIC_CHANGES = b"TSK1"
 MAGIC_FRAGMENT = b"TSF1"
 MAGIC_RESULT = b"TSR1"
 MAGIC_HINT = b"TSL1"
+MAGIC_ATTEMPT = b"TSA1"
 
 HINT_NAME = "latest"
 COMMITS_PREFIX = "commits/"
@@ -188,6 +194,8 @@ class CommitRecord:
     tags: dict[str, int] = field(default_factory=dict)
     deleted: list[list[int]] = field(default_factory=list)
     txn_id: str | None = None
+    #: the multi-writer attempt that committed (format 2; None otherwise)
+    txn_nonce: str | None = None
 
     def encode(self) -> bytes:
         return frame(
@@ -208,6 +216,7 @@ class CommitRecord:
                 "tags": self.tags,
                 "deleted": self.deleted,
                 "txn_id": self.txn_id,
+                "txn_nonce": self.txn_nonce,
             },
         )
 
@@ -217,8 +226,11 @@ class CommitRecord:
         try:
             if not isinstance(body, dict):
                 raise TypeError("body is not a map")
-            if body["format"] != FORMAT:
-                raise ValueError(f"format {body['format']!r}, expected {FORMAT}")
+            if body["format"] not in READABLE_FORMATS:
+                raise ValueError(
+                    f"format {body['format']!r}, expected {FORMAT} at most (this code reads "
+                    f"formats {list(READABLE_FORMATS)})"
+                )
             rec = CommitRecord(
                 version=int(body["version"]),
                 parent=int(body["parent"]),
@@ -233,7 +245,8 @@ class CommitRecord:
                 kind=str(body.get("kind") or "data"),
                 tags={str(k): int(v) for k, v in (body.get("tags") or {}).items()},
                 deleted=[[int(a), int(b)] for a, b in (body.get("deleted") or [])],
-                txn_id=body.get("txn_id"),
+                txn_id=_opt_str(body.get("txn_id")),
+                txn_nonce=_opt_str(body.get("txn_nonce")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise DataCorruptionError(
@@ -252,6 +265,12 @@ class CommitRecord:
                 f"versioned store: commit record {name!r} says version {rec.version}"
             )
         return rec
+
+
+def _opt_str(v: Any) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    raise TypeError(f"expected a string or nil, found {v!r:.60}")
 
 
 # -- deleted-version ranges ------------------------------------------------------

@@ -7,67 +7,65 @@
     kv.delete_versions([1, 2]).result()
     report = reclaim(kv).result()                     # free deleted versions' bytes now
 
-**Marking.** Every retained version (``1..newest`` minus the deleted ranges of
-the newest commit record; tagged versions can not be deleted, so tags pin
-their versions) marks its root node and every node and data object reachable
+Two collections:
+
+* :func:`reclaim` (*prompt reclaim*, after ``delete_versions``; what checkpoint
+  retention runs after every save): deletes the objects reachable only from
+  deleted versions, whatever their age, reading only what changed (the
+  watermark and the contiguous-range argument of :mod:`.reclaim`), so its cost
+  does not grow with the history. It also drops finished multi-writer
+  transactions older than the grace period and, at most once per
+  ``sweep_interval`` (store clock), runs a full collection.
+* :func:`gc` (a *full collection*, dry run by default): marks everything the
+  kept versions reference and deletes what is unmarked, old and not claimed by
+  a live writer's lease.
+
+**Marking.** Every kept version -- retained (``1..newest`` minus the deleted
+ranges of the newest commit record; tags pin their versions), or deleted but
+pinned by a live reader lease or committed over less than ``read_grace``
+seconds ago -- marks its root node and every node and data object reachable
 from it. The ``changes_ref`` of *every* commit record is marked, deleted ones
 included: conflict checks of in-flight transactions read the changed keys of
 every version above their base. Fragments of multi-writer transactions that
-are kept mark the data objects they reference. ``commits/*`` and ``latest``
-are never deleted (dense version numbers depend on them), nor is anything
-outside ``nodes/``, ``data/``, ``changes/`` and ``txns/`` or any object whose
-name is not of the form the format defines.
+have no ``result`` yet mark the data objects they reference. ``commits/*`` and
+``latest`` are never deleted (dense version numbers depend on them), nor is
+anything outside ``nodes/``, ``data/``, ``changes/``, ``txns/`` (and the
+collector's own ``leases/`` / ``gc/`` objects) or any object whose name is not
+of the form the format defines. A collection refuses (DataCorruptionError,
+nothing deleted) when a kept version can not be walked, a commit record in
+``1..newest`` is missing, or records exist above the newest reachable version
+(a lost record would make everything after it look unreferenced).
 
-**Grace.** An unmarked object is deleted only when it is older than ``grace``
-seconds (by the base store's modification time, see ``KvStore.list_info``):
-a writer in flight has written objects that no commit record references yet.
-A store that can not tell an object's age keeps every unmarked object unless
-``grace == 0``. ``grace=0`` is only safe when no writer is running.
-A multi-writer transaction whose ``result`` is older than the grace period
-is over: all its ``txns/<id>/`` objects go.
+**Ages and leases.** Ages are measured by the STORE's clock: the collector
+writes a probe object and reads its modification time back
+(:func:`.leases.store_now`), so skewed host clocks do not matter. An
+unmarked object is deleted only when it is older than ``grace`` seconds AND no
+live writer lease claims it (:mod:`.leases`: a transaction open for hours keeps
+what it wrote, whatever the grace). A store that can not tell an object's age
+keeps every unmarked object unless ``grace == 0`` and no writer holds a lease.
+A multi-writer transaction whose ``result`` is older than the grace period is
+over: all its ``txns/<id>/`` objects go. Leases whose owners are gone are
+deleted. With a file store, temporaries of crashed writers older than the
+grace (``FileKvStore.sweep_temporaries``) are collected too.
 
-**Prompt reclaim** (``reclaim_deleted=True``, and :func:`reclaim`): objects
-reachable from deleted versions but from no retained one are deleted at once,
-whatever their age. Why no writer in flight can be robbed by this:
-
-1. Object names are unique and never reused, and a writer creates a new object
-   for every value and node it writes. So the objects referenced by version
-   ``v`` are objects written by ``v``'s own writer plus objects referenced by
-   its parent ``v - 1`` (untouched subtrees and entries it copied). By
-   induction, the versions referencing an object form one contiguous range
-   ``[created, last]``: once a version drops an object, no later version
-   references it again.
-2. A commit of version ``p + 1`` only succeeds (its create-only write of
-   ``commits/<p+1>``) if it was built on ``p`` and ``p`` is still the newest
-   version. The newest version can not be deleted. Let ``m`` be the newest
-   version GC saw; any commit that succeeds later is built on some ``p >= m``.
-3. An object reachable only from deleted versions has ``last < m`` (``m`` is
-   retained and does not reference it), so by 1. neither ``m`` nor any later
-   ``p`` references it, and by 2. no writer in flight can publish a reference
-   to it: a writer whose tree still points at it was built on an older parent,
-   loses the race for ``commits/<p+1>`` and rebuilds from the newest tree,
-   keeping only the objects it wrote itself (which are not reachable from any
-   committed version, so prompt reclaim never touches them).
-
-What prompt reclaim CAN take away is *reads* pinned to a deleted version: a
-snapshot opened on it, or a transaction whose base version was deleted while it
-ran. Such a read then fails with ``DataCorruptionError`` naming the missing
-object (it never returns wrong bytes: names are never reused). A retry reads
-the newest version. So delete a version only when nobody reads it any more,
-which is what a checkpoint manager's retention policy decides anyway.
-
-A GC that dies midway leaves only unreferenced objects behind; data objects are
-deleted before the nodes that reference them, so the next prompt reclaim still
-finds them by walking the deleted versions (missing nodes are skipped).
-GCs may run concurrently with each other and with writers (within the grace
-rule above); deletes are idempotent.
+**Prompt reclaim** is safe for writers in flight whatever their age (the
+argument of FORMAT.md §9.2: no commit can ever again reference an object that
+the newest version does not). What it could take away is *reads* of deleted
+versions; a reader that holds a lease (a snapshot, a checkpoint restore or
+``open_array`` view) keeps its version's objects; a reader without one gets
+:class:`~tensorstore_py.errors.SnapshotExpiredError` (a read of the newest
+version just starts again). A collector that dies midway leaves only
+unreferenced objects behind; data objects are deleted before the nodes that
+reference them, so the next reclaim still finds them. Collectors may run
+concurrently with each other and with writers; deletes are idempotent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,26 +76,45 @@ from tensorstore_py.kvstore.versioned.format import (
     MAGIC_FRAGMENT,
     CommitRecord,
     RefEntry,
+    commit_name,
     decode_entry,
     ranges_contain,
     unframe,
 )
-from tensorstore_py.kvstore.versioned.root import VersionedRoot, base_of
-from tensorstore_py.kvstore.versioned.tree import Leaf, Node, walk
+from tensorstore_py.kvstore.versioned.leases import Leases, read_leases, store_now
+from tensorstore_py.kvstore.versioned.reclaim import (
+    Reclaim,
+    find_reclaimable,
+    read_watermark,
+    update_watermark,
+    versions_in,
+)
+from tensorstore_py.kvstore.versioned.root import VersionedRoot, base_of, get_root
+from tensorstore_py.kvstore.versioned.tree import walk
 
-__all__ = ["DEFAULT_GRACE", "GcReport", "gc", "reclaim"]
+__all__ = ["DEFAULT_GRACE", "DEFAULT_READ_GRACE", "DEFAULT_SWEEP_INTERVAL", "GcReport", "gc", "reclaim"]
 
 #: default grace period: six hours (longer than any commit should take)
 DEFAULT_GRACE = 6 * 3600.0
+#: seconds a deleted version stays readable without a lease (0: reclaim at once;
+#: readers that need longer hold a lease)
+DEFAULT_READ_GRACE = 0.0
+#: :func:`reclaim` runs a full collection when the last one is older than this
+DEFAULT_SWEEP_INTERVAL = 24 * 3600.0
 #: concurrent reads / deletes
 CONCURRENCY = 64
 
 _OBJECT_RE = re.compile(r"(nodes|data|changes)/[0-9a-f]{32}\Z")
-_TXN_RE = re.compile(r"txns/([A-Za-z0-9_.\-]{1,128})/([0-9]{6}|result)\Z")
+#: multi-writer objects (FORMAT.md §7): format-1 fragments ``<i>``; format-2 attempts,
+#: fragments ``<k>-<nonce>/<i>`` and failures ``<k>-<nonce>/failed``; the result
+_TXN_RE = re.compile(
+    r"txns/([A-Za-z0-9_.\-]{1,128})/"
+    r"([0-9]{6}|result|attempts/[0-9]{6}|[0-9]{6}-[0-9a-f]{32}/(?:[0-9]{6}|failed))\Z"
+)
+_COMMIT_RE = re.compile(r"commits/([0-9]{20})\Z")
+_CLOCK_RE = re.compile(r"gc/clock-[0-9a-f]{32}\Z")
 #: deletion order: data before the nodes that reference them (see the module doc)
-_ORDER = {"data": 0, "nodes": 1, "txns": 2, "changes": 3}
-#: what a missing or broken node of a deleted version counts as (see _reachable_from)
-_EMPTY: Node = Leaf([], [])
+_ORDER = {"data": 0, "nodes": 1, "txns": 2, "changes": 3, "gc": 4, "leases": 5}
 
 
 @dataclass(frozen=True)
@@ -106,7 +123,14 @@ class GcReport:
 
     ``deleted`` lists object names (sorted), ``reclaimed`` the subset that was
     reachable only from deleted versions (prompt reclaim). Byte counts cover
-    objects whose size the base store reports (``unknown_size`` counts the rest).
+    objects whose size is known (``unknown_size`` counts the rest).
+    ``kept_leased``: unreferenced old objects kept because a live writer's
+    lease claims them; ``deferred_versions``: deleted versions not reclaimed
+    yet (a reader lease or ``read_grace`` keeps them); ``leases``: live
+    leases; ``expired_leases``: lease objects of gone owners (deleted unless
+    dry run); ``temporaries``: crashed writers' temporaries the base store
+    swept (or would); ``clock``: ``"store"`` when ages came from the store's
+    clock, ``"host"`` when it could not tell (a read-only store).
     """
 
     dry_run: bool
@@ -123,6 +147,12 @@ class GcReport:
     kept_young_bytes: int
     unknown_size: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
+    kept_leased: tuple[str, ...] = ()
+    deferred_versions: tuple[int, ...] = ()
+    leases: int = 0
+    expired_leases: tuple[str, ...] = ()
+    temporaries: tuple[str, ...] = ()
+    clock: str = "store"
 
     @property
     def deleted_count(self) -> int:
@@ -131,13 +161,27 @@ class GcReport:
     def summary(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.by_kind.items())) or "nothing"
+        extra = ""
+        if self.kept_leased:
+            extra += f", {len(self.kept_leased)} claimed by {self.leases} live lease(s)"
+        if self.deferred_versions:
+            extra += f"; {len(self.deferred_versions)} deleted version(s) still read"
+        if self.temporaries:
+            extra += f"; {len(self.temporaries)} crashed writers' temporaries"
         return (
             f"gc of {self.newest} versions ({self.retained_versions} retained, "
             f"{self.deleted_versions} deleted): {verb} {self.deleted_count} objects "
             f"({kinds}; {self.deleted_bytes} bytes, {len(self.reclaimed)} of deleted versions); "
             f"kept {self.kept_reachable} referenced ({self.kept_reachable_bytes} bytes) and "
             f"{len(self.kept_young)} younger than {self.grace:g} s ({self.kept_young_bytes} bytes)"
+            + extra
         )
+
+
+def _check_seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise InvalidArgumentError(f"gc: {name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def gc(
@@ -146,82 +190,278 @@ def gc(
     grace: float = DEFAULT_GRACE,
     dry_run: bool = True,
     reclaim_deleted: bool = False,
+    read_grace: float = DEFAULT_READ_GRACE,
 ) -> Future[GcReport]:
-    """Collect the garbage of ``store`` (a versioned store or its base store).
+    """A full collection of ``store`` (a versioned store or its base store).
 
     Deletes unreferenced ``nodes/``, ``data/``, ``changes/`` and ``txns/``
-    objects older than ``grace`` seconds and, with ``reclaim_deleted``, objects
-    reachable only from deleted versions regardless of age (see the module
-    doc for why that never robs a writer). ``dry_run=True`` (the default)
-    deletes nothing and reports what would go. Raises ``DataCorruptionError``
-    (deleting nothing) when a retained version can not be walked completely:
-    marking would be incomplete.
+    objects older than ``grace`` seconds (store clock) that no live writer
+    lease claims and, with ``reclaim_deleted``, objects reachable only from
+    deleted versions regardless of age (see the module doc for why that never
+    robs a writer; deleted versions pinned by a reader lease or committed over
+    less than ``read_grace`` seconds ago are kept). ``dry_run=True`` (the
+    default) deletes nothing and reports what would go. Raises
+    ``DataCorruptionError`` (deleting nothing) when marking would be incomplete.
     """
-    if not isinstance(grace, (int, float)) or grace < 0:
-        raise InvalidArgumentError(f"gc: grace must be a number of seconds >= 0, got {grace!r}")
-    return spawn(_Gc(base_of(store), float(grace), bool(dry_run), bool(reclaim_deleted)).run())
+    g = _check_seconds("grace", grace)
+    rg = _check_seconds("read_grace", read_grace)
+    return spawn(_Gc(base_of(store), g, bool(dry_run), bool(reclaim_deleted), rg).run())
 
 
-def reclaim(store: KvStore, *, grace: float = DEFAULT_GRACE) -> Future[GcReport]:
+def reclaim(
+    store: KvStore,
+    *,
+    grace: float = DEFAULT_GRACE,
+    read_grace: float = DEFAULT_READ_GRACE,
+    sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+) -> Future[GcReport]:
     """Free the bytes of deleted versions now (call after ``delete_versions``).
 
-    ``gc(store, grace=grace, dry_run=False, reclaim_deleted=True)``: objects of
-    deleted versions go at once; orphans of unknown origin only after ``grace``.
+    Objects reachable only from deleted versions go at once (except versions a
+    reader lease pins or committed over less than ``read_grace`` seconds ago:
+    a later reclaim takes them), reading only the versions not reclaimed
+    before and their neighbours. Finished multi-writer transactions older than
+    ``grace`` go too; when the last full collection is older than
+    ``sweep_interval`` seconds, a full one (:func:`gc` with ``grace``) runs as
+    well, so orphans of failed writes do not pile up. Idempotent.
     """
-    return gc(store, grace=grace, dry_run=False, reclaim_deleted=True)
+    g = _check_seconds("grace", grace)
+    rg = _check_seconds("read_grace", read_grace)
+    si = _check_seconds("sweep_interval", sweep_interval)
+    return spawn(_reclaim(base_of(store), g, rg, si))
 
 
+# -- shared pieces --------------------------------------------------------------------
+class _Rules:
+    """When an unreferenced object may go: old by the store clock, and no live
+    writer lease claims it."""
+
+    def __init__(self, now: float, grace: float, leases: Leases) -> None:
+        self.now = now
+        self.grace = grace
+        self.leases = leases
+
+    def old(self, info: KeyInfo) -> bool:
+        if info.mtime is None:
+            return self.grace == 0
+        return self.now - info.mtime > self.grace
+
+    def collectable(self, info: KeyInfo) -> bool:
+        return self.old(info) and not self.leases.protects(info.mtime)
+
+
+def _txns(listed: dict[str, KeyInfo], rules: _Rules) -> tuple[set[str], list[str]]:
+    """(multi-writer objects to delete, fragments still in flight: they mark their data)."""
+    by_txn: dict[str, list[str]] = {}
+    for name in listed:
+        m = _TXN_RE.match(name)
+        if m:
+            by_txn.setdefault(m.group(1), []).append(name)
+    out: set[str] = set()
+    live: list[str] = []
+    for txn_id, names in by_txn.items():
+        result = f"txns/{txn_id}/result"
+        if result in listed and rules.old(listed[result]):
+            out.update(names)  # the transaction is over
+            continue
+        # Without a result, the attempt records are what tells a restarted
+        # coordinator that this txn id may have committed already: they stay while
+        # any object of the transaction is young (docs/FORMAT.md §9).
+        in_use = result not in listed and any(not rules.old(listed[n]) for n in names)
+        for n in names:
+            attempt = "/attempts/" in n
+            if attempt and in_use:
+                continue
+            if rules.collectable(listed[n]):
+                out.add(n)
+            elif result not in listed and _is_fragment(n):
+                live.append(n)  # no outcome yet: its data is not referenced by a commit
+    return out, live
+
+
+def _is_fragment(name: str) -> bool:
+    """A participant's fragment (format 1 ``<i>``, format 2 ``<k>-<nonce>/<i>``),
+    not an attempt record, a failure record or the result."""
+    last = name.rsplit("/", 1)[1]
+    return last.isdigit() and "/attempts/" not in name
+
+
+async def _list(base: KvStore, prefixes: tuple[str, ...]) -> list[KeyInfo]:
+    found = await asyncio.gather(*(base.list_info(p) for p in prefixes))
+    return [i for infos in found for i in infos]
+
+
+async def _young_successors(base: KvStore, versions: list[int], now: float, read_grace: float,
+                            mtimes: dict[int, float | None] | None = None) -> set[int]:
+    """The versions among ``versions`` whose successor was committed less than
+    ``read_grace`` seconds ago (store clock): a reader may have pinned them as
+    the newest version just now. ``mtimes``: commit record times already listed."""
+    if read_grace <= 0 or not versions:
+        return set()
+
+    async def mtime(v: int) -> float | None:
+        if mtimes is not None:
+            return mtimes.get(v)
+        infos = await base.list_info(commit_name(v))
+        return next((i.mtime for i in infos if i.key == commit_name(v)), None)
+
+    out: set[int] = set()
+    for v in sorted(versions, reverse=True):  # commit times grow with the version
+        t = await mtime(v + 1)
+        if t is not None and now - t > read_grace:
+            break
+        out.add(v)
+    return out
+
+
+async def _delete(base: KvStore, names: list[str]) -> None:
+    sem = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(name: str) -> None:
+        async with sem:
+            await base.delete(name)
+
+    # kinds in order, so a crash midway never strands data behind deleted nodes
+    for kind in sorted(_ORDER, key=_ORDER.__getitem__):
+        await asyncio.gather(*(one(n) for n in names if n.startswith(kind + "/")))
+
+
+def _order(names: set[str]) -> list[str]:
+    return sorted(names, key=lambda n: (_ORDER[n.split("/", 1)[0]], n))
+
+
+def _kinds(names: set[str] | list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in names:
+        kind = n.split("/", 1)[0]
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+# -- prompt reclaim ------------------------------------------------------------------
+async def _reclaim(base: KvStore, grace: float, read_grace: float, sweep_interval: float) -> GcReport:
+    shared = get_root(base)
+    newest = await shared.newest()
+    head = await shared.record_at(newest)
+    now, clock = await store_now(base)
+    wm = await read_watermark(base)
+    # the retention state first, then the leases (a reader's lease, then its
+    # check of the retention state: one of the two sees the other, FORMAT.md §9.3)
+    leases = await read_leases(base, now, shared.leases)
+    found = Reclaim()
+    deleted = head.deleted if head is not None else []
+    if head is not None:
+        todo = [v for v in versions_in(deleted) if not ranges_contain(wm.reclaimed, v)]
+        pinned = set(leases.pinned) | await _young_successors(base, todo, now, read_grace)
+        found = await find_reclaimable(base, shared, shared.read_record, head, wm.reclaimed, pinned)
+    rules = _Rules(now, grace, leases)
+    txns = {i.key: i for i in await base.list_info("txns/") if _TXN_RE.match(i.key)}
+    txn_delete, _live = _txns(txns, rules)
+    names = set(found.objects) | txn_delete
+    await _delete(base, _order(names) + list(leases.expired))
+    if found.versions:
+        await update_watermark(base, found.versions)
+    sizes = {**{n: txns[n].size for n in txn_delete}, **found.objects}
+    report = GcReport(
+        dry_run=False, grace=grace, newest=newest,
+        retained_versions=newest - len(versions_in(deleted)), deleted_versions=len(versions_in(deleted)),
+        deleted=tuple(sorted(names)), deleted_bytes=sum(s or 0 for s in sizes.values()),
+        reclaimed=tuple(sorted(found.objects)), kept_reachable=0, kept_reachable_bytes=0,
+        kept_young=(), kept_young_bytes=0, unknown_size=sum(1 for s in sizes.values() if s is None),
+        by_kind=_kinds(names), deferred_versions=tuple(found.deferred), leases=leases.live,
+        expired_leases=leases.expired, clock=clock,
+    )
+    if wm.swept is not None and now - wm.swept < sweep_interval:
+        return report
+    full = await _Gc(base, grace, False, False, read_grace).run()
+    return _merge(report, full)
+
+
+def _merge(a: GcReport, b: GcReport) -> GcReport:
+    """A reclaim's report followed by a full collection's."""
+    deleted = set(a.deleted) | set(b.deleted)
+    return GcReport(
+        dry_run=False, grace=a.grace, newest=b.newest, retained_versions=b.retained_versions,
+        deleted_versions=b.deleted_versions, deleted=tuple(sorted(deleted)),
+        deleted_bytes=a.deleted_bytes + b.deleted_bytes, reclaimed=a.reclaimed,
+        kept_reachable=b.kept_reachable, kept_reachable_bytes=b.kept_reachable_bytes,
+        kept_young=b.kept_young, kept_young_bytes=b.kept_young_bytes,
+        unknown_size=a.unknown_size + b.unknown_size, by_kind=_kinds(deleted),
+        kept_leased=b.kept_leased, deferred_versions=a.deferred_versions, leases=b.leases,
+        expired_leases=tuple(sorted(set(a.expired_leases) | set(b.expired_leases))),
+        temporaries=b.temporaries, clock=a.clock,
+    )
+
+
+# -- a full collection ------------------------------------------------------------------
 class _Gc:
-    def __init__(self, base: KvStore, grace: float, dry_run: bool, reclaim_deleted: bool) -> None:
+    def __init__(self, base: KvStore, grace: float, dry_run: bool, reclaim_deleted: bool,
+                 read_grace: float) -> None:
         self.base = base
-        self.root = VersionedRoot(base)  # private: its node cache dies with this run
+        self.root = VersionedRoot(base)  # private: its caches die with this run
         self.grace = grace
         self.dry_run = dry_run
         self.reclaim_deleted = reclaim_deleted
+        self.read_grace = read_grace
         self.sem = asyncio.Semaphore(CONCURRENCY)
         self.marked: set[str] = set()
 
     async def run(self) -> GcReport:
-        now = time.time()
+        now, clock = await store_now(self.base)
         # list BEFORE finding the newest version: an object written after the
         # listing is never a candidate, whatever commits meanwhile
         listed: dict[str, KeyInfo] = {}
-        for infos in await asyncio.gather(
-            *(self.base.list_info(p) for p in ("nodes/", "data/", "changes/", "txns/"))
-        ):
-            for info in infos:
-                if _OBJECT_RE.match(info.key) or _TXN_RE.match(info.key):
-                    listed[info.key] = info
+        commits: dict[int, float | None] = {}
+        clocks: list[KeyInfo] = []
+        for info in await _list(self.base, ("nodes/", "data/", "changes/", "txns/", "commits/", "gc/")):
+            if _OBJECT_RE.match(info.key) or _TXN_RE.match(info.key):
+                listed[info.key] = info
+            elif m := _COMMIT_RE.match(info.key):
+                commits[int(m.group(1))] = info.mtime
+            elif _CLOCK_RE.match(info.key):
+                clocks.append(info)
 
         newest = await self.root.newest()
+        above = sorted(v for v in commits if v > newest)
+        if above:
+            raise DataCorruptionError(
+                f"gc of versioned store over {self.base!r}: commit record(s) {above[:5]} exist above "
+                f"the newest reachable version {newest} (version {newest + 1} is missing); "
+                f"refusing to collect"
+            )
         records = await self._records(newest)
         head = records.get(newest)
         deleted_ranges = head.deleted if head is not None else []
-        retained = [r for v, r in sorted(records.items()) if not ranges_contain(deleted_ranges, v)]
-        gone = [r for v, r in sorted(records.items()) if ranges_contain(deleted_ranges, v)]
+        leases = await read_leases(self.base, now, get_root(self.base).leases)
+        gone = [v for v in sorted(records) if ranges_contain(deleted_ranges, v)]
+        pinned = set(leases.pinned) | await _young_successors(
+            self.base, gone, now, self.read_grace, commits)
+        kept = [r for v, r in sorted(records.items()) if not ranges_contain(deleted_ranges, v) or v in pinned]
 
         for rec in records.values():
             if rec.changes_ref is not None:
                 self.marked.add(rec.changes_ref)
         nodes: set[str] = set()
-        for rec in retained:  # shared subtrees are walked once (nodes is shared)
+        for rec in kept:  # shared subtrees are walked once (nodes is shared)
             await walk(self.root.load_node, rec.root, nodes, self._mark_entry)
         self.marked |= nodes
 
-        def old(info: KeyInfo) -> bool:
-            if info.mtime is None:
-                return self.grace == 0
-            return now - info.mtime > self.grace
+        found = Reclaim()
+        if self.reclaim_deleted and head is not None and gone:
+            wm = await read_watermark(self.base)
+            found = await find_reclaimable(
+                self.base, self.root, self.root.read_record, head, wm.reclaimed, pinned,
+                kept_nodes=nodes, kept_objects=self.marked,
+            )
+        reclaimed = {n for n in found.objects if n in listed}
 
-        txn_delete = await self._txns(listed, old)
-
-        reclaimed: set[str] = set()
-        if self.reclaim_deleted and gone:
-            only_gone = await self._reachable_from(gone, nodes)
-            reclaimed = {n for n in only_gone - self.marked if n in listed}
+        rules = _Rules(now, self.grace, leases)
+        txn_delete, in_flight = _txns(listed, rules)
+        await asyncio.gather(*(self._mark_fragment(n) for n in in_flight))
 
         to_delete: set[str] = set(reclaimed) | txn_delete
         kept_young: list[str] = []
+        kept_leased: list[str] = []
         kept_ref = kept_ref_bytes = 0
         for name, info in listed.items():
             if name in to_delete:
@@ -229,23 +469,24 @@ class _Gc:
             if name in self.marked:
                 kept_ref += 1
                 kept_ref_bytes += info.size or 0
-            elif old(info):
-                to_delete.add(name)
-            else:
+            elif not rules.old(info):
                 kept_young.append(name)
+            elif leases.protects(info.mtime):
+                kept_leased.append(name)
+            else:
+                to_delete.add(name)
 
-        order = sorted(to_delete, key=lambda n: (_ORDER[n.split("/", 1)[0]], n))
+        stale = [i.key for i in clocks if rules.old(i)]
+        temporaries = await self._temporaries(now, leases)
+        order = _order(to_delete)
         if not self.dry_run:
-            await self._delete(order)
-        by_kind: dict[str, int] = {}
-        for n in order:
-            kind = n.split("/", 1)[0]
-            by_kind[kind] = by_kind.get(kind, 0) + 1
+            await _delete(self.base, order + stale + list(leases.expired))
+            await update_watermark(self.base, found.versions, swept=now)
         return GcReport(
             dry_run=self.dry_run,
             grace=self.grace,
             newest=newest,
-            retained_versions=len(retained),
+            retained_versions=newest - len(gone),
             deleted_versions=len(gone),
             deleted=tuple(sorted(to_delete)),
             deleted_bytes=sum(listed[n].size or 0 for n in to_delete),
@@ -255,8 +496,27 @@ class _Gc:
             kept_young=tuple(sorted(kept_young)),
             kept_young_bytes=sum(listed[n].size or 0 for n in kept_young),
             unknown_size=sum(1 for n in to_delete if listed[n].size is None),
-            by_kind=by_kind,
+            by_kind=_kinds(to_delete),
+            kept_leased=tuple(sorted(kept_leased)),
+            deferred_versions=tuple(v for v in gone if v in pinned),
+            leases=leases.live,
+            expired_leases=leases.expired,
+            temporaries=tuple(temporaries),
+            clock=clock,
         )
+
+    async def _temporaries(self, now: float, leases: Leases) -> list[str]:
+        """Temporaries of crashed writers the base store keeps (a file store's
+        ``.__tsp__/``), older than the grace and than every live writer."""
+        sweep: Callable[..., Any] | None = getattr(self.base, "sweep_temporaries", None)
+        if sweep is None:
+            return []
+        older_than = self.grace
+        if leases.protect_from is not None:
+            if math.isinf(leases.protect_from):
+                return []
+            older_than = max(older_than, now - leases.protect_from)
+        return sorted(await sweep(older_than, dry_run=self.dry_run))
 
     def _mark_entry(self, key: str, entry: Any) -> None:
         if isinstance(entry, RefEntry):
@@ -278,28 +538,6 @@ class _Gc:
         recs = await asyncio.gather(*(one(v) for v in range(1, newest + 1)))
         return {r.version: r for r in recs}
 
-    async def _txns(self, listed: dict[str, KeyInfo], old: Any) -> set[str]:
-        """Multi-writer objects to delete; kept fragments mark their data objects."""
-        by_txn: dict[str, list[str]] = {}
-        for name in listed:
-            m = _TXN_RE.match(name)
-            if m:
-                by_txn.setdefault(m.group(1), []).append(name)
-        out: set[str] = set()
-        keep: list[str] = []
-        for txn_id, names in by_txn.items():
-            result = f"txns/{txn_id}/result"
-            if result in listed and old(listed[result]):
-                out.update(names)  # the transaction is over
-                continue
-            for n in names:
-                if old(listed[n]):
-                    out.add(n)
-                elif n != result:
-                    keep.append(n)
-        await asyncio.gather(*(self._mark_fragment(n) for n in keep))
-        return out
-
     async def _mark_fragment(self, name: str) -> None:
         async with self.sem:
             res = await self.base.read(name)
@@ -313,34 +551,4 @@ class _Gc:
                     self._mark_entry("", decode_entry(raw, f"fragment {name!r}"))
         except DataCorruptionError:
             pass  # an unreadable fragment can not be merged either; it ages out
-
-    async def _reachable_from(self, recs: list[CommitRecord], retained_nodes: set[str]) -> set[str]:
-        """Nodes and data objects reachable from ``recs`` but not through a
-        retained node. Missing or broken nodes are skipped (already collected)."""
-        seen = set(retained_nodes)
-        found: set[str] = set()
-
-        async def load(name: str) -> Node:
-            try:
-                return await self.root.load_node(name)
-            except DataCorruptionError:
-                return _EMPTY
-
-        def on_entry(key: str, entry: Any) -> None:
-            if isinstance(entry, RefEntry):
-                found.add(entry.object)
-
-        for rec in recs:
-            await walk(load, rec.root, seen, on_entry)
-        found |= seen - retained_nodes
-        return found
-
-    async def _delete(self, names: list[str]) -> None:
-        async def one(name: str) -> None:
-            async with self.sem:
-                await self.base.delete(name)
-
-        # kinds in order, so a crash midway never strands data behind deleted nodes
-        for kind in sorted(_ORDER, key=_ORDER.__getitem__):
-            await asyncio.gather(*(one(n) for n in names if n.startswith(kind + "/")))
 

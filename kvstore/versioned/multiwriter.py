@@ -1,25 +1,39 @@
 """Multi-writer commits: N processes, one transaction id, ONE version.
 
-Protocol (docs/FORMAT.md §7): every participant ``i > 0`` writes its data and
-then its fragment ``txns/<txn_id>/<i:06d>`` (create-only); participant 0 waits
-for all fragments (through the caller's coordination service when given, else
-by listing the store with backoff), merges them with its own changes, commits
-one version and writes ``txns/<txn_id>/result``; the others wait for that
-result. A participant that never delivers its fragment means no commit: the
-coordinator gives up at its deadline and publishes the failure.
+Protocol (docs/FORMAT.md §7; objects in :mod:`.fragments`):
+
+* Process 0 (the coordinator) opens an **attempt** when it first touches the
+  store: it checks that the transaction id has not committed yet, then creates
+  ``txns/<txn_id>/attempts/<k>`` (create-only, k one above the newest) with a
+  fresh random nonce, and publishes it through the coordination object if one
+  is given.
+* Participant ``i > 0`` learns the newest attempt (from the coordination
+  object, else from the store), writes its data and then its fragment for that
+  attempt (create-only; name and body carry the nonce) and waits for the
+  outcome. While it waits it watches for a newer attempt and rewrites its
+  fragment for it, so a restarted process 0 can finish the transaction.
+* Process 0 merges exactly the fragments of its own attempt with its own
+  changes, commits ONE version (its record carries the txn id and the nonce),
+  writes ``txns/<txn_id>/result`` and deletes the attempt and fragment objects.
+  A missing fragment means no commit: at its deadline process 0 records the
+  failure of its attempt and raises DeadlineExceededError.
+* A transaction id commits at most once: a version above the first attempt that
+  carries the id counts as this transaction's commit, and every process that
+  asks afterwards (a restarted job included) gets it back, provided its own
+  writes are the ones committed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import json
+import logging
 import time
 from typing import Any
 
 from tensorstore_py.core import errors as _errors
 from tensorstore_py.core.errors import (
+    CommitOutcomeUnknownError,
     DataCorruptionError,
     DeadlineExceededError,
     InvalidArgumentError,
@@ -29,94 +43,505 @@ from tensorstore_py.core.pools import run_io
 from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.create import create_object
-from tensorstore_py.kvstore.versioned.format import (
-    FORMAT,
-    MAGIC_FRAGMENT,
-    MAGIC_RESULT,
-    CommitRecord,
-    decode_entry,
-    frame,
-    unframe,
+from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, crc32c, new_write_id
+from tensorstore_py.kvstore.versioned.fragments import (
+    Attempt,
+    Fragment,
+    attempt_name,
+    attempts_prefix,
+    check_outcome,
+    decode_attempt,
+    decode_fragment,
+    decode_outcome,
+    encode_attempt,
+    encode_fragment,
+    encode_outcome,
+    failed_name,
+    fragment_name,
+    fragments_prefix,
+    merge_fragments,
+    outcome_body,
+    result_name,
+    txn_prefix,
 )
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
-from tensorstore_py.kvstore.versioned.txn import VersionedParticipant, commit_changes
+from tensorstore_py.kvstore.versioned.txn import (
+    AlreadyCommitted,
+    ReadSet,
+    VersionedParticipant,
+    commit_changes,
+)
 
-__all__ = [
-    "MultiWriterParticipant", "commit_multi", "encode_fragment", "fragment_name",
-    "merge_fragments", "result_name",
-]
+__all__ = ["MultiWriterParticipant"]
 
-#: waits between two polls of the store for fragments or the result (full
-#: jitter): 5 ms on average, doubling up to 0.5 s. Polling ends at the
+log = logging.getLogger("tensorstore_py.kvstore.versioned")
+
+#: waits between two polls of the store for attempts, fragments or the outcome
+#: (full jitter): 5 ms on average, doubling up to 0.5 s. Polling ends at the
 #: transaction's deadline, not after a number of attempts.
 POLL = RetryPolicy(max_attempts=1, initial_delay=0.01, max_delay=1.0)
+#: concurrent reads / deletes of fragments
+CONCURRENCY = 64
 
 
-def fragment_name(txn_id: str, index: int) -> str:
-    return f"txns/{txn_id}/{index:06d}"
+class MultiWriterParticipant(VersionedParticipant):
+    """A process's part in a multi-writer transaction on one versioned root:
+    staged like any transaction; process 0 opens its attempt at first use."""
+
+    def __init__(self, root: VersionedRoot, snapshot: int | None, txn: Transaction) -> None:
+        super().__init__(root, snapshot, txn)
+        self._attempt: asyncio.Future[Attempt | CommitRecord] | None = None
+
+    async def pin(self) -> int:
+        v = await super().pin()
+        if self.txn.process_index == 0:
+            self._open()  # early, so that participants can deliver while process 0 still writes
+        return v
+
+    def _open(self) -> asyncio.Future[Attempt | CommitRecord]:
+        if self._attempt is None:
+            self._attempt = asyncio.ensure_future(open_attempt(self.root, self.txn))
+            # an abandoned transaction never awaits it: retrieve the error here
+            self._attempt.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return self._attempt
+
+    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
+        deadline = time.monotonic() + txn.timeout
+        changes = await self.finalize()
+        base = await self.pin()
+        reads = self.reads or ReadSet()
+        mine = Fragment(txn.process_index, base, changes, sorted(reads.keys), sorted(reads.prefixes))
+        if txn.process_index == 0:
+            return await _coordinate(self, mine, deadline)
+        return await _participate(self.root, txn, mine, deadline, wait)
 
 
-def result_name(txn_id: str) -> str:
-    return f"txns/{txn_id}/result"
+# -- what happened to a transaction id ----------------------------------------------
+async def _read_result(root: VersionedRoot, txn_id: str) -> dict[str, Any] | None:
+    """The successful outcome stored in ``txns/<txn_id>/result``, or None."""
+    name = result_name(txn_id)
+    res = await root.base.read(name)
+    if res.state != "value":
+        return None
+    outcome = decode_outcome(res.value, name)
+    if outcome["error"] is not None:  # only format 1 stored failures there
+        raise InvalidArgumentError(
+            f"multi-writer transaction {txn_id!r}: {name!r} on {root.base!r} records a failed "
+            f"transaction (format 1); transaction ids must not be reused"
+        )
+    return outcome
 
 
-def encode_fragment(txn: Transaction, base: int, changes: list[Change]) -> bytes:
-    return frame(
-        MAGIC_FRAGMENT,
-        {
-            "format": FORMAT,
-            "txn_id": txn.txn_id,
-            "index": txn.process_index,
-            "count": txn.process_count,
-            "base": base,
-            "write_id": txn.write_id,
-            "keys": [k for k, _ in changes],
-            "entries": [None if e is None else e.encode() for _, e in changes],
-        },
+async def _committed_record(root: VersionedRoot, txn_id: str, outcome: dict[str, Any]) -> CommitRecord:
+    """The commit record a successful outcome names (checked to be this transaction's)."""
+    rec = await root.record_at(int(outcome["version"]))
+    if rec is None or rec.txn_id != txn_id:
+        raise DataCorruptionError(
+            f"versioned store {root.base!r}: the outcome of transaction {txn_id!r} names version "
+            f"{outcome['version']}, which does not commit it"
+        )
+    return rec
+
+
+async def _search(root: VersionedRoot, txn_id: str, since: int) -> CommitRecord | None:
+    """The version above ``since`` that commits ``txn_id``, if any."""
+    return await root.find_record(lambda r: r.txn_id == txn_id, since)
+
+
+async def _newest_attempt(root: VersionedRoot, txn_id: str) -> tuple[Attempt | None, bool]:
+    """(the newest attempt still there, whether any attempt was listed)."""
+    names = await root.base.list(attempts_prefix(txn_id))
+    numbers = sorted(int(n[-6:]) for n in names if n[-6:].isdigit() and n == attempt_name(txn_id, int(n[-6:])))
+    for k in reversed(numbers):
+        res = await root.base.read(attempt_name(txn_id, k))
+        if res.state == "value":
+            return decode_attempt(res.value, attempt_name(txn_id, k), txn_id), True
+    return None, bool(numbers)  # listed but deleted meanwhile: the transaction finished
+
+
+async def _find_committed(root: VersionedRoot, txn_id: str) -> tuple[CommitRecord | None, Attempt | None]:
+    """(the commit of ``txn_id`` or None, its newest attempt or None)."""
+    for _ in range(3):
+        outcome = await _read_result(root, txn_id)
+        if outcome is not None:
+            return await _committed_record(root, txn_id, outcome), None
+        prev, listed = await _newest_attempt(root, txn_id)
+        if prev is not None:
+            return await _search(root, txn_id, prev.since), prev
+        if not listed:
+            return None, None  # no attempt ever opened: nothing can have committed
+    raise DataCorruptionError(
+        f"multi-writer transaction {txn_id!r}: attempts on {root.base!r} vanish without a result"
     )
 
 
-def decode_fragment(data: Any, name: str, txn_id: str, index: int, count: int) -> tuple[int, list[Change]]:
-    """(base version, sorted changes) of a fragment, validated."""
-    body = unframe(MAGIC_FRAGMENT, data, name)
-    if (
-        not isinstance(body, dict) or body.get("txn_id") != txn_id or body.get("index") != index
-        or body.get("count") != count
-    ):
-        raise DataCorruptionError(
-            f"versioned store: fragment {name!r} is not participant {index} of {count} of "
-            f"transaction {txn_id!r} (found {({k: body.get(k) for k in ('txn_id', 'index', 'count')} if isinstance(body, dict) else body)!r:.200})"
-        )
-    keys, entries, base = body.get("keys"), body.get("entries"), body.get("base")
-    if not isinstance(keys, list) or not isinstance(entries, list) or len(keys) != len(entries) or not isinstance(base, int):
-        raise DataCorruptionError(f"versioned store: fragment {name!r} is malformed")
-    where = f"fragment {name!r}"
-    changes = [(k, None if e is None else decode_entry(e, where)) for k, e in zip(keys, entries)]
-    if not all(isinstance(k, str) for k in keys) or any(a >= b for a, b in itertools.pairwise(keys)):
-        raise DataCorruptionError(f"versioned store: {where}: keys are not sorted strings")
-    return base, changes
+# -- process 0 --------------------------------------------------------------------------
+async def open_attempt(root: VersionedRoot, txn: Transaction) -> Attempt | CommitRecord:
+    """Open process 0's attempt, or return the commit if ``txn_id`` already committed
+    (then the result object is repaired if missing and the others are told)."""
+    txn_id = txn.txn_id
+    assert txn_id is not None
+    try:
+        while True:
+            rec, prev = await _find_committed(root, txn_id)
+            if rec is not None:
+                await _announce(root, txn, None, _success(rec))
+                return rec
+            since = prev.since if prev is not None else await root.newest()
+            a = Attempt(txn_id, prev.number + 1 if prev else 1, new_write_id(), txn.process_count,
+                        since, time.time())
+            if await create_object(root.base, attempt_name(txn_id, a.number), encode_attempt(a),
+                                   exists="compare"):
+                break
+            # another process 0 opened attempt k first: look again
+        if txn.coordinator is not None:
+            await run_io(txn.coordinator.publish, f"tsp/{txn_id}/attempt", json.dumps(a.to_json()))
+        return a
+    except TensorStoreError as e:
+        if txn.coordinator is not None:  # the others wait for an attempt: tell them
+            body = json.dumps({"result": outcome_body(txn_id, None, _failure(e))})
+            await _quietly(run_io(txn.coordinator.publish, f"tsp/{txn_id}/attempt", body))
+        raise
 
 
-def merge_fragments(parts: list[tuple[int, list[Change]]]) -> list[Change]:
-    """Merge sorted fragments into one sorted change list; a key in two -> error.
+async def _coordinate(p: MultiWriterParticipant, mine: Fragment, deadline: float) -> CommitInfo:
+    root, txn = p.root, p.txn
+    txn_id = txn.txn_id
+    assert txn_id is not None
+    got = await p._open()
+    if isinstance(got, CommitRecord):
+        info = await _if_same_writes(root, txn, got, mine.changes)
+        await _cleanup(root, txn_id)
+        return info
+    a = got
+    try:
+        frags = await _gather(root, txn, a, deadline)
+        changes = merge_fragments([(0, mine.changes)] + [(f.index, f.changes) for f in frags])
+        reads = ReadSet()
+        for f in [mine, *frags]:
+            reads.update(ReadSet(set(f.reads), set(f.read_prefixes)))
+        # conflicts are checked from the oldest version any participant read
+        low = min(f.base for f in [mine, *frags])
+        rec = await commit_changes(root, changes, low, txn, reads=reads or None, nonce=a.nonce,
+                                   txn_from=a.since)
+    except AlreadyCommitted as e:  # another process 0 (of an older run) committed it
+        await _announce(root, txn, a, _success(e.rec))
+        info = await _if_same_writes(root, txn, e.rec, mine.changes)
+        await _cleanup(root, txn_id)
+        return info
+    except TensorStoreError as e:
+        await _announce(root, txn, a, _failure(e))
+        raise
+    await _announce(root, txn, a, _success(rec))
+    await _cleanup(root, txn_id)
+    return CommitInfo(version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn_id,
+                      keys_changed=len(changes))
 
-    ``parts`` are (participant index, changes) pairs.
-    """
-    merged: list[Change] = []
-    owner: list[int] = []
-    streams = [[(k, i, e) for k, e in ch] for i, ch in parts]
-    for k, i, e in heapq.merge(*streams, key=lambda t: t[0]):
-        if merged and merged[-1][0] == k:
-            raise InvalidArgumentError(
-                f"multi-writer transaction: key {k!r} written by both participant {owner[-1]} and {i}; "
-                f"each key must be written by exactly one process"
+
+def _success(rec: CommitRecord) -> dict[str, Any]:
+    return {"version": rec.version, "write_id": rec.write_id, "time": rec.time, "error": None, "message": ""}
+
+
+def _failure(e: BaseException) -> dict[str, Any]:
+    return {"version": None, "write_id": getattr(e, "write_id", None), "time": time.time(),
+            "error": type(e).__name__, "message": str(e)}
+
+
+async def _quietly(aw: Any) -> None:
+    try:
+        await aw
+    except Exception as e:  # best effort: the others fall back to their deadline
+        log.warning("multi-writer transaction: could not announce an outcome: %s", e)
+
+
+async def _announce(root: VersionedRoot, txn: Transaction, a: Attempt | None, outcome: dict[str, Any]) -> None:
+    """Tell the others: ``result`` (success, stays) or the attempt's ``failed`` object,
+    and the coordination object. Best effort: a commit is durable before this,
+    and a participant that hears nothing finds the commit record at its deadline."""
+    txn_id = txn.txn_id
+    assert txn_id is not None
+    if outcome["error"] is None:
+        # "ours" also when a result is there: one transaction id commits one version
+        await _quietly(create_object(root.base, result_name(txn_id), encode_outcome(txn_id, a, outcome),
+                                     exists="ours"))
+    elif a is not None:
+        await _quietly(create_object(root.base, failed_name(txn_id, a.number, a.nonce),
+                                     encode_outcome(txn_id, a, outcome), exists="ours"))
+    if txn.coordinator is not None:
+        body = outcome_body(txn_id, a, outcome)
+        if a is None:  # the others still wait for an attempt
+            await _quietly(run_io(txn.coordinator.publish, f"tsp/{txn_id}/attempt", json.dumps({"result": body})))
+        await _quietly(run_io(txn.coordinator.publish, f"tsp/{txn_id}/result", json.dumps(body)))
+
+
+async def _cleanup(root: VersionedRoot, txn_id: str) -> None:
+    """Delete the transaction's attempts and fragments; the small result stays
+    (garbage collection ages it out, FORMAT.md §9). Best effort."""
+    try:
+        names = [n for n in await root.base.list(txn_prefix(txn_id)) if n != result_name(txn_id)]
+        sem = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(name: str) -> None:
+            async with sem:
+                await root.base.delete(name)
+
+        await asyncio.gather(*(one(n) for n in names))
+    except Exception as e:
+        log.warning("multi-writer transaction %r: cleanup of %s failed (gc collects it): %s",
+                    txn_id, txn_prefix(txn_id), e)
+
+
+async def _gather(root: VersionedRoot, txn: Transaction, a: Attempt, deadline: float) -> list[Fragment]:
+    """Wait until every participant's fragment for attempt ``a`` exists; read them."""
+    txn_id, n = a.txn_id, a.count
+    names = [fragment_name(txn_id, a.number, a.nonce, i) for i in range(1, n)]
+    if txn.coordinator is not None:
+        for i in range(1, n):
+            await _coord_wait(
+                txn, f"tsp/{txn_id}/fragment/{i}", deadline,
+                f"multi-writer transaction {txn_id!r}: participant {i} of {n} delivered no fragment "
+                f"within {txn.timeout} s; nothing was committed",
             )
-        merged.append((k, e))
-        owner.append(i)
-    return merged
+    else:
+        want = set(names)
+        missing: set[str] = set(want)
+
+        async def probe() -> bool | None:
+            nonlocal missing
+            missing = want - set(await root.base.list(fragments_prefix(txn_id, a.number, a.nonce)))
+            return True if not missing else None
+
+        try:
+            await _backoff_poll(probe, deadline, "")
+        except DeadlineExceededError:
+            idx = sorted(int(m[-6:]) for m in missing)
+            raise DeadlineExceededError(
+                f"multi-writer transaction {txn_id!r}: participant(s) {idx[:20]} of {n} delivered no "
+                f"fragment within {txn.timeout} s; nothing was committed"
+            ) from None
+    sem = asyncio.Semaphore(CONCURRENCY)
+
+    async def load(i: int, name: str) -> Fragment:
+        async with sem:
+            res = await root.base.read(name)
+        if res.state != "value":
+            raise DataCorruptionError(f"versioned store: fragment {name!r} vanished")
+        return decode_fragment(res.value, name, a, i)
+
+    return list(await asyncio.gather(*(load(i + 1, nm) for i, nm in enumerate(names))))
 
 
+# -- participants i > 0 ---------------------------------------------------------------------
+async def _participate(root: VersionedRoot, txn: Transaction, mine: Fragment, deadline: float,
+                       wait: bool) -> CommitInfo:
+    txn_id = txn.txn_id
+    assert txn_id is not None
+    watched: Attempt | None = None  # the attempt whose outcome this process waits for
+    mine_in: Attempt | None = None  # the attempt holding this process's fragment
+    try:
+        got = await _learn_attempt(root, txn, deadline)
+        if isinstance(got, Attempt):
+            watched = got
+            if await _deliver(root, txn, watched, mine):
+                mine_in = watched
+            elif not wait or txn.coordinator is not None:
+                raise _index_taken(root, watched, mine.index)
+            # else: another process delivered for this index (a run before this one):
+            # wait for the attempt's outcome, or deliver to the next attempt
+            if not wait:
+                return CommitInfo(version=None, write_id=txn.write_id, time=time.time(), txn_id=txn_id,
+                                  keys_changed=len(mine.changes))
+            got, watched, mine_in = await _await_outcome(root, txn, watched, mine_in, mine, deadline)
+            if isinstance(got, CommitRecord):
+                return await _as_ours(root, txn, got, mine, mine_in)
+    except DeadlineExceededError:
+        # process 0 may have committed and died before announcing it:
+        # the commit record itself carries the transaction id
+        rec = await _search(root, txn_id, mine.base if watched is None else min(mine.base, watched.since))
+        if rec is None:
+            raise
+        return await _as_ours(root, txn, rec, mine, mine_in)
+    if got["error"] is not None:
+        raise _error_of(got, txn)
+    return await _as_ours(root, txn, await _committed_record(root, txn_id, got), mine, mine_in)
+
+
+def _index_taken(root: VersionedRoot, a: Attempt, index: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"multi-writer transaction {a.txn_id!r}: participant {index} already delivered another "
+        f"fragment for attempt {a.number} ({fragment_name(a.txn_id, a.number, a.nonce, index)!r} on "
+        f"{root.base!r}); each process index must be used by one process per attempt"
+    )
+
+
+async def _as_ours(root: VersionedRoot, txn: Transaction, rec: CommitRecord, mine: Fragment,
+                   a: Attempt | None) -> CommitInfo:
+    """The CommitInfo of ``rec`` for this participant: its fragment of attempt
+    ``a`` was merged, or its writes are the ones committed."""
+    if a is not None and rec.txn_nonce == a.nonce:
+        return CommitInfo(version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn.txn_id)
+    return await _if_same_writes(root, txn, rec, mine.changes)
+
+
+def _size_crc(e: Any) -> tuple[int, int] | None:
+    if e is None:
+        return None
+    if isinstance(e, InlineEntry):
+        return len(e.value), crc32c(e.value)
+    return e.length, e.crc
+
+
+async def _if_same_writes(root: VersionedRoot, txn: Transaction, rec: CommitRecord,
+                          changes: list[Change]) -> CommitInfo:
+    """``rec``'s CommitInfo if ``changes`` are what it committed (same keys deleted,
+    or holding values of the same length and crc32c), else InvalidArgumentError."""
+    what = (f"multi-writer transaction {txn.txn_id!r} already committed as version {rec.version} "
+            f"on {root.base!r}")
+    try:
+        found = await asyncio.gather(*(root.lookup(rec.root, k) for k, _ in changes))
+    except DataCorruptionError as e:
+        raise InvalidArgumentError(
+            f"{what}, and its index can not be read to compare this process's writes with it ({e}); "
+            f"transaction ids must not be reused"
+        ) from e
+    for (k, e), cur in zip(changes, found):
+        if _size_crc(e) != _size_crc(cur):
+            raise InvalidArgumentError(
+                f"{what} with other data for key {k!r}; transaction ids must not be reused "
+                f"(a retry of a committed transaction must write the same values)"
+            )
+    return CommitInfo(version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn.txn_id,
+                      keys_changed=len(changes))
+
+
+def _error_of(outcome: dict[str, Any], txn: Transaction) -> TensorStoreError:
+    name = str(outcome.get("error"))
+    msg = f"multi-writer transaction {txn.txn_id!r} failed at the coordinator: {outcome.get('message', '')}"
+    if name == "CommitOutcomeUnknownError":
+        return CommitOutcomeUnknownError(msg, write_id=outcome.get("write_id"))
+    cls = getattr(_errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, TensorStoreError)):
+        cls = TensorStoreError
+    return cls(msg)
+
+
+async def _learn_attempt(root: VersionedRoot, txn: Transaction, deadline: float) -> Attempt | dict[str, Any]:
+    """Process 0's newest attempt, or the transaction's outcome if it was already decided."""
+    txn_id = txn.txn_id
+    assert txn_id is not None
+    what = (f"multi-writer transaction {txn_id!r}: process {txn.process_index} saw no attempt of "
+            f"process 0 within {txn.timeout} s; nothing was committed")
+    if txn.coordinator is not None:
+        done = await _read_result(root, txn_id)
+        if done is not None:
+            return done
+        body = json.loads(await _coord_wait(txn, f"tsp/{txn_id}/attempt", deadline, what))
+        if isinstance(body, dict) and "result" in body:
+            return check_outcome(body["result"], f"tsp/{txn_id}/attempt")
+        a = Attempt.from_json(body, f"tsp/{txn_id}/attempt")
+        if a.txn_id != txn_id:
+            raise DataCorruptionError(f"tsp/{txn_id}/attempt announces transaction {a.txn_id!r}")
+        return a
+    done, (a, _) = await asyncio.gather(_read_result(root, txn_id), _newest_attempt(root, txn_id))
+    if done is not None:
+        return done
+    if a is not None:
+        res = await root.base.read(failed_name(txn_id, a.number, a.nonce))
+        if res.state != "value":
+            return a
+        # that attempt is over (a job that failed before): wait for process 0's next one
+    nxt = attempt_name(txn_id, a.number + 1 if a is not None else 1)
+
+    async def probe() -> Attempt | dict[str, Any] | None:
+        res, outcome = await asyncio.gather(root.base.read(nxt), _read_result(root, txn_id))
+        if outcome is not None:
+            return outcome
+        return decode_attempt(res.value, nxt, txn_id) if res.state == "value" else None
+
+    return await _backoff_poll(probe, deadline, what)  # type: ignore[no-any-return]
+
+
+async def _deliver(root: VersionedRoot, txn: Transaction, a: Attempt, mine: Fragment) -> bool:
+    """Write this participant's fragment for attempt ``a`` (create-only; durable when
+    this returns True). False: another process delivered another fragment for this
+    index in this attempt."""
+    if a.count != txn.process_count:
+        raise InvalidArgumentError(
+            f"multi-writer transaction {a.txn_id!r}: process 0 runs it with {a.count} processes, "
+            f"this process with process_count={txn.process_count}"
+        )
+    name = fragment_name(a.txn_id, a.number, a.nonce, mine.index)
+    if not await create_object(root.base, name, encode_fragment(a.txn_id, a, txn.write_id, mine),
+                               exists="compare"):
+        return False
+    if txn.coordinator is not None:
+        await run_io(txn.coordinator.publish, f"tsp/{a.txn_id}/fragment/{mine.index}", name)
+    return True
+
+
+async def _await_outcome(
+    root: VersionedRoot, txn: Transaction, a: Attempt, mine_in: Attempt | None, mine: Fragment,
+    deadline: float,
+) -> tuple[dict[str, Any] | CommitRecord, Attempt, Attempt | None]:
+    """Wait for the outcome of the transaction (or its commit record, found while
+    polling), following newer attempts: (outcome, the attempt watched last, the
+    attempt holding this process's fragment or None)."""
+    txn_id = a.txn_id
+    what = (f"multi-writer transaction {txn_id!r}: process {txn.process_index} got no result from "
+            f"the coordinator (process 0) within {txn.timeout} s, and no version was committed for it")
+    if txn.coordinator is not None:
+        body = json.loads(await _coord_wait(txn, f"tsp/{txn_id}/result", deadline, what))
+        return check_outcome(body, f"tsp/{txn_id}/result"), a, mine_in
+    while True:
+        kind, got = await _backoff_poll(_Watch(root, a, min(mine.base, a.since)), deadline, what)
+        if kind != "attempt":
+            return got, a, mine_in
+        a = got  # a restarted process 0 opened a newer attempt: deliver again
+        if await _deliver(root, txn, a, mine):
+            mine_in = a
+
+
+class _Watch:
+    """The polls of a participant of attempt ``a`` (without a coordination object).
+
+    Each poll reads the transaction's result; every :attr:`ATTEMPT_EVERY` polls
+    also the attempt's ``failed`` object and the next attempt; every
+    :attr:`RECORD_EVERY` polls it also looks for the commit record itself
+    (process 0 may have died right after committing).
+    """
+
+    ATTEMPT_EVERY = 2
+    RECORD_EVERY = 4
+
+    def __init__(self, root: VersionedRoot, a: Attempt, since: int) -> None:
+        self.root, self.a, self.since = root, a, since
+        self.polls = 0
+
+    async def __call__(self) -> tuple[str, Any] | None:
+        root, a = self.root, self.a
+        self.polls += 1
+        if self.polls % self.ATTEMPT_EVERY:
+            outcome = await _read_result(root, a.txn_id)
+            return None if outcome is None else ("outcome", outcome)
+        nxt = attempt_name(a.txn_id, a.number + 1)
+        failed = failed_name(a.txn_id, a.number, a.nonce)
+        outcome, fail, newer = await asyncio.gather(
+            _read_result(root, a.txn_id), root.base.read(failed), root.base.read(nxt))
+        if outcome is not None:
+            return "outcome", outcome
+        if fail.state == "value":
+            return "outcome", decode_outcome(fail.value, failed)
+        if newer.state == "value":
+            return "attempt", decode_attempt(newer.value, nxt, a.txn_id)
+        if self.polls % self.RECORD_EVERY == 0:
+            rec = await _search(root, a.txn_id, self.since)
+            if rec is not None:
+                return "record", rec
+        return None
+
+
+# -- waiting ------------------------------------------------------------------------------
 async def _backoff_poll(fn: Any, deadline: float, what: str) -> Any:
     """Call ``fn()`` until it returns non-None, with jittered exponential backoff."""
     polls = 0
@@ -141,169 +566,3 @@ async def _coord_wait(txn: Transaction, key: str, deadline: float, what: str) ->
         if time.monotonic() >= deadline - 0.01 or isinstance(e, TimeoutError):
             raise DeadlineExceededError(f"{what} ({e})") from e
         raise
-
-
-class MultiWriterParticipant(VersionedParticipant):
-    """A process's part in a multi-writer transaction on one versioned root:
-    staged like any transaction, committed through :func:`commit_multi`."""
-
-    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
-        return await commit_multi(self, txn, wait=wait)
-
-
-async def commit_multi(p: VersionedParticipant, txn: Transaction, *, wait: bool) -> CommitInfo:
-    deadline = time.monotonic() + txn.timeout
-    assert txn.txn_id is not None
-    changes = await p.finalize()
-    base = await p.pin()
-    if txn.process_index == 0:
-        return await _coordinate(p.root, txn, base, changes, deadline)
-    root = p.root
-    name = fragment_name(txn.txn_id, txn.process_index)
-    if not await create_object(root.base, name, encode_fragment(txn, base, changes), exists="compare"):
-        raise _reused(txn, name, root)
-    if txn.coordinator is not None:
-        await run_io(txn.coordinator.publish, f"tsp/{txn.txn_id}/fragment/{txn.process_index}", name)
-    if not wait:
-        return CommitInfo(version=None, write_id=txn.write_id, time=time.time(), txn_id=txn.txn_id,
-                          keys_changed=len(changes))
-    try:
-        result = await _wait_result(root, txn, deadline)
-    except DeadlineExceededError:
-        # The coordinator may have committed and died before publishing the
-        # result: the commit record itself carries the transaction id.
-        rec = await _find_commit(root, txn.txn_id, base)
-        if rec is None:
-            raise
-        return CommitInfo(version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn.txn_id)
-    return _result_to_info(result, txn)
-
-
-async def _find_commit(root: VersionedRoot, txn_id: str, since: int) -> CommitRecord | None:
-    """The version committed for ``txn_id`` after version ``since``, if any."""
-    n = await root.newest()
-    recs = await asyncio.gather(*(root.record_at(v) for v in range(since + 1, n + 1)))
-    return next((r for r in recs if r is not None and r.txn_id == txn_id), None)
-
-
-def _reused(txn: Transaction, name: str, root: VersionedRoot) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"multi-writer transaction {txn.txn_id!r}: {name!r} already exists on {root.base!r}; "
-        f"transaction ids must not be reused"
-    )
-
-
-async def _wait_result(root: VersionedRoot, txn: Transaction, deadline: float) -> dict[str, Any]:
-    what = (
-        f"multi-writer transaction {txn.txn_id!r}: process {txn.process_index} got no result from "
-        f"the coordinator (process 0) within {txn.timeout} s, and no version was committed for it"
-    )
-    if txn.coordinator is not None:
-        text = await _coord_wait(txn, f"tsp/{txn.txn_id}/result", deadline, what)
-        body = json.loads(text)
-        if isinstance(body, dict):
-            return body
-    name = result_name(txn.txn_id)  # type: ignore[arg-type]
-
-    async def probe() -> dict[str, Any] | None:
-        res = await root.base.read(name)
-        if res.state != "value":
-            return None
-        body = unframe(MAGIC_RESULT, res.value, name)
-        if not isinstance(body, dict):
-            raise DataCorruptionError(f"versioned store: result {name!r} is malformed")
-        return body
-
-    return await _backoff_poll(probe, deadline, what)  # type: ignore[no-any-return]
-
-
-def _result_to_info(result: dict[str, Any], txn: Transaction) -> CommitInfo:
-    err = result.get("error")
-    if err:
-        cls = getattr(_errors, str(err), None)
-        if not (isinstance(cls, type) and issubclass(cls, TensorStoreError)):
-            cls = TensorStoreError
-        raise cls(f"multi-writer transaction {txn.txn_id!r} failed at the coordinator: {result.get('message', '')}")
-    return CommitInfo(
-        version=result.get("version"), write_id=str(result.get("write_id") or ""),
-        time=float(result.get("time") or 0.0), txn_id=txn.txn_id,
-    )
-
-
-async def _gather_fragments(root: VersionedRoot, txn: Transaction, deadline: float) -> list[str]:
-    """Wait until every participant's fragment exists; their names."""
-    txn_id, n = txn.txn_id, txn.process_count
-    assert txn_id is not None
-    names = [fragment_name(txn_id, i) for i in range(1, n)]
-    if txn.coordinator is not None:
-        for i in range(1, n):
-            await _coord_wait(
-                txn, f"tsp/{txn_id}/fragment/{i}", deadline,
-                f"multi-writer transaction {txn_id!r}: participant {i} of {n} delivered no fragment "
-                f"within {txn.timeout} s; nothing was committed",
-            )
-        return names
-    want = set(names)
-    missing: set[str] = set(want)
-
-    async def probe() -> list[str] | None:
-        nonlocal missing
-        listed = set(await root.base.list(f"txns/{txn_id}/"))
-        missing = want - listed
-        return names if not missing else None
-
-    try:
-        return await _backoff_poll(probe, deadline, "")  # type: ignore[no-any-return]
-    except DeadlineExceededError:
-        idx = sorted(int(m.rsplit("/", 1)[1]) for m in missing)
-        raise DeadlineExceededError(
-            f"multi-writer transaction {txn_id!r}: participant(s) {idx[:20]} of {n} delivered no "
-            f"fragment within {txn.timeout} s; nothing was committed"
-        ) from None
-
-
-async def _coordinate(
-    root: VersionedRoot, txn: Transaction, base: int, own: list[Change], deadline: float
-) -> CommitInfo:
-    txn_id = txn.txn_id
-    assert txn_id is not None
-    if (await root.base.read(result_name(txn_id))).state == "value":
-        raise _reused(txn, result_name(txn_id), root)
-    try:
-        names = await _gather_fragments(root, txn, deadline)
-        sem = asyncio.Semaphore(64)
-
-        async def load(i: int, name: str) -> tuple[int, tuple[int, list[Change]]]:
-            async with sem:
-                res = await root.base.read(name)
-            if res.state != "value":
-                raise DataCorruptionError(f"versioned store: fragment {name!r} vanished")
-            return i, decode_fragment(res.value, name, txn_id, i, txn.process_count)
-
-        loaded = await asyncio.gather(*(load(i + 1, nm) for i, nm in enumerate(names)))
-        parts = [(0, own)] + [(i, ch) for i, (_, ch) in loaded]
-        low = min([base] + [b for _, (b, _) in loaded])
-        changes = merge_fragments(parts)
-        # conflicts are checked from the oldest version any participant read
-        rec = await commit_changes(root, changes, low, txn)
-    except TensorStoreError as e:
-        await _publish_result(root, txn, {"version": None, "write_id": None, "time": time.time(),
-                                          "error": type(e).__name__, "message": str(e)})
-        raise
-    await _publish_result(root, txn, {"version": rec.version, "write_id": rec.write_id,
-                                      "time": rec.time, "error": None, "message": ""})
-    return CommitInfo(version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn_id,
-                      keys_changed=len(changes))
-
-
-async def _publish_result(root: VersionedRoot, txn: Transaction, result: dict[str, Any]) -> None:
-    body = {"format": FORMAT, "txn_id": txn.txn_id, **result}
-    try:
-        # "ours": _coordinate checked that no result existed before it started
-        await create_object(root.base, result_name(txn.txn_id), frame(MAGIC_RESULT, body),  # type: ignore[arg-type]
-                            exists="ours")
-    except Exception:
-        if result.get("error") is None:
-            raise  # a success must be published
-    if txn.coordinator is not None:
-        await run_io(txn.coordinator.publish, f"tsp/{txn.txn_id}/result", json.dumps(body))

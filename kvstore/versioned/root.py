@@ -9,12 +9,15 @@ commit records. Its loop: find the newest version ``n``; let the caller plan the
 changes against it (conflict checks, conditions); write the new tree nodes; then
 create ``commits/<n+1>`` create-only (the linearisation point). Losing that race
 re-plans against the newer version (rebase). A failed or timed-out create is
-resolved by reading the record back and comparing write-ids (FORMAT.md §6.3).
+resolved by reading the record back and comparing write-ids (FORMAT.md §6.3);
+when no answer tells, the commit raises ``CommitOutcomeUnknownError`` (never a
+plain StorageError) and :meth:`VersionedRoot.find_record` answers later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -25,10 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensorstore_py.core.errors import (
+    CommitOutcomeUnknownError,
     ConditionFailedError,
     DataCorruptionError,
     DeadlineExceededError,
     NotFoundError,
+    SnapshotExpiredError,
     StorageError,
 )
 from tensorstore_py.core.retry import RetryPolicy
@@ -45,8 +50,10 @@ from tensorstore_py.kvstore.versioned.format import (
     frame,
     new_name,
     new_write_id,
+    ranges_contain,
     unframe,
 )
+from tensorstore_py.kvstore.versioned.leases import LeaseKeeper
 from tensorstore_py.kvstore.versioned.tree import (
     Change,
     Node,
@@ -57,7 +64,10 @@ from tensorstore_py.kvstore.versioned.tree import (
     scan,
 )
 
-__all__ = ["Plan", "RootView", "VersionedRoot", "base_of", "get_root", "probe_newest", "read_hint"]
+__all__ = [
+    "Plan", "RootView", "VersionedRoot", "base_of", "get_root", "is_missing", "missing_object",
+    "probe_newest", "read_hint",
+]
 
 #: concurrent object writes of one commit
 WRITE_CONCURRENCY = 64
@@ -67,6 +77,10 @@ PUBLISH_RETRY = RetryPolicy(max_attempts=6, initial_delay=0.1, max_delay=4.0)
 #: the preparation of a commit (probe, plan, tree nodes) on I/O errors: 4
 #: attempts, waits of 40, 80 and 160 ms on average between them
 PREPARE_RETRY = RetryPolicy(max_attempts=4, initial_delay=0.08, max_delay=4.0)
+#: I/O errors of a write whose outcome a read-back resolves
+_IO_ERRORS = (TimeoutError, StorageError, DeadlineExceededError, OSError)
+#: commit records read at once when scanning history for a write-id
+SCAN_BATCH = 16
 #: commit records kept decoded per root (immutable, so never stale)
 RECORD_CACHE = 1024
 #: least seconds between two rewrites of the ``latest`` hint by one process
@@ -82,12 +96,28 @@ class Plan:
     message: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     txn_id: str | None = None
+    txn_nonce: str | None = None  # the multi-writer attempt committing
     tags: dict[str, int] | None = None  # None = the parent's
     deleted: list[list[int]] | None = None  # None = the parent's
     write_id: str = field(default_factory=new_write_id)
+    #: awaited after the attempt's objects are written, right before its commit
+    #: record; raising aborts the commit (nothing becomes visible)
+    before_publish: Callable[[], Awaitable[None]] | None = None
 
 
 Planner = Callable[[CommitRecord | None], Awaitable[Plan | None]]
+
+
+def missing_object(name: str, message: str) -> DataCorruptionError:
+    """The error for a referenced object that is absent (``is_missing`` tells it
+    apart from other corruption: a reclaimed version reads like this)."""
+    err = DataCorruptionError(message)
+    err.missing_object = name  # type: ignore[attr-defined]
+    return err
+
+
+def is_missing(err: BaseException) -> bool:
+    return getattr(err, "missing_object", None) is not None
 
 
 class _Lru(OrderedDict):  # type: ignore[type-arg]
@@ -120,6 +150,10 @@ class VersionedRoot:
         self.committer: asyncio.Task[None] | None = None
         self._hint_task: asyncio.Future[None] | None = None
         self._hint_time = -HINT_INTERVAL
+        self._hint_later = False  # a rewrite is due when the interval has passed
+        self._hint_known = [0]  # what it will say (shared with the pending rewrite)
+        #: this process's lease on the store (docs/FORMAT.md §9.3)
+        self.leases = LeaseKeeper(base)
 
     def __repr__(self) -> str:
         return f"VersionedRoot({self.base!r})"
@@ -138,9 +172,7 @@ class VersionedRoot:
         try:
             res = await self.base.read(name)
             if res.state != "value":
-                raise DataCorruptionError(
-                    f"versioned store {self.base!r}: index node {name!r} is missing"
-                )
+                raise missing_object(name, f"versioned store {self.base!r}: index node {name!r} is missing")
             node = decode_node(res.value, name)
             self.cache.put(name, node)
             fut.set_result(node)
@@ -231,6 +263,21 @@ class VersionedRoot:
         self.known = max(self.known, lo)
         return self.known
 
+    async def snapshot_expired(self, version: int | None, err: BaseException) -> SnapshotExpiredError | None:
+        """What to raise instead of ``err`` when it is a missing object of
+        ``version`` and the newest record lists ``version`` as deleted: its
+        objects were reclaimed by garbage collection. None otherwise."""
+        if version is None or version < 1 or not is_missing(err):
+            return None
+        newest = await self.record_at(await self.newest())
+        if newest is None or not ranges_contain(newest.deleted, version):
+            return None
+        return SnapshotExpiredError(
+            f"versioned store {self.base!r}: version {version} was deleted and garbage collection "
+            f"reclaimed its objects ({err.missing_object!r} is gone); read a retained version "  # type: ignore[attr-defined]
+            f"(hold a snapshot, which leases its version, to keep reading one)"
+        )
+
     async def record_at(self, version: int) -> CommitRecord | None:
         """The record of ``version`` (None for version 0); raises if absent."""
         if version == 0:
@@ -264,6 +311,8 @@ class VersionedRoot:
                 if plan is None:
                     return None
                 rec = await self._build(parent, plan)
+                if plan.before_publish is not None:
+                    await plan.before_publish()
             except (TimeoutError, OSError):
                 # Nothing is visible before the commit record, and every object
                 # of an attempt has a fresh name: a failed attempt is safe to redo.
@@ -307,10 +356,15 @@ class VersionedRoot:
             tags=dict(parent.tags if parent else {}) if plan.tags is None else plan.tags,
             deleted=list(parent.deleted if parent else []) if plan.deleted is None else plan.deleted,
             txn_id=plan.txn_id,
+            txn_nonce=plan.txn_nonce,
         )
 
     async def _publish(self, rec: CommitRecord) -> bool:
-        """Create the commit record: True if ours landed, False if we lost the race."""
+        """Create the commit record: True if ours landed, False if we lost the race.
+
+        Raises CommitOutcomeUnknownError when every attempt and every read-back
+        failed, so that neither answer is known (FORMAT.md §6.3).
+        """
         name = commit_name(rec.version)
         data = rec.encode()
         last: BaseException | None = None
@@ -320,26 +374,72 @@ class VersionedRoot:
                 return True
             except ConditionFailedError:
                 pass  # exists: ours (an earlier attempt landed) or another writer's
-            except (TimeoutError, StorageError, DeadlineExceededError, OSError) as e:
+            except _IO_ERRORS as e:
                 last = e  # the write may or may not have landed: read it back
-            try:
-                other = await self.read_record(rec.version, cached=False)
-            except (TimeoutError, StorageError, DeadlineExceededError, OSError) as e:
-                last = e
-                other = None
-            if other is not None:
-                return other.write_id == rec.write_id
-            if attempt < PUBLISH_RETRY.max_attempts:
-                await asyncio.sleep(PUBLISH_RETRY.delay(attempt))
-        assert last is not None
-        raise last
+            landed = await self._landed(rec, name)
+            if landed is not None:
+                return landed
+            await asyncio.sleep(PUBLISH_RETRY.delay(attempt))
+        # the attempts are used up: look the write-id up one last time
+        landed = await self._landed(rec, name)
+        if landed is not None:
+            return landed
+        raise CommitOutcomeUnknownError(
+            f"versioned store {self.base!r}: commit record {name!r} (write-id {rec.write_id}) "
+            f"could not be written or read back in {PUBLISH_RETRY.max_attempts} attempts "
+            f"(last error: {last}); it may or may not have landed. Once the store answers, "
+            f"VersionedKvStore.find_write_id({rec.write_id!r}) tells whether it committed "
+            f"(it can only land as version {rec.version})",
+            write_id=rec.write_id, key=name,
+        ) from last
+
+    async def _landed(self, rec: CommitRecord, name: str) -> bool | None:
+        """Read ``commits/<v>`` back: True if it holds our write-id, False if
+        another writer's, None if it is missing or can not be read."""
+        try:
+            other = await self.read_record(rec.version, cached=False)
+        except _IO_ERRORS:
+            return None
+        if other is None:
+            return None
+        return other.write_id == rec.write_id
+
+    async def find_record(self, match: Callable[[CommitRecord], bool], since: int = 0) -> CommitRecord | None:
+        """The newest commit record above version ``since`` for which ``match`` is true.
+
+        Scans down from the newest version in growing batches, so a recent
+        commit costs a few reads; ``since`` bounds the scan. Records of deleted
+        versions are searched too (commit records are never deleted).
+        """
+        v = await self.newest()
+        batch = SCAN_BATCH
+        while v > since:
+            lo = max(since, v - batch)
+            recs = await asyncio.gather(*(self.read_record(x) for x in range(v, lo, -1)))
+            for rec in recs:
+                if rec is not None and match(rec):
+                    return rec
+            v = lo
+            batch = min(batch * 2, 16 * SCAN_BATCH)
+        return None
 
     def _maybe_write_hint(self) -> None:
         """Refresh the ``latest`` hint in the background, at most once per
-        HINT_INTERVAL seconds (object stores rate-limit rewrites of one object;
-        the hint is only a starting point for probing, so staleness is fine)."""
+        HINT_INTERVAL seconds (object stores rate-limit rewrites of one object).
+        A commit inside the interval schedules one trailing rewrite, so the hint
+        ends up naming the newest version this process committed (``verify``
+        uses that to notice a deleted newest record)."""
         now = time.monotonic()
+        self._hint_known[0] = self.known
         if self._hint_task is not None or now - self._hint_time < HINT_INTERVAL:
+            if not self._hint_later:
+                self._hint_later = True
+                delay = max(0.05, self._hint_time + HINT_INTERVAL - now)
+                # weakly: a root lives only as long as its users (get_root must
+                # not hand a stale root to a store recreated at the same place);
+                # if it is gone by then, its last known version is written anyway
+                asyncio.get_running_loop().call_later(
+                    delay, _hint_due, weakref.ref(self), self.base, self._hint_known)
             return
         self._hint_time = now
         self._hint_task = asyncio.ensure_future(self._write_hint())
@@ -360,6 +460,21 @@ class VersionedRoot:
         self.queue = []
         self.committer = None
         self._hint_task = None
+        self._hint_later = False
+
+
+def _hint_due(ref: weakref.ref[VersionedRoot], base: KvStore, known: list[int]) -> None:
+    root = ref()
+    if root is not None:
+        root._hint_later = False
+        root._maybe_write_hint()
+    else:
+        asyncio.ensure_future(_write_hint_of(base, known[0]))
+
+
+async def _write_hint_of(base: KvStore, version: int) -> None:
+    with contextlib.suppress(Exception):
+        await base.write(HINT_NAME, frame(MAGIC_HINT, {"version": version}))
 
 
 class RootView:

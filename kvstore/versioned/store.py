@@ -14,6 +14,11 @@ Guarantees:
   issued concurrently are grouped into few commits (group commit). A write
   with ``if_equal`` is checked against the newest version at commit; a failed
   condition fails only that write.
+* A commit whose commit record can not be written, nor read back, through
+  every retry raises :class:`~tensorstore_py.errors.CommitOutcomeUnknownError`
+  (never a plain StorageError or ConditionFailedError): it may have landed.
+  :meth:`VersionedKvStore.find_write_id` tells whether it did, once the store
+  answers.
 * Reads outside a transaction see the newest version committed before the read
   started (found by probing commit records, never by listing data).
 * Snapshots (``version`` / ``tag`` in the spec, ``@N`` / ``@tag`` in the URL)
@@ -34,17 +39,17 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tensorstore_py.core.errors import (
-    ConditionFailedError,
+    DataCorruptionError,
     InvalidArgumentError,
     InvalidSpecError,
     NotFoundError,
 )
-from tensorstore_py.core.future import Future, spawn
+from tensorstore_py.core.future import Future, in_loop_thread, run_sync, spawn
 from tensorstore_py.kvstore.base import (
     BlockingRead,
     Buffer,
@@ -57,21 +62,20 @@ from tensorstore_py.kvstore.base import (
 from tensorstore_py.kvstore.registry import open_kvstore, register_kvstore
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.data import (
-    Pending,
+    INLINE_MAX,
     blocking_reader,
     make_entry,
-    pack,
     read_entry,
 )
 from tensorstore_py.kvstore.versioned.format import (
     FORMAT,
     CommitRecord,
-    Entry,
     ranges_add,
     ranges_contain,
 )
-from tensorstore_py.kvstore.versioned.gc import DEFAULT_GRACE, GcReport
+from tensorstore_py.kvstore.versioned.gc import DEFAULT_GRACE, DEFAULT_READ_GRACE, GcReport
 from tensorstore_py.kvstore.versioned.gc import gc as collect_garbage
+from tensorstore_py.kvstore.versioned.groupcommit import submit
 from tensorstore_py.kvstore.versioned.info import (
     CommitDetails,
     EntryInfo,
@@ -81,15 +85,16 @@ from tensorstore_py.kvstore.versioned.info import (
     read_formats,
     read_spans,
 )
+from tensorstore_py.kvstore.versioned.leases import Hold
 from tensorstore_py.kvstore.versioned.multiwriter import MultiWriterParticipant
 from tensorstore_py.kvstore.versioned.replicate import copy_store
-from tensorstore_py.kvstore.versioned.root import Plan, RootView, VersionedRoot, get_root
+from tensorstore_py.kvstore.versioned.root import Plan, RootView, VersionedRoot, get_root, is_missing
 from tensorstore_py.kvstore.versioned.txn import VersionedParticipant
 
 __all__ = ["CommitDetails", "EntryInfo", "VersionInfo", "VersionedKvStore"]
 
-#: most operations in one group commit
-MAX_BATCH = 65536
+T = TypeVar("T")
+
 _TAG_RE = re.compile(r"[A-Za-z_.\-][A-Za-z0-9_.\-]{0,127}\Z")
 
 
@@ -102,15 +107,6 @@ class VersionInfo:
     write_id: str
     message: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(eq=False)
-class _Op:
-    kind: str  # "put" | "delete" | "delete_prefix"
-    key: str
-    value: Entry | Pending | None
-    if_equal: Generation | None
-    future: asyncio.Future[Any]
 
 
 def _check_tag(name: str) -> str:
@@ -145,8 +141,10 @@ class VersionedKvStore(KvStore, RootView):
         self.tag_name = tag
         self.read_only = version is not None or tag is not None
         self._root: VersionedRoot = get_root(base)
-        # a pinned version is checked (exists, not deleted) once, on first use
+        # a pinned version is checked (exists, not deleted) once, on first use,
+        # and leased from then on (shared by the with_path views made after it)
         self._checked = False
+        self._hold: Hold | None = None
 
     # -- spec / URL ------------------------------------------------------------------
     @classmethod
@@ -181,8 +179,25 @@ class VersionedKvStore(KvStore, RootView):
                 )
             self.version = tags[self.tag_name]
         if self.version is not None:
-            await self._check_version(self.version)
+            if self._hold is None:
+                # the lease first, then the check: a collector reads the retention
+                # state before the leases, so either it sees our lease or we see
+                # the version deleted (docs/FORMAT.md §9.3)
+                self._hold = await self._root.leases.pin(self.version)
+            try:
+                await self._check_version(self.version)
+            except NotFoundError:
+                self.close()
+                raise
         self._checked = True
+
+    def close(self) -> None:
+        """Release a snapshot's reader lease now (else: when the last view of it
+        is garbage-collected). Reads still work while the version's objects
+        exist; once it is deleted and reclaimed they raise SnapshotExpiredError."""
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.release()
 
     async def _check_version(self, version: int) -> None:
         rec = await self._root.read_record(version)
@@ -248,12 +263,26 @@ class VersionedKvStore(KvStore, RootView):
         snapshot of a version that does not exist or was deleted raises
         :class:`~tensorstore_py.errors.NotFoundError`, even while its data has not
         been garbage-collected yet (as ``KvStore.open`` of ``...@N`` does).
+        From its first use until :meth:`close` (or garbage collection of its
+        last view) the snapshot holds a reader lease: if the version is deleted
+        meanwhile, garbage collection keeps its objects, so reads keep working.
         """
         if isinstance(version, str):
             out = VersionedKvStore(self.base, path=self.path, tag=version)
         else:
             out = VersionedKvStore(self.base, path=self.path, version=version)
         return out
+
+    def open_snapshot(self, version: int | str) -> Future[VersionedKvStore]:
+        """:meth:`snapshot`, checked and leased now: NotFoundError if ``version``
+        does not exist or was deleted (a tag is resolved now)."""
+        snap = self.snapshot(version)
+
+        async def run() -> VersionedKvStore:
+            await snap._resolve_snapshot()
+            return snap
+
+        return spawn(run())
 
     # -- reads -------------------------------------------------------------------------
     async def _record(self) -> CommitRecord | None:
@@ -262,28 +291,71 @@ class VersionedKvStore(KvStore, RootView):
         v = self.version if self.version is not None else await self._root.newest()
         return await self._root.record_at(v)
 
+    async def _at(self, version: int | None, op: Callable[[CommitRecord | None], Awaitable[T]]) -> T:
+        """``op(record)`` at ``version`` (None: this view's snapshot, or the newest).
+
+        When ``op`` meets a missing object of a version that was deleted and
+        reclaimed meanwhile: a pinned version raises SnapshotExpiredError, a
+        read of the newest version starts again at the (new) newest version.
+        """
+        for attempt in range(3):
+            rec = await self._tree_at(version)
+            try:
+                return await op(rec)
+            except DataCorruptionError as e:
+                expired = await self._root.snapshot_expired(rec.version if rec else None, e)
+                if expired is None:
+                    raise
+                if version is not None or self.version is not None or attempt == 2:
+                    raise expired from e
+        raise AssertionError("unreachable")
+
     async def _read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
-        rec = await self._record()
-        entry = await self._root.lookup(rec.root if rec else None, key)
-        return await read_entry(self._root, key, entry, byte_range, if_not_equal)
+        async def op(rec: CommitRecord | None) -> ReadResult:
+            entry = await self._root.lookup(rec.root if rec else None, key)
+            return await read_entry(self._root, key, entry, byte_range, if_not_equal)
+
+        return await self._at(None, op)
 
     async def _prepare_read(self, key: str) -> BlockingRead | None:
         # resolve the newest version and the key's entry now (on the loop);
         # data objects are immutable, so the I/O may run a moment later
         if not self.base.blocking_io:
             return None  # nothing to gain: the data I/O is async anyway
-        rec = await self._record()
-        entry = await self._root.lookup(rec.root if rec else None, key)
-        return blocking_reader(self._root, key, entry)
+
+        async def op(rec: CommitRecord | None) -> Any:
+            return await self._root.lookup(rec.root if rec else None, key)
+
+        reader = blocking_reader(self._root, key, await self._at(None, op))
+        if reader is None:
+            return None
+
+        def run() -> ReadResult:
+            try:
+                return reader()
+            except DataCorruptionError as e:
+                if not is_missing(e) or in_loop_thread():
+                    raise
+                # reclaimed since it was prepared: the async path tells why (or retries)
+                return run_sync(self._read(key, None, None))
+
+        return run
 
     async def _list(self, prefix: str) -> list[str]:
-        rec = await self._record()
-        return [k for k, _ in await self._root.scan(rec.root if rec else None, prefix)]
+        async def op(rec: CommitRecord | None) -> list[str]:
+            return [k for k, _ in await self._root.scan(rec.root if rec else None, prefix)]
+
+        return await self._at(None, op)
 
     # -- writes (group commit) -------------------------------------------------------------
     async def _write(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
-        entry = await make_entry(self._root, value)
-        await self._submit("put", key, entry, if_equal)
+        if len(memoryview(value).cast("B")) <= INLINE_MAX:
+            entry = await make_entry(self._root, value)  # writes nothing before the commit
+            await self._submit("put", key, entry, if_equal)
+        else:  # a writer lease keeps the data object until the commit references it
+            async with self._root.leases.writing():
+                entry = await make_entry(self._root, value)
+                await self._submit("put", key, entry, if_equal)
         return Generation(entry.stamp)
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
@@ -293,12 +365,7 @@ class VersionedKvStore(KvStore, RootView):
         await self._submit("delete_prefix", prefix, None, None)
 
     async def _submit(self, kind: str, key: str, value: Any, if_equal: Generation | None) -> Any:
-        root = self._root
-        op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future())
-        root.queue.append(op)
-        if root.committer is None:
-            root.committer = asyncio.ensure_future(_run_queue(root))
-        return await op.future
+        return await submit(self._root, kind, key, value, if_equal)
 
     def _transaction_participant(self, txn: Transaction) -> VersionedParticipant:
         if self.tag_name is not None and self.version is None:
@@ -313,6 +380,28 @@ class VersionedKvStore(KvStore, RootView):
     def newest_version(self) -> Future[int]:
         """The newest committed version (0 for an empty store)."""
         return spawn(self._root.newest())
+
+    def find_write_id(self, write_id: str, *, since: int | None = None) -> Future[int | None]:
+        """Did the commit stamped ``write_id`` land, and as which version? (None: it did not)
+
+        The answer to :class:`~tensorstore_py.errors.CommitOutcomeUnknownError`
+        (``err.write_id``; a transaction's is ``txn.write_id``). Scans commit
+        records down from the newest version, so a recent commit costs a few
+        reads; ``since`` (a version older than the commit, e.g. the one the
+        transaction read) bounds the scan to versions above it. A commit record
+        can only land as the version its writer attempted, so once the store
+        answers and a newer version exists, None is final.
+        """
+        if not isinstance(write_id, str) or not write_id:
+            raise InvalidArgumentError(f"find_write_id: write_id must be a non-empty string, got {write_id!r}")
+        if since is not None and (isinstance(since, bool) or not isinstance(since, int) or since < 0):
+            raise InvalidArgumentError(f"find_write_id: since must be a version >= 0, got {since!r}")
+
+        async def run() -> int | None:
+            rec = await self._root.find_record(lambda r: r.write_id == write_id, since or 0)
+            return None if rec is None else rec.version
+
+        return spawn(run())
 
     def versions(self) -> Future[list[VersionInfo]]:
         """Every retained (not deleted) version, oldest first."""
@@ -362,24 +451,22 @@ class VersionedKvStore(KvStore, RootView):
         (:class:`~tensorstore_py.errors.NotFoundError`). No value is read.
         """
 
-        async def run() -> list[EntryInfo]:
-            rec = await self._tree_at(version)
+        async def op(rec: CommitRecord | None) -> list[EntryInfo]:
             n = len(self.path)
             found = await self._root.scan(rec.root if rec else None, self.path + prefix)
             return [entry_info(k[n:], e) for k, e in found]
 
-        return spawn(run())
+        return spawn(self._at(version, op))
 
     def stat(self, keys: Sequence[str], *, version: int | None = None) -> Future[list[EntryInfo | None]]:
         """The index entry of each of ``keys`` (None where absent), in order; no value is read."""
 
-        async def run() -> list[EntryInfo | None]:
-            rec = await self._tree_at(version)
+        async def op(rec: CommitRecord | None) -> list[EntryInfo | None]:
             tree = rec.root if rec else None
             found = await asyncio.gather(*(self._root.lookup(tree, self.path + k) for k in keys))
             return [None if e is None else entry_info(k, e) for k, e in zip(keys, found)]
 
-        return spawn(run())
+        return spawn(self._at(version, op))
 
     def commit_details(self, version: int) -> Future[CommitDetails]:
         """The commit record of ``version``, deleted or not (NotFoundError if it never existed)."""
@@ -442,12 +529,11 @@ class VersionedKvStore(KvStore, RootView):
         Not retried beyond what the base store retries.
         """
 
-        async def run() -> list[Any]:
-            rec = await self._record()
+        async def op(rec: CommitRecord | None) -> list[Any]:
             return await read_spans(self._root, rec.root if rec else None, self.path, spans,
                                     where=repr(self), coalesce_gap=coalesce_gap)
 
-        return spawn(run())
+        return spawn(self._at(None, op))
 
     def tag(self, name: str, version: int | None = None, *, message: str = "") -> Future[CommitInfo]:
         """Name ``version`` (default: the newest) ``name``, as a commit."""
@@ -498,18 +584,21 @@ class VersionedKvStore(KvStore, RootView):
         return spawn(self._meta_commit("delete_versions", edit, message))
 
     def gc(
-        self, *, grace: float | None = None, dry_run: bool = True, reclaim_deleted: bool = False
+        self, *, grace: float | None = None, dry_run: bool = True, reclaim_deleted: bool = False,
+        read_grace: float = DEFAULT_READ_GRACE,
     ) -> Future[GcReport]:
         """Garbage-collect objects no retained version references (FORMAT.md §9).
 
         Same as :func:`tensorstore_py.kvstore.versioned.gc.gc` on this store:
         only unreferenced objects older than ``grace`` seconds (default: the gc
-        module's, hours) go, so a writer in flight is never robbed;
-        ``dry_run`` (the default) deletes nothing and reports what would go.
+        module's, hours) and not claimed by a live writer's lease go, so a
+        writer in flight is never robbed; ``dry_run`` (the default) deletes
+        nothing and reports what would go.
         """
         if grace is None:
             grace = DEFAULT_GRACE
-        return collect_garbage(self, grace=grace, dry_run=dry_run, reclaim_deleted=reclaim_deleted)
+        return collect_garbage(self, grace=grace, dry_run=dry_run, reclaim_deleted=reclaim_deleted,
+                               read_grace=read_grace)
 
     async def _meta_commit(self, kind: str, edit: Any, message: str) -> CommitInfo:
         async def plan(parent: CommitRecord | None) -> Plan:
@@ -521,73 +610,6 @@ class VersionedKvStore(KvStore, RootView):
         rec = await self._root.commit(plan)
         assert rec is not None
         return CommitInfo(version=rec.version, write_id=rec.write_id, time=rec.time)
-
-
-async def _run_queue(root: VersionedRoot) -> None:
-    """Commit queued operations in batches until the queue is empty."""
-    try:
-        while root.queue:
-            await asyncio.sleep(0)  # let writers issued together join this batch
-            batch, root.queue = root.queue[:MAX_BATCH], root.queue[MAX_BATCH:]
-            try:
-                await _commit_batch(root, batch)
-            except BaseException as e:
-                for op in batch:
-                    if not op.future.done():
-                        op.future.set_exception(e)
-                if not isinstance(e, Exception):
-                    raise
-    finally:
-        root.committer = None
-        if root.queue:  # arrived while we were exiting
-            root.committer = asyncio.ensure_future(_run_queue(root))
-
-
-async def _commit_batch(root: VersionedRoot, batch: list[_Op]) -> None:
-    pending = [op for op in batch if isinstance(op.value, Pending)]
-    if pending:
-        for op, e in zip(pending, await pack(root, [op.value for op in pending])):
-            op.value = e
-    outcome: dict[int, BaseException | None] = {}
-
-    async def plan(parent: CommitRecord | None) -> Plan | None:
-        tree = parent.root if parent else None
-        effective: dict[str, Entry | None] = {}
-        outcome.clear()
-        cond_keys = {op.key for op in batch if op.if_equal is not None}
-        found = dict(zip(cond_keys, await asyncio.gather(*(root.lookup(tree, k) for k in cond_keys))))
-        for i, op in enumerate(batch):
-            if op.if_equal is not None:
-                cur = effective[op.key] if op.key in effective else found[op.key]
-                gen = Generation.NO_VALUE if cur is None else Generation(cur.stamp)
-                if gen != op.if_equal:
-                    outcome[i] = ConditionFailedError(
-                        f"versioned store over {root.base!r}: key {op.key!r}: expected generation "
-                        f"{op.if_equal!r}, found {gen!r} at version {parent.version if parent else 0}"
-                    )
-                    continue
-            if op.kind == "delete_prefix":
-                for k, _ in await root.scan(tree, op.key):
-                    effective.setdefault(k, None)
-                for k in effective:
-                    if k.startswith(op.key):
-                        effective[k] = None
-            else:
-                effective[op.key] = op.value  # type: ignore[assignment]
-            outcome[i] = None
-        if not effective:
-            return None
-        return Plan(sorted(effective.items()), kind="data")
-
-    await root.commit(plan)
-    for i, op in enumerate(batch):
-        if op.future.done():
-            continue
-        err = outcome.get(i)
-        if err is not None:
-            op.future.set_exception(err)
-        else:
-            op.future.set_result(None)
 
 
 register_kvstore(VersionedKvStore, adapter=True)

@@ -198,26 +198,33 @@ class TreeWriter:
 
     After :meth:`apply`, :attr:`written` maps the name of every new node to its
     bytes; the caller writes them all (create-only) before the commit record.
+    Nodes this writer emitted are not on storage yet, so it reads them back
+    from its own table (:meth:`_load`), never through the bounded shared cache
+    (which may have evicted them).
     """
 
     def __init__(self, load: Loader, cache: NodeCache | None = None) -> None:
-        self.load = load
+        self.load_stored = load
         self.cache = cache
         self.written: dict[str, bytes] = {}  # insertion-ordered
-        self._sizes: dict[str, int] = {}  # node written by this writer -> its length
+        self._emitted: dict[str, Node] = {}  # node emitted by this writer -> itself
+
+    async def _load(self, name: str) -> Node:
+        node = self._emitted.get(name)
+        return node if node is not None else await self.load_stored(name)
 
     def _emit(self, node: Node) -> str:
         name = new_name("nodes")
         self.written[name] = encode_node(node)
-        self._sizes[name] = len(node.keys)
+        self._emitted[name] = node
         if self.cache is not None:
-            self.cache.put(name, node)
+            self.cache.put(name, node)  # for readers once committed
         return name
 
     def _drop(self, name: str) -> None:
         """Forget a node emitted by this writer that ended up unreferenced."""
         del self.written[name]
-        del self._sizes[name]
+        del self._emitted[name]
 
     async def _rebalance(self, refs: list[ChildRef]) -> list[ChildRef]:
         """Merge each underfull child written by this commit into a neighbour.
@@ -229,14 +236,15 @@ class TreeWriter:
         i = 0
         while i < len(refs) and len(refs) > 1:
             name = refs[i][1]
-            if self._sizes.get(name, low) >= low:
+            mine = self._emitted.get(name)
+            if mine is None or len(mine.keys) >= low:
                 i += 1
                 continue
             j = i + 1 if i + 1 < len(refs) else i - 1
             a, b = (i, j) if i < j else (j, i)
-            left, right = await asyncio.gather(self.load(refs[a][1]), self.load(refs[b][1]))
+            left, right = await asyncio.gather(self._load(refs[a][1]), self._load(refs[b][1]))
             for r in (refs[a][1], refs[b][1]):
-                if r in self._sizes:
+                if r in self._emitted:
                     self._drop(r)
             if isinstance(left, Leaf) and isinstance(right, Leaf):
                 merged = self._emit_leaves(left.keys + right.keys, left.entries + right.entries)
@@ -277,7 +285,7 @@ class TreeWriter:
             puts = [(k, e) for k, e in changes if e is not None]
             level = self._emit_leaves([k for k, _ in puts], [e for _, e in puts])  # type: ignore[misc]
         elif not changes:
-            node = await self.load(root)
+            node = await self._load(root)
             return root, (len(node.keys) if isinstance(node, Leaf) else sum(node.counts))
         else:
             level = await self._apply(root, changes)
@@ -287,14 +295,14 @@ class TreeWriter:
             return None, 0
         _, name, count = level[0]
         # an inner root left with one child is replaced by that child
-        node = await self.load(name)
+        node = await self._load(name)
         while isinstance(node, Inner) and len(node.children) == 1:
             name = node.children[0]
-            node = await self.load(name)
+            node = await self._load(name)
         return name, count
 
     async def _apply(self, name: str, changes: Sequence[Change]) -> list[ChildRef]:
-        node = await self.load(name)
+        node = await self._load(name)
         if isinstance(node, Leaf):
             keys, entries = _merge_leaf(node, changes)
             return self._emit_leaves(keys, entries)

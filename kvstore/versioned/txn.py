@@ -4,12 +4,19 @@ Reads come from the version pinned at the transaction's first use of the store
 plus its own staged writes. Large values are written to data objects at once;
 small ones are staged and packed at commit (or when the staging buffer fills).
 At commit the staged changes are checked against every version committed
-since the pinned one (write-write conflicts) and committed as one new version.
+since the pinned one (write-write conflicts; with ``isolation="serializable"``
+also the keys and prefixes the transaction read) and committed as one new
+version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from tensorstore_py.core.errors import ConditionFailedError, ConflictError, DataCorruptionError
 from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, ReadResult
@@ -20,42 +27,119 @@ from tensorstore_py.kvstore.versioned.data import (
     Staged,
     blocking_reader,
     make_entry,
+    missing_objects,
     pack,
     read_entry,
     staged_generation,
 )
-from tensorstore_py.kvstore.versioned.format import CommitRecord
+from tensorstore_py.kvstore.versioned.format import CommitRecord, RefEntry
+from tensorstore_py.kvstore.versioned.leases import Hold
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
 
-__all__ = ["VersionedParticipant", "check_conflicts"]
+__all__ = [
+    "AlreadyCommitted", "ReadSet", "VersionedParticipant", "check_conflicts", "commit_changes", "validate",
+]
+
+#: commit records read at once while checking a transaction against newer versions
+CHECK_CONCURRENCY = 64
 
 
-async def check_conflicts(root: VersionedRoot, ours: set[str], lo: int, hi: int) -> None:
-    """Raise ConflictError if a version in ``lo+1..hi`` changed a key in ``ours``."""
-    if hi <= lo or not ours:
+@dataclass
+class ReadSet:
+    """What a serializable transaction read: keys (found or not) and listed prefixes."""
+
+    keys: set[str] = field(default_factory=set)
+    prefixes: set[str] = field(default_factory=set)
+
+    def update(self, other: ReadSet) -> None:
+        self.keys |= other.keys
+        self.prefixes |= other.prefixes
+
+    def __bool__(self) -> bool:
+        return bool(self.keys or self.prefixes)
+
+    def matcher(self) -> Callable[[str], str | None]:
+        """``match(key)``: a description of the read ``key`` falls in, or None."""
+        keys = self.keys
+        # drop prefixes covered by a shorter one: then the greatest prefix <= key
+        # is the only one that can match it
+        prefixes: list[str] = []
+        for p in sorted(self.prefixes):
+            if not prefixes or not p.startswith(prefixes[-1]):
+                prefixes.append(p)
+
+        def match(key: str) -> str | None:
+            if key in keys:
+                return f"key {key!r}, which this serializable transaction read,"
+            i = bisect.bisect_right(prefixes, key)
+            if i and key.startswith(prefixes[i - 1]):
+                return (f"key {key!r}, under the prefix {prefixes[i - 1]!r} that this serializable "
+                        f"transaction listed,")
+            return None
+
+        return match
+
+
+class AlreadyCommitted(Exception):
+    """Raised while planning: a version already carries this multi-writer transaction."""
+
+    def __init__(self, rec: CommitRecord) -> None:
+        super().__init__(f"version {rec.version} already commits transaction {rec.txn_id!r}")
+        self.rec = rec
+
+
+async def validate(
+    root: VersionedRoot, lo: int, hi: int, *, writes: set[str], reads: ReadSet | None = None,
+    txn_id: str | None = None, txn_from: int | None = None,
+) -> None:
+    """Check versions ``lo+1..hi`` against a transaction that read version ``lo``.
+
+    ConflictError if one changed a key in ``writes`` (write-write) or a key or
+    prefix in ``reads`` (read-write, serializable transactions). With
+    ``txn_id``, versions ``> txn_from`` are also checked for a record of that
+    transaction id (AlreadyCommitted), so one id commits at most once.
+    """
+    first = lo if txn_from is None else min(lo, txn_from)
+    if hi <= first:
         return
-    sem = asyncio.Semaphore(64)
+    if txn_from is None and not writes and not reads:
+        return
+    match = reads.matcher() if reads else None
+    sem = asyncio.Semaphore(CHECK_CONCURRENCY)
 
-    async def one(v: int) -> tuple[int, list[str]]:
+    async def one(v: int) -> tuple[CommitRecord, list[str]]:
         async with sem:
             rec = await root.record_at(v)
             assert rec is not None
+            if v <= lo:
+                return rec, []
             try:
-                return v, await root.changed_keys(rec)
+                return rec, await root.changed_keys(rec)
             except DataCorruptionError as e:
                 raise ConflictError(
                     f"versioned store {root.base!r}: can not check version {v} for conflicts: {e}"
                 ) from e
 
-    for v, keys in await asyncio.gather(*(one(v) for v in range(lo + 1, hi + 1))):
+    found = await asyncio.gather(*(one(v) for v in range(first + 1, hi + 1)))
+    if txn_id is not None and txn_from is not None:
+        for rec, _ in found:
+            if rec.version > txn_from and rec.txn_id == txn_id:
+                raise AlreadyCommitted(rec)  # precedes conflicts: that commit is ours
+    for rec, keys in found:
         for k in keys:
-            if k in ours:
+            what = f"key {k!r}" if k in writes else match(k) if match is not None else None
+            if what is not None:
                 raise ConflictError(
-                    f"versioned store {root.base!r}: key {k!r} was changed by version {v} after "
-                    f"this transaction read version {lo}; retry the transaction",
+                    f"versioned store {root.base!r}: {what} was changed by version {rec.version} "
+                    f"after this transaction read version {lo}; retry the transaction",
                     key=k,
                 )
+
+
+async def check_conflicts(root: VersionedRoot, ours: set[str], lo: int, hi: int) -> None:
+    """Raise ConflictError if a version in ``lo+1..hi`` changed a key in ``ours``."""
+    await validate(root, lo, hi, writes=ours)
 
 
 class VersionedParticipant(Participant):
@@ -77,6 +161,12 @@ class VersionedParticipant(Participant):
         self.writes: dict[str, Staged] = {}
         self._pending_bytes = 0
         self._packing: set[int] = set()  # ids of Pending values being packed
+        # the writer lease (from the first staged change until the commit ends)
+        # and the data objects written so far, with when (time.monotonic())
+        self._hold: Hold | None = None
+        self._written: dict[str, float] = {}
+        #: what the transaction read, checked at commit (serializable isolation only)
+        self.reads: ReadSet | None = ReadSet() if txn.isolation == "serializable" else None
 
     @property
     def has_writes(self) -> bool:
@@ -99,13 +189,42 @@ class VersionedParticipant(Participant):
         await self.pin()
         return await self.root.lookup(self._base_root, key)
 
+    def _note_read(self, key: str) -> None:
+        if self.reads is not None and key not in self.writes:
+            self.reads.keys.add(key)  # found or not: a phantom counts too
+
     async def read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
-        return await read_entry(self.root, key, await self._current(key), byte_range, if_not_equal)
+        self._note_read(key)
+        try:
+            return await read_entry(self.root, key, await self._current(key), byte_range, if_not_equal)
+        except DataCorruptionError as e:
+            expired = await self.root.snapshot_expired(self.base_version, e)
+            if expired is not None:
+                raise expired from e
+            raise
+
+    async def _protect(self) -> None:
+        """Hold a writer lease until the transaction is over (garbage collection
+        keeps what this transaction writes; docs/FORMAT.md §9.3)."""
+        if self._hold is None:
+            ref = weakref.ref(self.txn)
+
+            def alive() -> bool:
+                t = ref()
+                return t is not None and t.state in ("open", "committing")
+
+            self._hold = await self.root.leases.write_hold(alive)
+
+    def _release(self) -> None:
+        if self._hold is not None:
+            self._hold.release()
+            self._hold = None
 
     async def prepare_read(self, key: str) -> BlockingRead | None:
         """A blocking whole-value read of ``key`` as this transaction sees it (or None)."""
         if not self.root.base.blocking_io:
             return None
+        self._note_read(key)
         return blocking_reader(self.root, key, await self._current(key))
 
     async def write(self, key: str, value: Buffer | None, if_equal: Generation | None) -> Generation | None:
@@ -118,10 +237,13 @@ class VersionedParticipant(Participant):
                 )
         else:
             await self.pin()
+        await self._protect()
         if value is None:
             self._stage(key, None)
             return None
         entry = await make_entry(self.root, value)
+        if isinstance(entry, RefEntry):
+            self._written[entry.object] = time.monotonic()
         self._stage(key, entry)
         if isinstance(entry, Pending) and self._pending_bytes >= STAGING_MAX:
             await self._flush()
@@ -150,13 +272,23 @@ class VersionedParticipant(Participant):
         finally:
             for _, s in items:
                 self._packing.discard(id(s))
+        now = time.monotonic()
         for (k, s), e in zip(items, entries, strict=True):
+            self._written.setdefault(e.object, now)
             if self.writes.get(k) is s:  # else a newer write replaced it: garbage
                 self.writes[k] = e
 
     async def list(self, prefix: str) -> list[str]:
+        if self.reads is not None:
+            self.reads.prefixes.add(prefix)
         await self.pin()
-        keys = {k for k, _ in await self.root.scan(self._base_root, prefix)}
+        try:
+            keys = {k for k, _ in await self.root.scan(self._base_root, prefix)}
+        except DataCorruptionError as e:
+            expired = await self.root.snapshot_expired(self.base_version, e)
+            if expired is not None:
+                raise expired from e
+            raise
         for k, s in self.writes.items():
             if k.startswith(prefix):
                 if s is None:
@@ -176,35 +308,72 @@ class VersionedParticipant(Participant):
         return out
 
     async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
-        changes = await self.finalize()
-        base = await self.pin()
-        rec = await commit_changes(self.root, changes, base, txn)
+        try:
+            changes = await self.finalize()
+            base = await self.pin()
+
+            async def check() -> None:
+                await self.check_written(changes)
+
+            rec = await commit_changes(self.root, changes, base, txn, reads=self.reads,
+                                       before_publish=check)
+        finally:
+            self._release()
         return CommitInfo(
             version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn.txn_id,
             keys_changed=len(changes),
         )
 
+    async def check_written(self, changes: list[Change]) -> None:
+        """Refuse the commit when a data object this transaction wrote more than
+        ``LeaseKeeper.check_after`` seconds ago and still references is gone (a
+        collector that did not see our lease took it): DataCorruptionError."""
+        cutoff = time.monotonic() - self.root.leases.check_after
+        old = sorted({
+            e.object for _, e in changes
+            if isinstance(e, RefEntry) and self._written.get(e.object, cutoff + 1) <= cutoff
+        })
+        gone = await missing_objects(self.root.base, old) if old else []
+        if gone:
+            raise DataCorruptionError(
+                f"{self.name}: {len(gone)} data object(s) this transaction wrote are gone "
+                f"(e.g. {gone[0]!r}; deleted by garbage collection while the transaction was open?); "
+                f"nothing was committed: retry the transaction"
+            )
+
     def abort(self) -> None:
         self.writes.clear()
         self._pending_bytes = 0
+        self._release()
 
 
 async def commit_changes(
-    root: VersionedRoot, changes: list[Change], base: int, txn: Transaction
+    root: VersionedRoot, changes: list[Change], base: int, txn: Transaction, *,
+    reads: ReadSet | None = None, nonce: str | None = None, txn_from: int | None = None,
+    before_publish: Callable[[], Awaitable[None]] | None = None,
 ) -> CommitRecord:
-    """Commit ``changes`` read from version ``base``: rebase or ConflictError."""
+    """Commit ``changes`` read from version ``base``: rebase, or ConflictError.
+
+    ``reads`` (serializable) are checked like the written keys. A multi-writer
+    commit passes its attempt's ``nonce`` (stored in the record) and
+    ``txn_from``: a version above it that carries ``txn.txn_id`` raises
+    AlreadyCommitted instead of committing the transaction twice.
+    """
     ours = {k for k, _ in changes}
-    checked = base
+    checked = base  # every version <= checked is validated
+    checked_txn = txn_from
 
     async def plan(parent: CommitRecord | None) -> Plan:
-        nonlocal checked
+        nonlocal checked, checked_txn
         n = parent.version if parent else 0
-        if n > checked:
-            await check_conflicts(root, ours, checked, n)
-            checked = n
+        if n > checked or (checked_txn is not None and n > checked_txn):
+            await validate(root, checked, n, writes=ours, reads=reads, txn_id=txn.txn_id,
+                           txn_from=checked_txn)
+            checked = max(checked, n)
+            checked_txn = None if checked_txn is None else max(checked_txn, n)
         return Plan(
             changes, kind="data", message=txn.message, metadata=txn.metadata,
-            txn_id=txn.txn_id, write_id=txn.write_id,
+            txn_id=txn.txn_id, txn_nonce=nonce, write_id=txn.write_id, before_publish=before_publish,
         )
 
     rec = await root.commit(plan)

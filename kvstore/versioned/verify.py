@@ -10,7 +10,11 @@ What is checked, reading everything from the base store (never from a cache):
 
 * every commit record ``1..newest`` exists (versions are dense), passes its
   crc32c, decodes, names its own version and parent, and its ``changes_ref``
-  (if any) decodes;
+  (if any) decodes. ``newest`` is the highest version anything names: probing
+  (FORMAT.md §6.1), the ``latest`` hint, the listing of ``commits/`` and the
+  results of multi-writer transactions. So a deleted first record, a gap, or
+  a deleted newest record (which silently rolls readers back) is reported,
+  as far as the hint, a listing or a result still names the lost version;
 * the retention state of the newest record: deleted ranges are sorted,
   disjoint, within ``1..newest-1``; every tag names an existing, retained version;
 * for every retained version, its whole index tree: every node passes its
@@ -25,12 +29,20 @@ objects); their commit records are still checked. Shared subtrees are walked
 once. The walk only reads; it never writes or repairs. I/O errors of the base
 store propagate (they say nothing about the stored bytes); every problem found
 in the stored bytes is returned, not raised.
+
+:func:`audit` returns the problems together with the *unreferenced* objects
+(when the base store lists): ``nodes/``, ``data/`` and ``changes/`` objects no
+retained version references -- left by interrupted writes (a first save that
+died before its commit leaves nothing else) or by deleted versions not yet
+reclaimed. They are not problems (garbage collection deletes them), but a
+tool should say they are there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,12 +50,13 @@ from typing import Any
 
 import crc32c as _crc32c_lib
 
-from tensorstore_py.core.errors import ChecksumError, DataCorruptionError
+from tensorstore_py.core.errors import ChecksumError, DataCorruptionError, UnsupportedError
 from tensorstore_py.core.future import Future, spawn
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_CHANGES,
+    MAGIC_RESULT,
     CommitRecord,
     InlineEntry,
     RefEntry,
@@ -55,7 +68,7 @@ from tensorstore_py.kvstore.versioned.format import (
 from tensorstore_py.kvstore.versioned.root import base_of, probe_newest, read_hint
 from tensorstore_py.kvstore.versioned.tree import Inner, Leaf, Node, decode_node
 
-__all__ = ["Problem", "base_of", "verify"]
+__all__ = ["Audit", "Problem", "audit", "base_of", "verify"]
 
 #: concurrent object reads of the walk
 READ_CONCURRENCY = 32
@@ -63,6 +76,10 @@ READ_CONCURRENCY = 32
 DATA_CONCURRENCY = 4
 #: most bytes of a data object held in memory at once
 PIECE = 64 * 1024 * 1024
+
+_COMMIT_RE = re.compile(r"commits/([0-9]{20})\Z")
+_OBJECT_RE = re.compile(r"(nodes|data|changes)/[0-9a-f]{32}\Z")
+_RESULT_RE = re.compile(r"txns/[A-Za-z0-9_.\-]{1,128}/result\Z")
 
 Progress = Callable[[str, int], None]
 
@@ -87,6 +104,17 @@ class Problem:
         return f"{self.kind}: {self.object}{at}: {self.message}"
 
 
+@dataclass(frozen=True)
+class Audit:
+    """What :func:`audit` found: ``problems`` (as :func:`verify` returns them),
+    ``newest`` (the newest version a reader reaches) and ``unreferenced``
+    (object -> size in bytes, None if unknown; empty when the store can not list)."""
+
+    problems: list[Problem]
+    newest: int
+    unreferenced: dict[str, int | None]
+
+
 def verify(store: KvStore, *, progress: Progress | None = None) -> Future[list[Problem]]:
     """Check every checksum and reference of ``store``'s history (see the module doc).
 
@@ -96,6 +124,15 @@ def verify(store: KvStore, *, progress: Progress | None = None) -> Future[list[P
     progress displays. Resolves to the problems found, in a stable order;
     an empty list means the store is sound.
     """
+
+    async def run() -> list[Problem]:
+        return (await _Walker(base_of(store), progress).run()).problems
+
+    return spawn(run())
+
+
+def audit(store: KvStore, *, progress: Progress | None = None) -> Future[Audit]:
+    """:func:`verify`, plus the objects no retained version references (see the module doc)."""
     return spawn(_Walker(base_of(store), progress).run())
 
 
@@ -129,10 +166,15 @@ class _Walker:
         if self.progress is not None:
             self.progress(what, n)
 
-    async def run(self) -> list[Problem]:
-        newest = await self._newest()
-        records = await self._records(newest)
-        head = records.get(newest)
+    async def run(self) -> Audit:
+        reached = await self._newest()
+        listed = await self._listing()
+        newest, why = reached, ""
+        for v, what in await self._evidence(reached, listed):
+            if v > newest:
+                newest, why = v, what
+        records = await self._records(newest, reached, why)
+        head = records[max(records)] if records else None
         deleted = head.deleted if head is not None else []
         if head is not None:
             self._check_retention(head)
@@ -145,7 +187,47 @@ class _Walker:
         self.problems.sort(
             key=lambda p: (order.get(p.object.split("/", 1)[0], 9), p.object, p.version or 0, p.message)
         )
-        return self.problems
+        referenced = set(self.subtrees) | set(self.values)
+        referenced |= {r.changes_ref for r in records.values() if r.changes_ref is not None}
+        unreferenced = {
+            i.key: i.size for i in listed or [] if _OBJECT_RE.match(i.key) and i.key not in referenced
+        }
+        return Audit(self.problems, reached, unreferenced)
+
+    async def _listing(self) -> list[Any] | None:
+        """Every object under the format's prefixes (None: the store can not list)."""
+        try:
+            found = await asyncio.gather(*(self.base.list_info(p) for p in
+                                           ("commits/", "nodes/", "data/", "changes/", "txns/")))
+        except UnsupportedError:
+            return None
+        return [i for infos in found for i in infos]
+
+    async def _evidence(self, reached: int, listed: list[Any] | None) -> list[tuple[int, str]]:
+        """Versions something names beyond the reachable newest: (version, what)."""
+        out: list[tuple[int, str]] = []
+        hint = await read_hint(self.base)
+        if hint > reached:
+            out.append((hint, "the 'latest' hint"))
+        for info in listed or []:
+            m = _COMMIT_RE.match(info.key)
+            if m and int(m.group(1)) > reached:
+                out.append((int(m.group(1)), f"the listing ({info.key!r} exists)"))
+        results = [i.key for i in listed or [] if _RESULT_RE.match(i.key)]
+
+        async def result(name: str) -> None:
+            async with self.sem:
+                res = await self.base.read(name)
+            try:
+                body = unframe(MAGIC_RESULT, res.value, name) if res.state == "value" else None
+            except DataCorruptionError:
+                return  # an unreadable result says nothing about the records
+            v = body.get("version") if isinstance(body, dict) else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > reached:
+                out.append((v, f"the multi-writer result {name!r}"))
+
+        await asyncio.gather(*(result(n) for n in results))
+        return out
 
     # -- commit records --------------------------------------------------------------
     async def _exists(self, v: int) -> bool:
@@ -156,7 +238,7 @@ class _Walker:
         """The newest version, probing as FORMAT.md §6.1 without decoding records."""
         return await probe_newest(self._exists, 0, await read_hint(self.base))
 
-    async def _records(self, newest: int) -> dict[int, CommitRecord]:
+    async def _records(self, newest: int, reached: int, why: str) -> dict[int, CommitRecord]:
         out: dict[int, CommitRecord] = {}
 
         async def one(v: int) -> None:
@@ -165,8 +247,13 @@ class _Walker:
                 res = await self.base.read(name)
             self._tick("records")
             if res.state != "value":
-                self._problem(name, "missing", f"commit record of version {v} is missing "
-                              f"(versions 1..{newest} must all exist)", v)
+                if v > reached:
+                    self._problem(name, "missing", f"commit record of version {v} is missing: {why} "
+                                  f"names version {newest}, but readers reach only version {reached} "
+                                  f"(a lost record rolls the store back)", v)
+                else:
+                    self._problem(name, "missing", f"commit record of version {v} is missing "
+                                  f"(versions 1..{newest} must all exist)", v)
                 return
             try:
                 rec = CommitRecord.decode(res.value, name)

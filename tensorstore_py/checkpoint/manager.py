@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from typing import Any, Literal, Self
@@ -15,6 +16,8 @@ from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import Future, ready, run_sync
 
 __all__ = ["CheckpointManager"]
+
+log = logging.getLogger("tensorstore_py.checkpoint")
 
 
 class CheckpointManager:
@@ -31,7 +34,13 @@ class CheckpointManager:
     * Retention runs after each commit, on process 0: with ``max_to_keep=n`` only
       the newest ``n`` steps remain — or, with ``best_metric``, the ``n`` best by
       that metric plus always the newest step. A deleted step disappears with
-      one atomic delete and its bytes are freed immediately.
+      one atomic delete and its bytes are freed immediately, except while a
+      reader (a restore, an ``open_array`` view, in any process) still reads
+      the version holding it: then a later retention frees them.
+    * A save that committed reports success: retention is idempotent, and when
+      it fails (another manager on the same root retaining at the same time, a
+      store error) the failure is logged (logger ``tensorstore_py.checkpoint``)
+      and the next save's retention catches up.
 
     In a multi-process JAX job (``jax.distributed`` initialised) every process
     creates the manager and calls :meth:`save` with the same steps; each writes
@@ -48,6 +57,7 @@ class CheckpointManager:
         save_interval_steps: int = 1,
         coordinator: Coordinator | None = None,
         options: SaveOptions | None = None,
+        read_grace: float = 0.0,
     ) -> None:
         if max_to_keep is not None and max_to_keep < 1:
             raise InvalidArgumentError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
@@ -55,12 +65,17 @@ class CheckpointManager:
             raise InvalidArgumentError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
         if best_mode not in ("max", "min"):
             raise InvalidArgumentError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
+        if isinstance(read_grace, bool) or not isinstance(read_grace, (int, float)) or not read_grace >= 0:
+            raise InvalidArgumentError(f"read_grace must be a number of seconds >= 0, got {read_grace!r}")
         self._root = Root(root, coordinator=coordinator)
         self.max_to_keep = max_to_keep
         self.best_metric = best_metric
         self.best_mode = best_mode
         self.save_interval_steps = save_interval_steps
         self.options = options or SaveOptions()
+        #: seconds a deleted step's version stays readable for readers that hold
+        #: no lease (restore and open_array hold one, so 0 is safe for them)
+        self.read_grace = float(read_grace)
         self._pending: Future[StepInfo] | None = None
         self._lock = threading.Lock()
 
@@ -113,13 +128,21 @@ class CheckpointManager:
                 self._pending = None
 
     async def _after_commit(self, info: StepInfo) -> None:
+        """Retention after the commit of ``info.step``; never raises (see the class doc)."""
+        try:
+            await self._retain()
+        except Exception as e:
+            log.warning("checkpoint step %d at %r is committed, but retention failed (the next "
+                        "save retries it): %s: %s", info.step, self._root.kv, type(e).__name__, e)
+
+    async def _retain(self) -> None:
         store = self._root.store
         steps = await store.list_steps()
         metrics: dict[int, dict[str, Any]] = {}
         if self.best_metric is not None and self.max_to_keep is not None and len(steps) > self.max_to_keep:
             for s in steps:
                 metrics[s] = (await store.record(s)).metrics
-        await store.delete_steps(self._to_delete(steps, metrics))
+        await store.delete_steps(self._to_delete(steps, metrics), read_grace=self.read_grace)
 
     def _to_delete(self, steps: list[int], metrics: dict[int, dict[str, Any]]) -> list[int]:
         n = self.max_to_keep
@@ -181,7 +204,7 @@ class CheckpointManager:
         """Delete ``step`` now: one commit unpublishes it, then its bytes are freed."""
         if step not in self.all_steps():
             raise NotFoundError(f"checkpoint step {step} not found at {self._root.kv!r}")
-        run_sync(self._root.store.delete_steps([step]))
+        run_sync(self._root.store.delete_steps([step], read_grace=self.read_grace))
 
     def close(self) -> None:
         """Wait for the save in flight."""

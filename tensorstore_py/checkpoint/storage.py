@@ -19,29 +19,43 @@ Guarantees:
 * Deleting steps is one commit (their keys vanish together). Retention then
   retires every older, untagged version and runs the versioned store's prompt
   reclaim (``kvstore.versioned.gc.reclaim``): every object reachable only from
-  deleted versions (the deleted steps' data and index nodes) is deleted at
-  once, so the space comes back right away. Objects of versions still tagged
-  are kept; unreferenced objects of unknown origin (a failed save) are only
-  deleted after the grace period, so a save in flight is never robbed.
+  deleted versions (the deleted steps' data -- every process's -- and index
+  nodes) is deleted at once, so the space comes back right away, at a cost
+  that does not grow with the number of saves. Objects of versions still
+  tagged are kept, and so are those of a version a reader holds (a restore or
+  an ``open_array`` view leases the version it reads, so it keeps reading a
+  kept step -- or even a deleted one -- until it is done; the next retention
+  frees them). Unreferenced objects of unknown origin (a failed save) are
+  deleted after the grace period by a full collection the reclaim runs at
+  most once a day; a save in flight is never robbed (its writer lease).
+* Deleting is idempotent: steps another process deleted meanwhile are
+  skipped, so two managers retaining on one root at once both succeed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensorstore_py.core.errors import DataCorruptionError, NotFoundError
+from tensorstore_py.core.errors import ConflictError, DataCorruptionError, NotFoundError
 from tensorstore_py.kvstore.base import ByteRange, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned.gc import DEFAULT_READ_GRACE
 from tensorstore_py.kvstore.versioned.gc import reclaim as gc_reclaim
 
 __all__ = ["FORMAT", "STEPS_PREFIX", "StepInfo", "StepStore", "list_steps", "read_spans", "record_key", "step_dir"]
 
+log = logging.getLogger("tensorstore_py.checkpoint")
+
 FORMAT = "tensorstore_py.checkpoint/1"
+#: attempts of a step deletion that conflicts with another process deleting too
+#: (and of leasing the newest version while retention keeps deleting it)
+_ATTEMPTS = 4
 _W = 12  # digits of a step in keys (sorted listing == numeric order)
 STEPS_PREFIX = "steps/"  # the step records
 
@@ -109,13 +123,23 @@ class StepStore:
 
     # -- reading ---------------------------------------------------------------
     async def snapshot(self) -> VersionedKvStore:
-        """A read-only view pinned at the newest version (what one restore reads)."""
+        """A read-only view pinned at the newest version (what one restore reads).
+
+        The view holds a reader lease on its version (released when the view
+        is closed or garbage-collected): retention elsewhere can delete the
+        version, but its objects stay until the view is gone.
+        """
         if self.kv.read_only:
             return self.kv
-        v = await self.kv.newest_version()
-        if v == 0:
-            return self.kv
-        return self.kv.snapshot(v)
+        for _ in range(_ATTEMPTS):
+            v = await self.kv.newest_version()
+            if v == 0:
+                return self.kv
+            try:
+                return await self.kv.open_snapshot(v)
+            except NotFoundError:
+                continue  # deleted between finding it and leasing it: take the newest again
+        raise NotFoundError(f"checkpoint root {self.kv!r}: the newest version keeps being deleted; retry")
 
     async def list_steps(self, view: KvStore | None = None) -> list[int]:
         """The committed steps (of ``view``, default the live store), ascending."""
@@ -155,35 +179,52 @@ class StepStore:
         return step, manifest, snap.with_path(step_dir(step))
 
     # -- deleting --------------------------------------------------------------
-    async def delete_steps(self, steps: list[int], *, reclaim: bool = True) -> int:
+    async def delete_steps(
+        self, steps: list[int], *, reclaim: bool = True, read_grace: float = DEFAULT_READ_GRACE
+    ) -> int:
         """Delete ``steps`` in one commit; with ``reclaim``, free their bytes now.
 
-        Reclaiming retires every older untagged version (so no retained version
-        still shows the deleted steps) and then runs the versioned store's prompt
-        reclaim (``kvstore.versioned.gc.reclaim``): objects reachable only from
-        deleted versions go at once, orphans of unknown origin only after the
-        grace period, so a save in flight is never robbed. Returns the number of
+        Idempotent: steps already gone (deleted by another process meanwhile)
+        are skipped, and a deletion that conflicts with another one is retried
+        against the new state. Reclaiming retires every older untagged version
+        (so no retained version still shows the deleted steps) and then runs
+        the versioned store's prompt reclaim (``kvstore.versioned.gc.reclaim``):
+        objects reachable only from deleted versions go at once, except those of
+        versions a reader leases (or committed over less than ``read_grace``
+        seconds ago): a later retention takes them. Returns the number of
         objects deleted.
         """
         if not steps:
             return 0
         kv = self.kv
-        txn = Transaction(message=f"delete checkpoint steps {steps}", metadata={"checkpoint_delete": steps})
-        view = kv.with_transaction(txn)
-        for s in steps:
-            await view.delete_range(step_dir(s) + "/")
-            await view.delete(record_key(s))
-        info = await txn.commit()
+        for attempt in range(1, _ATTEMPTS + 1):
+            present = sorted(set(steps) & set(await self.list_steps()))
+            if not present:
+                break
+            txn = Transaction(message=f"delete checkpoint steps {present}",
+                              metadata={"checkpoint_delete": present})
+            view = kv.with_transaction(txn)
+            try:
+                for s in present:
+                    await view.delete_range(step_dir(s) + "/")
+                    await view.delete(record_key(s))
+                await txn.commit()
+                break
+            except ConflictError:
+                if txn.state == "open":
+                    txn.abort()
+                if attempt == _ATTEMPTS:
+                    raise
+                log.info("deleting checkpoint steps %s at %r conflicted with another commit; "
+                         "retrying against the new state", present, kv)
         if not reclaim:
             return 0
+        newest = await kv.newest_version()
         tagged = set((await kv.tags()).values())
-        old = [
-            v.version for v in await kv.versions()
-            if v.version < (info.version or 0) and v.version not in tagged
-        ]
+        old = [v.version for v in await kv.versions() if v.version < newest and v.version not in tagged]
         if old:
             await kv.delete_versions(old, message=f"retire versions holding deleted checkpoint steps {steps}")
-        report = await gc_reclaim(kv)
+        report = await gc_reclaim(kv, read_grace=read_grace)
         return report.deleted_count
 
 

@@ -3,8 +3,11 @@
 What is checked, by kind of URL:
 
 * **checkpoint root / versioned store** — the store's whole history (every
-  commit record, every retained version's index tree, every data object and
-  the crc32c of every value: :func:`tensorstore_py.kvstore.versioned.verify.verify`);
+  commit record -- a missing one, a gap or a lost newest record is a problem --,
+  every retained version's index tree, every data object and the crc32c of
+  every value: :func:`tensorstore_py.kvstore.versioned.verify.audit`), and the
+  objects no retained version references (reported, not a problem: left by
+  interrupted writes or deleted versions, ``gc`` deletes them);
   then, per step (the newest version's steps, or ``--step N``), the
   manifest, each leaf's ``zarr.json`` (if it has one) against the manifest
   (shape, dtype, chunk shape), and every chunk of every leaf: present, of the declared size
@@ -47,7 +50,7 @@ from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.drivers.dtypes import dtype_to_v3
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
-from tensorstore_py.kvstore.versioned.verify import verify as verify_store
+from tensorstore_py.kvstore.versioned.verify import audit as audit_store
 
 __all__ = ["check_array", "verify"]
 
@@ -109,11 +112,18 @@ async def _walk_only(url: str, err: DataCorruptionError,
                      on_items: Callable[[int], None] | None) -> VerifyReport:
     base = (await open_kvstore(url)).base if url.startswith("versioned+") else await open_url(url)  # type: ignore[attr-defined]
     report = VerifyReport(url=url, kind="versioned")
-    for p in await verify_store(base, progress=(lambda _w, n: on_items(n)) if on_items else None):
-        report.problems.append(_from_store(p))
+    _add_audit(report, await audit_store(base, progress=(lambda _w, n: on_items(n)) if on_items else None))
     if not report.problems:
         report.problems.append(Problem(_kind(err), str(err)))
     return report
+
+
+def _add_audit(report: VerifyReport, found: Any) -> None:
+    """A store audit's problems and unreferenced objects, into ``report``."""
+    for p in found.problems:
+        report.problems.append(_from_store(p))
+    report.unreferenced = len(found.unreferenced)
+    report.unreferenced_bytes = sum(n or 0 for n in found.unreferenced.values())
 
 
 def _from_store(p: Any) -> Problem:
@@ -145,11 +155,15 @@ async def _verify_versioned(
             on_items(n)
 
     # the whole history: every record, every retained version's tree and values
-    for p in await verify_store(t.head, progress=progress):
-        report.problems.append(_from_store(p))
+    _add_audit(report, await audit_store(t.head, progress=progress))
     if t.version is None:  # an empty store: nothing committed
         return
-    retained = await _retained(t)
+    try:
+        retained = await _retained(t)
+    except (NotFoundError, DataCorruptionError) as e:
+        if not report.problems:  # else a consequence of a record the walk found missing
+            report.problems.append(Problem(_kind(e), str(e)))
+        return
     report.versions = retained
     if t.kind == "versioned":
         for v in retained if all_versions else [t.version]:

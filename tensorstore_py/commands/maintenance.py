@@ -2,9 +2,13 @@
 
 The collection itself is :func:`tensorstore_py.kvstore.versioned.gc.gc`: it
 marks everything the retained versions reference and deletes only unmarked
-objects older than the grace period, so saves in flight are never robbed and
-no retained version loses a byte. This module parses the CLI's options and
-turns its report into the documented JSON shape.
+objects older than the grace period (by the store's clock) that no live
+writer's lease claims, so saves in flight are never robbed and no retained
+version loses a byte. It also works on a store whose first save died before
+its commit (data but no commits: everything is an orphan), collects the file
+store's temporaries of crashed writers, and refuses when commit records are
+missing. This module parses the CLI's options and turns its report into the
+documented JSON shape.
 """
 
 from __future__ import annotations
@@ -64,4 +68,7 @@ async def gc(url: str, *, grace: float | None = None, apply: bool = False) -> di
         "by_kind": dict(rep.by_kind),
         "kept_referenced": rep.kept_reachable, "kept_referenced_bytes": rep.kept_reachable_bytes,
         "kept_young": len(rep.kept_young), "kept_young_bytes": rep.kept_young_bytes,
+        "kept_leased": len(rep.kept_leased), "leases": rep.leases,
+        "expired_leases": list(rep.expired_leases), "deferred_versions": list(rep.deferred_versions),
+        "temporaries": list(rep.temporaries), "clock": rep.clock,
     }

@@ -154,6 +154,12 @@ def verify(r: VerifyReport) -> str:
         lines.append(f"{style('OK', 'green')} {summary}")
     else:
         lines.append(f"{style('FAILED', 'red')} {len(r.problems)} problem(s); {summary}")
+    if r.unreferenced:
+        lines.append(
+            f"{style('NOTE', 'yellow')} {r.unreferenced} object(s) ({human_size(r.unreferenced_bytes)}) "
+            f"no retained version references: left by interrupted writes or deleted versions; "
+            f"`tensorstore-py gc {r.url}` lists them (--apply deletes them)"
+        )
     return "\n".join(lines)
 
 
@@ -170,7 +176,17 @@ def gc(data: dict[str, Any]) -> str:
         f"the grace period of {data['grace_seconds']:g}s ({human_size(data['kept_young_bytes'])}); "
         f"{data['retained_versions']} version(s) retained"
     )
-    if not data["applied"] and data["count"]:
+    if data.get("kept_leased"):
+        out.append(f"kept {data['kept_leased']} more that live writers' leases claim "
+                   f"({data['leases']} live lease(s))")
+    if data.get("deferred_versions"):
+        out.append(f"deleted version(s) {data['deferred_versions']} are still being read (reader "
+                   f"leases): their objects go once the readers are done")
+    if data.get("temporaries"):
+        verb_t = "removed" if data["applied"] else "would remove"
+        out.append(f"{verb_t} {len(data['temporaries'])} temporary file(s) of crashed writers:\n"
+                   + "\n".join(data["temporaries"]))
+    if not data["applied"] and (data["count"] or data.get("temporaries")):
         out.append("dry run: nothing was deleted; run again with --apply to delete")
     return "\n".join(out)
 

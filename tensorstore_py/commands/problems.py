@@ -48,6 +48,10 @@ class VerifyReport:
     bytes: int = 0
     seconds: float = 0.0
     problems: list[Problem] = field(default_factory=list)
+    #: objects of a versioned store no retained version references (not a
+    #: problem: interrupted writes, deleted versions; ``gc`` deletes them)
+    unreferenced: int = 0
+    unreferenced_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -59,4 +63,5 @@ class VerifyReport:
             "steps": self.steps, "arrays": self.arrays, "chunks": self.chunks,
             "objects": self.objects, "values": self.values, "bytes": self.bytes, "seconds": round(self.seconds, 3),
             "problems": [p.to_json() for p in self.problems],
+            "unreferenced": {"objects": self.unreferenced, "bytes": self.unreferenced_bytes},
         }

@@ -4,8 +4,14 @@
 handful of small objects (works on read-only stores such as ``http(s)://``,
 which can not list keys):
 
-* **versioned store** — ``commits/00000000000000000001`` exists at the URL (or
-  the URL is ``versioned+...``); see docs/FORMAT.md;
+* **versioned store** — recognised by its layout (docs/FORMAT.md §2), not by a
+  readable newest version: ``commits/00000000000000000001`` or a valid
+  ``latest`` hint exists at the URL, or (where the store lists) any object
+  has a name of the versioned layout (``commits/<20 digits>``,
+  ``nodes|data|changes/<32 hex>``, ``txns/...``, ``leases/<32 hex>``,
+  ``gc/reclaimed``); or the URL is ``versioned+...``. So a store whose first
+  record was deleted, or whose first save died before its commit (data but
+  no commits), is still a versioned store -- with problems or orphans;
 * **checkpoint root** — a versioned store whose newest version has ``steps/``
   records (tensorstore_py.checkpoint.storage);
 * **array** — ``zarr.json`` (zarr v3, ``node_type: array``) or ``.zarray``
@@ -36,6 +42,7 @@ from tensorstore_py.core.errors import (
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned.root import read_hint
 
 __all__ = [
     "CHECKPOINT_FORMAT_PREFIX",
@@ -53,6 +60,11 @@ Kind = Literal["checkpoint", "versioned", "array", "folder"]
 #: format strings of checkpoint step records / manifests are ``<prefix><int>``
 CHECKPOINT_FORMAT_PREFIX = "tensorstore_py.checkpoint"
 _FIRST_COMMIT = "commits/00000000000000000001"
+#: object names only the versioned store's layout uses (docs/FORMAT.md §2)
+_LAYOUT = re.compile(
+    r"(commits/[0-9]{20}|(nodes|data|changes|leases)/[0-9a-f]{32}|gc/reclaimed"
+    r"|txns/[A-Za-z0-9_.\-]{1,128}/([0-9]{6}|result))\Z"
+)
 
 
 def step_prefix(step: int) -> str:
@@ -125,11 +137,17 @@ async def resolve(url: str, *, version: int | None = None) -> Target:
         return await _versioned_target(url, vs.base, head, pinned)
     base = await open_url(url)
     await _check_format(base, url)
-    if (await base.read(_FIRST_COMMIT)).state == "value":
+    if (await base.read(_FIRST_COMMIT)).state == "value" or await read_hint(base) > 0:
         head = VersionedKvStore(base)
         return await _versioned_target(url, base, head, version)
-    if version is not None:
+    target = await _plain_target(url, base, version)
+    if version is not None and target.head is None:
         raise InvalidArgumentError(f"{url} is not a versioned store: --version does not apply")
+    return target
+
+
+async def _plain_target(url: str, base: KvStore, version: int | None) -> Target:
+    """An array, a folder, or a versioned store known by its layout alone."""
     res = await base.read("zarr.json")
     if res.state == "value":
         try:
@@ -152,6 +170,8 @@ async def resolve(url: str, *, version: int | None = None) -> Target:
         ) from None
     if not keys:
         raise NotFoundError(f"{url}: nothing stored here (no keys); check the URL")
+    if any(_LAYOUT.match(k) for k in keys):
+        return await _versioned_target(url, base, VersionedKvStore(base), version)
     return Target(url, "folder", base, base)
 
 

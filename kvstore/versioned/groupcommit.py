@@ -1,0 +1,119 @@
+"""Group commit: writes outside a transaction, batched into few commits.
+
+Every write, delete or ``delete_range`` of a versioned store outside a
+transaction is queued on its root (one queue per base store and process); one
+committer task at a time commits everything queued so far as ONE version (at
+most :data:`MAX_BATCH` operations), re-planned against the newest version at
+each attempt. A write with ``if_equal`` is checked then, and a failed condition
+fails only that write. The batch holds a writer lease (docs/FORMAT.md §9.3) from
+packing its small values to its commit record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from tensorstore_py.core.errors import ConditionFailedError
+from tensorstore_py.kvstore.base import Generation
+from tensorstore_py.kvstore.versioned.data import Pending, pack
+from tensorstore_py.kvstore.versioned.format import CommitRecord, Entry
+from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
+
+__all__ = ["MAX_BATCH", "submit"]
+
+#: most operations in one group commit
+MAX_BATCH = 65536
+
+
+@dataclass(eq=False)
+class _Op:
+    kind: str  # "put" | "delete" | "delete_prefix"
+    key: str
+    value: Entry | Pending | None
+    if_equal: Generation | None
+    future: asyncio.Future[Any]
+
+
+async def submit(root: VersionedRoot, kind: str, key: str, value: Any, if_equal: Generation | None) -> Any:
+    """Queue one operation (``kind``: "put", "delete" or "delete_prefix") and
+    wait until the version holding it is committed (or its condition failed)."""
+    op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future())
+    root.queue.append(op)
+    if root.committer is None:
+        root.committer = asyncio.ensure_future(_run_queue(root))
+    return await op.future
+
+
+async def _run_queue(root: VersionedRoot) -> None:
+    """Commit queued operations in batches until the queue is empty."""
+    try:
+        while root.queue:
+            await asyncio.sleep(0)  # let writers issued together join this batch
+            batch, root.queue = root.queue[:MAX_BATCH], root.queue[MAX_BATCH:]
+            try:
+                await _commit_batch(root, batch)
+            except BaseException as e:
+                for op in batch:
+                    if not op.future.done():
+                        op.future.set_exception(e)
+                if not isinstance(e, Exception):
+                    raise
+    finally:
+        root.committer = None
+        if root.queue:  # arrived while we were exiting
+            root.committer = asyncio.ensure_future(_run_queue(root))
+
+
+async def _commit_batch(root: VersionedRoot, batch: list[_Op]) -> None:
+    # a writer lease from the first packed value to the commit record
+    async with root.leases.writing():
+        await _commit_batch_held(root, batch)
+
+
+async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
+    pending = [op for op in batch if isinstance(op.value, Pending)]
+    if pending:
+        for op, e in zip(pending, await pack(root, [op.value for op in pending])):
+            op.value = e
+    outcome: dict[int, BaseException | None] = {}
+
+    async def plan(parent: CommitRecord | None) -> Plan | None:
+        tree = parent.root if parent else None
+        effective: dict[str, Entry | None] = {}
+        outcome.clear()
+        cond_keys = {op.key for op in batch if op.if_equal is not None}
+        found = dict(zip(cond_keys, await asyncio.gather(*(root.lookup(tree, k) for k in cond_keys))))
+        for i, op in enumerate(batch):
+            if op.if_equal is not None:
+                cur = effective[op.key] if op.key in effective else found[op.key]
+                gen = Generation.NO_VALUE if cur is None else Generation(cur.stamp)
+                if gen != op.if_equal:
+                    outcome[i] = ConditionFailedError(
+                        f"versioned store over {root.base!r}: key {op.key!r}: expected generation "
+                        f"{op.if_equal!r}, found {gen!r} at version {parent.version if parent else 0}"
+                    )
+                    continue
+            if op.kind == "delete_prefix":
+                for k, _ in await root.scan(tree, op.key):
+                    effective.setdefault(k, None)
+                for k in effective:
+                    if k.startswith(op.key):
+                        effective[k] = None
+            else:
+                effective[op.key] = op.value  # type: ignore[assignment]
+            outcome[i] = None
+        if not effective:
+            return None
+        return Plan(sorted(effective.items()), kind="data")
+
+    await root.commit(plan)
+    for i, op in enumerate(batch):
+        if op.future.done():
+            continue
+        err = outcome.get(i)
+        if err is not None:
+            op.future.set_exception(err)
+        else:
+            op.future.set_result(None)

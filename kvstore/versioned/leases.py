@@ -1,0 +1,471 @@
+"""Leases: what a running process asks garbage collection to leave alone (FORMAT.md §9.3).
+
+A process keeps ONE lease object ``leases/<hex32>`` per versioned store while
+it needs one, written (overwritten) by a :class:`LeaseKeeper`:
+
+* while it *writes* (an open transaction that staged a change, a write outside
+  a transaction, a commit), the lease says so, with ``writing_for`` = seconds
+  since its oldest running writer started. A collector keeps every unreferenced
+  object modified after ``mtime(lease) - writing_for - SLACK`` (store times), so
+  a transaction open for hours keeps the data it wrote at its start;
+* while it *reads* a pinned version (a snapshot, a checkpoint restore, an
+  ``open_array`` view), the lease lists that version in ``versions``: prompt
+  reclaim leaves a deleted version that a live lease names alone.
+
+Ages are measured by the STORE's clock, never by a host's: a collector learns
+"now" by creating a probe object and reading its modification time back
+(:func:`store_now`). A lease is live while its age is at most its ``ttl``; the
+keeper rewrites it every :data:`REFRESH` seconds while needed, rewrites it
+promptly (after :data:`LINGER`) when what it claims shrinks, and deletes it
+when nothing is left. A lease whose owner is a process of this very machine
+that has exited counts as dead at once (same host name, boot id and pid
+namespace; the pid is gone, a zombie, or another process now).
+
+A lease is best effort for its owner: a store that refuses the write (read
+only) simply gets none. The backstop for writers is the commit's own check
+(``txn.py``): data objects it wrote more than :data:`CHECK_AFTER` seconds
+before its commit must still exist, or the commit is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+import weakref
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tensorstore_py.core.errors import DataCorruptionError, ReadOnlyError, StorageError, UnsupportedError
+from tensorstore_py.core.future import get_loop, in_loop_thread, run_sync
+from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.versioned.format import FORMAT, frame, new_name, unframe
+
+__all__ = [
+    "CHECK_AFTER", "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL",
+    "Hold", "LeaseKeeper", "Leases", "read_leases", "store_now",
+]
+
+log = logging.getLogger("tensorstore_py.kvstore.versioned")
+
+MAGIC_LEASE = b"TSE1"
+LEASES_PREFIX = "leases/"
+#: the transient probe objects of :func:`store_now` are ``gc/clock-<hex32>``
+CLOCK_PREFIX = "gc/clock-"
+#: seconds a lease stays live after its last write (written into each lease)
+TTL = 300.0
+#: seconds between two rewrites of a lease that is still needed
+REFRESH = 60.0
+#: seconds a keeper waits before writing a lease that claims less (batches releases)
+LINGER = 1.0
+#: seconds subtracted from a writer's start: write latency and clock granularity
+SLACK = 60.0
+#: a transaction's data objects written this many seconds before its commit are
+#: checked to still exist right before the commit record is written
+CHECK_AFTER = 60.0
+
+_IO_ERRORS = (StorageError, OSError, TimeoutError)
+
+
+# -- who owns a lease ------------------------------------------------------------------
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _proc_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of ``pid`` from /proc, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        rest = data[data.rindex(b")") + 2:].split()
+        return rest[0].decode(), int(rest[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_me: tuple[int, dict[str, Any]] | None = None
+
+
+def identity() -> dict[str, Any]:
+    """This process as a lease names it: host, boot id, pid namespace, pid, start time."""
+    global _me
+    pid = os.getpid()
+    if _me is None or _me[0] != pid:
+        try:
+            pidns: int | None = os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            pidns = None
+        st = _proc_state(pid)
+        _me = (pid, {
+            "host": socket.gethostname(), "boot": _read_text("/proc/sys/kernel/random/boot_id"),
+            "pidns": pidns, "pid": pid, "start": st[1] if st else None,
+        })
+    return _me[1]
+
+
+def owner_gone(body: dict[str, Any]) -> bool:
+    """True when the lease's owner is a process of this machine that no longer runs.
+
+    Only decided for leases written on this machine (same host name, boot id and
+    pid namespace, so a pid means the same process table); False otherwise.
+    """
+    me = identity()
+    if not me["boot"] or any(body.get(f) != me[f] for f in ("host", "boot", "pidns")):
+        return False
+    pid = body.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return False
+    st = _proc_state(pid)
+    if st is None:
+        return True  # /proc works here (we have a boot id): no such process
+    state, start = st
+    return state in ("Z", "X") or (body.get("start") is not None and body.get("start") != start)
+
+
+# -- the owner's side ------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Durable:
+    """What the lease object says, as last written successfully."""
+
+    versions: frozenset[int]
+    writing: bool
+    at: float  # time.monotonic() when that write started
+
+
+class Hold:
+    """One registration with a :class:`LeaseKeeper` (a pinned version or a
+    running writer); :meth:`release` (idempotent, any thread) ends it, as does
+    garbage collection of the hold."""
+
+    __slots__ = ("__weakref__", "_keeper", "_kind", "_key", "_done")
+
+    def __init__(self, keeper: LeaseKeeper, kind: str, key: int) -> None:
+        self._keeper = keeper
+        self._kind = kind
+        self._key = key
+        self._done = False
+
+    def release(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._keeper._release(self._kind, self._key)
+
+    def __del__(self) -> None:
+        if not sys.is_finalizing():
+            with contextlib.suppress(Exception):
+                self.release()
+
+
+_keepers: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
+
+
+class LeaseKeeper:
+    """This process's lease on one versioned store (one per ``VersionedRoot``).
+
+    :meth:`pin` and :meth:`write_hold` register a need and return once the
+    lease object says so (written now unless a fresh write already covers it);
+    releases are written lazily (after :data:`LINGER`).
+    """
+
+    #: a transaction checks that its data objects older than this still exist
+    #: right before its commit record (see the module doc)
+    check_after: float = CHECK_AFTER
+
+    def __init__(self, base: KvStore) -> None:
+        self.base = base
+        self._mutex = threading.Lock()
+        self._reset()
+        _keepers.add(self)
+
+    def _reset(self) -> None:
+        self.name = new_name(LEASES_PREFIX.rstrip("/"))
+        self._pins: Counter[int] = Counter()
+        self._writers: dict[int, tuple[float, Callable[[], bool] | None]] = {}
+        self._next = 0
+        self._durable: _Durable | None = None
+        self._lock: asyncio.Lock | None = None
+        self._refresher: asyncio.Future[None] | None = None
+        self._sync_armed = False
+        self.disabled = False  # the store refused a lease write (read-only)
+
+    def __repr__(self) -> str:
+        return f"LeaseKeeper({self.base!r}, {self.name!r})"
+
+    # -- what this process needs (read by an in-process collector directly) ---------
+    def pinned(self) -> set[int]:
+        with self._mutex:
+            return {v for v, n in self._pins.items() if n > 0}
+
+    def writing_since(self) -> float | None:
+        """``time.monotonic()`` at which the oldest running writer started (None: none)."""
+        with self._mutex:
+            for key, (_t, alive) in list(self._writers.items()):
+                if alive is not None and not alive():
+                    del self._writers[key]
+            return min((t for t, _ in self._writers.values()), default=None)
+
+    # -- registering ------------------------------------------------------------------
+    async def pin(self, version: int) -> Hold:
+        """Pin ``version`` for reading: prompt reclaim leaves it alone while held."""
+        with self._mutex:
+            self._pins[version] += 1
+        hold = Hold(self, "pin", version)
+        try:
+            await self._ensure(lambda d: version in d.versions)
+        except BaseException:
+            hold.release()
+            raise
+        return hold
+
+    async def write_hold(self, alive: Callable[[], bool] | None = None) -> Hold:
+        """Register a running writer (``alive()``, if given, ends it when False)."""
+        with self._mutex:
+            self._next += 1
+            key = self._next
+            self._writers[key] = (time.monotonic(), alive)
+        hold = Hold(self, "writer", key)
+        try:
+            await self._ensure(lambda d: d.writing)
+        except BaseException:
+            hold.release()
+            raise
+        return hold
+
+    @contextlib.asynccontextmanager
+    async def writing(self) -> AsyncIterator[None]:
+        """``async with keeper.writing():`` -- a writer for the block's duration."""
+        hold = await self.write_hold()
+        try:
+            yield
+        finally:
+            hold.release()
+
+    def _release(self, kind: str, key: int) -> None:
+        with self._mutex:
+            if kind == "pin":
+                self._pins[key] -= 1
+                if self._pins[key] <= 0:
+                    del self._pins[key]
+            else:
+                self._writers.pop(key, None)
+        if self._durable is None:
+            return
+        if in_loop_thread():
+            self._arm_sync()
+        else:
+            get_loop().call_soon_threadsafe(self._arm_sync)
+
+    # -- writing the lease ----------------------------------------------------------------
+    def _fresh(self, d: _Durable | None) -> bool:
+        return d is not None and time.monotonic() - d.at < TTL / 2
+
+    async def _ensure(self, covered: Callable[[_Durable], bool]) -> None:
+        d = self._durable
+        if self.disabled or (self._fresh(d) and covered(d)):  # type: ignore[arg-type]
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            d = self._durable
+            if self._fresh(d) and covered(d):  # type: ignore[arg-type]
+                return
+            await self._write()
+
+    def _body(self) -> tuple[dict[str, Any], frozenset[int], bool]:
+        versions = frozenset(self.pinned())
+        since = self.writing_since()
+        body = {
+            "format": FORMAT, **identity(), "ttl": TTL, "versions": sorted(versions),
+            "writing": since is not None,
+            "writing_for": 0.0 if since is None else max(0.0, time.monotonic() - since),
+        }
+        return body, versions, since is not None
+
+    async def _write(self) -> None:
+        t0 = time.monotonic()
+        body, versions, writing = self._body()
+        try:
+            await self.base.write(self.name, frame(MAGIC_LEASE, body))
+        except (ReadOnlyError, UnsupportedError):
+            self.disabled = True
+            return
+        except _IO_ERRORS as e:
+            log.warning("could not write lease %s on %r: %s", self.name, self.base, e)
+            return
+        self._durable = _Durable(versions, writing, t0)
+        if self._refresher is None:
+            self._refresher = asyncio.ensure_future(self._refresh())
+
+    def _arm_sync(self) -> None:
+        """(Loop thread) write what the lease claims after LINGER, once."""
+        if self._sync_armed or self._durable is None:
+            return
+        self._sync_armed = True
+        loop = asyncio.get_running_loop()
+        loop.call_later(LINGER, lambda: asyncio.ensure_future(self._sync()))
+
+    async def _sync(self, *, refresh: bool = False) -> None:
+        """Bring the lease object in line with the needs: delete it when there
+        are none, rewrite it when it claims more than needed (or on refresh)."""
+        self._sync_armed = False
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            d = self._durable
+            if d is None:
+                return
+            versions, writing = frozenset(self.pinned()), self.writing_since() is not None
+            if not versions and not writing:
+                try:
+                    await self.base.delete(self.name)
+                except _IO_ERRORS as e:
+                    log.warning("could not delete lease %s on %r: %s", self.name, self.base, e)
+                    return
+                self._durable = None
+            elif refresh or versions != d.versions or writing != d.writing:
+                await self._write()
+
+    async def _refresh(self) -> None:
+        try:
+            while self._durable is not None:
+                await asyncio.sleep(REFRESH)
+                await self._sync(refresh=True)
+        finally:
+            self._refresher = None
+
+    async def release_all(self) -> None:
+        """Delete the lease object now (process exit)."""
+        if self._durable is not None:
+            with contextlib.suppress(Exception):
+                await self.base.delete(self.name)
+            self._durable = None
+
+
+def _after_fork_in_child() -> None:
+    # the parent's lease is the parent's: the child starts without one
+    for k in list(_keepers):
+        k._mutex = threading.Lock()
+        k._reset()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    live = [k for k in list(_keepers) if k._durable is not None]
+    if not live:
+        return
+
+    async def run() -> None:
+        await asyncio.gather(*(k.release_all() for k in live))
+
+    with contextlib.suppress(Exception):
+        run_sync(run(), timeout=2.0)
+
+
+# -- the collector's side ---------------------------------------------------------------
+async def store_now(base: KvStore) -> tuple[float, str]:
+    """The store's time now and where it came from (``"store"``, or ``"host"``
+    when the store can not tell: read-only, or no modification times)."""
+    name = f"{CLOCK_PREFIX}{uuid.uuid4().hex}"
+    try:
+        await base.write(name, b"", if_equal=Generation.NO_VALUE)
+        try:
+            infos = await base.list_info(name)
+        finally:
+            await base.delete(name)
+        mtime = next((i.mtime for i in infos if i.key == name), None)
+        if mtime is not None:
+            return mtime, "store"
+    except (ReadOnlyError, UnsupportedError, *_IO_ERRORS):
+        pass
+    return time.time(), "host"
+
+
+@dataclass(frozen=True)
+class Leases:
+    """The live leases of a store as a collector sees them.
+
+    ``pinned``: versions live readers pin. ``protect_from``: store time from
+    which unreferenced objects are kept for live writers (None: no writer;
+    ``-inf``: a writer of unknown age, keep them all). ``expired``: lease
+    objects older than their ``ttl`` (a collector may delete them; leases of
+    gone processes of this machine are ignored at once, deleted when expired).
+    """
+
+    pinned: frozenset[int] = frozenset()
+    protect_from: float | None = None
+    live: int = 0
+    expired: tuple[str, ...] = ()
+
+    def protects(self, mtime: float | None) -> bool:
+        """Whether an unreferenced object modified at ``mtime`` belongs to a live writer."""
+        if self.protect_from is None:
+            return False
+        return mtime is None or mtime >= self.protect_from
+
+
+def _decode(data: Any, name: str) -> dict[str, Any] | None:
+    try:
+        body = unframe(MAGIC_LEASE, data, name)
+    except DataCorruptionError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+async def read_leases(base: KvStore, now: float, own: LeaseKeeper | None) -> Leases:
+    """Every live lease of ``base`` (this process's from ``own``, in memory)."""
+    pinned: set[int] = set()
+    starts: list[float] = []
+    if own is not None:
+        pinned |= own.pinned()
+        since = own.writing_since()
+        if since is not None:
+            starts.append(now - (time.monotonic() - since) - SLACK)
+    infos = [
+        i for i in await base.list_info(LEASES_PREFIX)
+        if i.key != (own.name if own is not None else None) and len(i.key) == len(LEASES_PREFIX) + 32
+    ]
+
+    async def body(name: str) -> tuple[bool, dict[str, Any] | None]:
+        res = await base.read(name)
+        return res.state == "value", _decode(res.value, name) if res.state == "value" else None
+
+    live = 0
+    expired: list[str] = []
+    for info, (exists, b) in zip(infos, await asyncio.gather(*(body(i.key) for i in infos))):
+        if not exists:
+            continue  # released meanwhile
+        age = None if info.mtime is None else now - info.mtime
+        ttl = b.get("ttl") if b is not None else None
+        ttl = float(ttl) if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) else TTL
+        if age is not None and age > ttl:
+            expired.append(info.key)  # not refreshed in time: the owner is gone
+            continue
+        if b is not None and owner_gone(b):
+            continue  # ignored; the object ages out like any other lease
+        live += 1
+        if b is None:  # unreadable: it may be a writer's; pins unknown
+            starts.append(float("-inf"))
+            continue
+        pinned |= {v for v in b.get("versions") or [] if isinstance(v, int)}
+        if b.get("writing"):
+            wf = b.get("writing_for")
+            wf = float(wf) if isinstance(wf, (int, float)) else float("inf")
+            starts.append(float("-inf") if info.mtime is None else info.mtime - wf - SLACK)
+    return Leases(frozenset(pinned), min(starts) if starts else None, live, tuple(expired))

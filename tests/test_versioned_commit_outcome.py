@@ -1,0 +1,131 @@
+"""A commit whose record write can not be confirmed: CommitOutcomeUnknownError, find_write_id.
+
+Faults come from the ``fault`` wrapper store: every write of ``commits/`` fails
+before it reaches the store, or lands and loses its answer (with the read-backs
+of the record failing too, so nothing tells).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _multiwriter import in_threads, staged
+
+import tensorstore_py as tsp
+from tensorstore_py.core.retry import RetryPolicy
+from tensorstore_py.errors import (
+    CommitOutcomeUnknownError,
+    ConditionFailedError,
+    InvalidArgumentError,
+    StorageError,
+)
+from tensorstore_py.kvstore.fault import FaultKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
+from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned import root as root_module
+from tensorstore_py.kvstore.versioned.format import commit_name
+
+T = 60
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the same loop as in production, with millisecond waits
+    monkeypatch.setattr(root_module, "PUBLISH_RETRY", RetryPolicy(max_attempts=4, initial_delay=0.002))
+
+
+def _unknown(fut: Any) -> CommitOutcomeUnknownError:
+    with pytest.raises(StorageError) as info:
+        fut.result(T)
+    err = info.value
+    # exactly the distinct error: never a plain StorageError, never a ConditionFailedError
+    assert type(err) is CommitOutcomeUnknownError, repr(err)
+    assert not isinstance(err, ConditionFailedError)
+    return err
+
+
+def test_commit_record_write_that_never_lands() -> None:
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    fault.inject(op="write", key_pattern="commits/*")  # every one fails before reaching the store
+    txn = tsp.Transaction()
+    kv.with_transaction(txn).write("a", b"2").result(T)
+    err = _unknown(txn.commit())
+    assert err.write_id == txn.write_id and err.key == commit_name(2)
+    assert "find_write_id" in str(err)
+    # outside transactions (group commit) too
+    err2 = _unknown(kv.write("b", b"1"))
+    assert err2.write_id and err2.write_id != txn.write_id
+    fault.clear()
+    assert kv.find_write_id(err.write_id).result(T) is None  # it did not commit
+    assert kv.find_write_id(err2.write_id).result(T) is None
+    assert kv.read("a").result(T).value == b"1" and kv.newest_version().result(T) == 1
+    kv.write("a", b"3").result(T)  # and the store works on
+    assert kv.newest_version().result(T) == 2
+
+
+def test_commit_record_that_landed_but_can_not_be_confirmed() -> None:
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    txn = tsp.Transaction()
+    kv.with_transaction(txn).write("a", b"2").result(T)
+    # the record lands but every answer is lost; every read of it after the
+    # commit's own probe of the newest version fails as well
+    fault.inject(op="write", key_pattern="commits/*", after_effect=True)
+    fault.inject(op="read", key_pattern=commit_name(2), nth=2, times=10**6)
+    err = _unknown(txn.commit())
+    assert err.write_id == txn.write_id
+    # one write landed (the retries found it there), no read-back could tell whose it is
+    assert fault.faults["write"] == 1 and fault.faults["read"] >= 4
+    fault.clear()
+    fresh = VersionedKvStore(mem)  # another process asks
+    assert fresh.find_write_id(err.write_id).result(T) == 2
+    assert fresh.find_write_id(err.write_id, since=1).result(T) == 2
+    assert fresh.find_write_id(err.write_id, since=2).result(T) is None  # since bounds the scan
+    assert fresh.read("a").result(T).value == b"2"
+
+
+def test_find_write_id_of_a_recent_commit_reads_few_records() -> None:
+    mem = MemoryKvStore()
+    kv = VersionedKvStore(mem)
+    infos = []
+    for i in range(100):
+        with tsp.Transaction() as txn:
+            kv.with_transaction(txn).write("k", b"%d" % i).result(T)
+        infos.append(txn.commit().result(T))
+    counted = FaultKvStore(mem)
+    fresh = VersionedKvStore(counted)
+    assert fresh.find_write_id(infos[-2].write_id).result(T) == 99
+    assert counted.calls["read"] < 40, counted.calls  # not all 100 records
+    assert fresh.find_write_id(infos[0].write_id).result(T) == 1
+    assert fresh.find_write_id("f" * 32).result(T) is None
+    with pytest.raises(InvalidArgumentError):
+        fresh.find_write_id("")
+    with pytest.raises(InvalidArgumentError):
+        fresh.find_write_id("ab", since=-1)
+
+
+def test_multi_writer_participants_hear_the_unknown_outcome_and_a_rerun_commits_once() -> None:
+    mem = MemoryKvStore()
+    lossy = FaultKvStore(mem)
+    lossy.inject(op="write", key_pattern="commits/*")
+    stores = [VersionedKvStore(lossy), VersionedKvStore(mem)]  # process 0's store fails
+
+    def run(stores: list[VersionedKvStore], value: bytes) -> list[Any]:
+        return in_threads(2, lambda i: staged(stores[i], "step-9", i, 2, {f"p{i}": value},
+                                              timeout=30).commit().result(T))
+
+    res = run(stores, b"x")
+    assert all(type(r) is CommitOutcomeUnknownError for r in res), res
+    assert res[0].write_id and res[1].write_id == res[0].write_id  # the record's write-id
+    kv = VersionedKvStore(mem)
+    assert kv.find_write_id(res[0].write_id).result(T) is None
+    # the job runs again with the same transaction id: it commits once
+    res = run([VersionedKvStore(mem), VersionedKvStore(mem)], b"x")
+    assert [r.version for r in res] == [1, 1], res
+    assert kv.list().result(T) == ["p0", "p1"]
