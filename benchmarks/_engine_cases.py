@@ -92,30 +92,23 @@ def bench_chunk_overhead(tmp: Path, n: int, chunk: int, repeats: int) -> None:
     def parts() -> None:
         list(chunk_parts(index, drv._chunk_shape, drv._shape))
 
-    def cpu_us(fn: Any) -> float:
+    def per_chunk_us(fn: Any, clock: Any = time.thread_time) -> float:
         times = []
         for _ in range(max(repeats, 5)):
-            t0 = time.thread_time()
+            t0 = clock()
             fn()
-            times.append(time.thread_time() - t0)
-        return statistics.median(times) / count * 1e6
-
-    def wall_us(fn: Any) -> float:
-        times = []
-        for _ in range(max(repeats, 5)):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
         return statistics.median(times) / count * 1e6
 
     tag = f"chunk_overhead_{chunk}x{chunk}_f32"
-    batch_cpu, sys_cpu = cpu_us(batch), cpu_us(syscalls)
-    _emit(f"{tag}.read_wall", wall_us(lambda: a.read().result()), "us/chunk")
-    _emit(f"{tag}.tensorstore_read_wall", wall_us(lambda: t.read().result()), "us/chunk")
+    batch_cpu, sys_cpu = per_chunk_us(batch), per_chunk_us(syscalls)
+    _emit(f"{tag}.read_wall", per_chunk_us(lambda: a.read().result(), time.perf_counter), "us/chunk")
+    _emit(f"{tag}.tensorstore_read_wall", per_chunk_us(lambda: t.read().result(), time.perf_counter),
+          "us/chunk")
     _emit(f"{tag}.batch_cpu", batch_cpu, "us/chunk")
     _emit(f"{tag}.syscalls", sys_cpu, "us/chunk")
     _emit(f"{tag}.python", batch_cpu - sys_cpu, "us/chunk")
-    _emit(f"{tag}.parts", cpu_us(parts), "us/chunk")
+    _emit(f"{tag}.parts", per_chunk_us(parts), "us/chunk")
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -187,16 +187,20 @@ def _cost(sh: ShardingCodec, dest: np.ndarray, parts: list[Any]) -> int:
     return dest.nbytes if sh.raw_inner else len(parts) * sh.inner.nbytes
 
 
+def _step(reader: Generator[Request, Any, None], answer: Any) -> Request | None:
+    """The reader's next request after ``answer`` (None: it is done)."""
+    try:
+        return reader.send(answer)
+    except StopIteration:
+        return None
+
+
 async def run_async(reader: Generator[Request, Any, None], kv: Any, key: str,
                     offload: Callable[..., Awaitable[Any]]) -> None:
     """Drive ``reader`` through ``kv``'s async API; :class:`Work` larger than
     :data:`INLINE_BYTES` runs through ``offload(fn, *args)`` (a pool)."""
-    answer: Any = None
-    while True:
-        try:
-            req = reader.send(answer)
-        except StopIteration:
-            return
+    req = _step(reader, None)
+    while req is not None:
         if isinstance(req, Work):
             answer = req.fn(*req.args) if req.cost <= INLINE_BYTES else await offload(req.fn, *req.args)
         elif isinstance(req, InnerRanges):
@@ -205,17 +209,14 @@ async def run_async(reader: Generator[Request, Any, None], kv: Any, key: str,
             answer = await kv.read(key, byte_range=req.range)
         else:
             answer = await kv.read(key)
+        req = _step(reader, answer)
 
 
 def run_blocking(reader: Generator[Request, Any, None], kv: Any, full: str) -> None:
     """Drive ``reader`` through ``kv``'s blocking I/O hooks (``full``: the
     shard's full path), on the calling thread."""
-    answer: Any = None
-    while True:
-        try:
-            req = reader.send(answer)
-        except StopIteration:
-            return
+    req = _step(reader, None)
+    while req is not None:
         if isinstance(req, Work):
             answer = req.fn(*req.args)
         elif isinstance(req, InnerRanges):
@@ -224,6 +225,7 @@ def run_blocking(reader: Generator[Request, Any, None], kv: Any, full: str) -> N
             answer = kv._read_blocking(full, req.range, None)
         else:
             answer = kv._read_blocking(full, None, None)
+        req = _step(reader, answer)
 
 
 def _ranges_blocking(kv: Any, full: str, ranges: list[ByteRange]) -> RangesResult:
