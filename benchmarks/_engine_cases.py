@@ -186,7 +186,7 @@ def bench_volume_fill(tmp: Path, shape: list[int], repeats: int, processes: int 
 
 # -- peak memory ---------------------------------------------------------------------------
 _RSS_SCRIPT = """
-import resource, sys, numpy as np
+import sys, numpy as np
 lib, path, op = sys.argv[1], sys.argv[2], sys.argv[3]
 if lib == "tsp":
     import tensorstore_py as tsp
@@ -195,13 +195,14 @@ else:
     import tensorstore as ts
     a = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path + "/"}}).result()
 data = np.ones(a.shape, a.dtype.numpy_dtype if lib != "tsp" else a.dtype) if op == "write" else None
-# resident now (KiB), against the peak afterwards: imports' transient peaks do not count
-base = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() // 1024
+def status(field):  # KiB; VmHWM is this process image's peak (ru_maxrss survives fork + exec)
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field + ":"))
+base = status("VmRSS")  # resident now, against the peak afterwards
 if op == "write":
     a.write(data).result()
 else:
     out = a.read().result()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
+print((status("VmHWM") - base) // 1024)
 """
 
 
