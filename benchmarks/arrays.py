@@ -22,6 +22,15 @@ Cases (``--small`` shrinks every size for a quick run):
 * where the time per chunk goes on the read path (raw 16x16 float32 chunks:
   system calls vs Python work, microseconds per chunk) and peak RSS of a whole
   read and write beyond the request's own size (see _engine_cases.py).
+* neuroglancer precomputed, sharded, ``compressed_segmentation`` uint64 labels
+  written by TensorStore: XY, XZ and YZ planes through the middle and random
+  64^3 crops (reads/s), tensorstore_py and TensorStore reading the same files.
+* N5 (vs TensorStore's ``n5`` driver only; zarr-python has no N5): a uint8
+  volume in 64^3 blocks with N5's default compression (blosc lz4): full write
+  (MiB/s), then XY, XZ and YZ planes (planes/s) and unaligned 64^3 crops
+  (crops/s) read by both libraries from the same dataset, taking turns rep by
+  rep; also the CPU time per read of each (``.cpu_ratio_vs_tensorstore``:
+  theirs over ours, higher is better for us).
 
 Every figure is the median of ``--repeats`` runs, the libraries taking turns
 run by run (so that load from elsewhere falls on all alike). Output lines are
@@ -76,6 +85,19 @@ def median_time(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | 
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def interleaved_median_times(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds of each function, run in turns (a, b, a, b, ...) so that the
+    load of a shared machine weighs on every library alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            gc.collect()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts_) for name, ts_ in times.items()}
 
 
 def report(case: str, rates: dict[str, float], unit: str) -> None:
@@ -199,19 +221,133 @@ def bench_http_crops(tmp: Path, n: int, crop: int, n_crops: int, repeats: int) -
             got = read(lib, arr[z:z + crop, y:y + crop, x:x + crop])
             if not np.array_equal(np.asarray(got), vol[z:z + crop, y:y + crop, x:x + crop]):
                 raise SystemExit(f"http crops: {lib} read different data")
-        times: dict[str, list[float]] = {lib: [] for lib in opened}
-        for _ in range(repeats):
-            for lib, arr in opened.items():  # in turns, run by run
-                gc.collect()
-                t0 = time.perf_counter()
-                for z, y, x in corners:
-                    read(lib, arr[z:z + crop, y:y + crop, x:x + crop])
-                times[lib].append(time.perf_counter() - t0)
-        rates = {lib: n_crops / statistics.median(t) for lib, t in times.items()}
+        runs = {lib: (lambda lib=lib, arr=arr: [read(lib, arr[z:z + crop, y:y + crop, x:x + crop])
+                                                for z, y, x in corners]) for lib, arr in opened.items()}
+        rates = {lib: n_crops / t for lib, t in interleaved_median_times(runs, repeats).items()}
         report(f"http_crops_{crop}", rates, "crops/s")
     finally:
         server.terminate()
         server.wait(10)
+
+
+# -- neuroglancer precomputed, sharded ----------------------------------------------------
+def segment_labels(n: int, cell: int, seed: int = 0) -> np.ndarray:
+    """Segments of about ``cell`` voxels whose boundaries wander (x, y, z, 1) uint64."""
+    rng = np.random.default_rng(seed)
+    g = n // cell + 2
+    ids = rng.integers(1, 2**50, (g, g, g), dtype=np.uint64)
+    coords = np.arange(n)
+    jitter = [rng.integers(0, cell // 2, n) for _ in range(3)]  # per-plane offsets of the boundaries
+    i = (coords[:, None, None] + jitter[0][None, :, None]) // cell
+    j = (coords[None, :, None] + jitter[1][None, None, :]) // cell
+    k = (coords[None, None, :] + jitter[2][:, None, None]) // cell
+    return ids[i, j, k][..., None]
+
+
+def bench_precomputed(tmp: Path, n: int, n_crops: int, repeats: int) -> None:
+    """Planes and 64^3 crops of a sharded compressed_segmentation volume (64^3 chunks,
+    gzip'd minishard indexes) that TensorStore wrote; both libraries read the same files."""
+    root = tmp / "precomputed"
+    labels = segment_labels(n, cell=48)
+    shard_bits = max(0, 3 * (n // 64 - 1).bit_length() - 9)  # shards of 8x8x8 chunks
+    spec = {"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(root) + "/"},
+            "multiscale_metadata": {"type": "segmentation", "data_type": "uint64", "num_channels": 1},
+            "scale_metadata": {
+                "size": [n] * 3, "chunk_size": [64] * 3, "resolution": [8, 8, 40],
+                "encoding": "compressed_segmentation", "compressed_segmentation_block_size": [8, 8, 8],
+                "sharding": {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 6, "hash": "identity",
+                             "minishard_bits": 3, "shard_bits": shard_bits,
+                             "minishard_index_encoding": "gzip", "data_encoding": "gzip"}}}
+    ts.open(spec, create=True, delete_existing=True).result().write(labels).result()
+    opened = {"tsp": tsp.open(root.as_uri() + "/").result(),
+              "tensorstore": ts.open({"driver": "neuroglancer_precomputed", "kvstore": spec["kvstore"],
+                                      "scale_index": 0}).result()}
+    rng = np.random.default_rng(3)
+    corners = [tuple(int(v) for v in rng.integers(0, n - 64 + 1, 3)) for _ in range(n_crops)]
+    mid = n // 2 + 5  # not on a chunk boundary
+    cases: dict[str, Any] = {
+        "xy_plane": (np.s_[:, :, mid], 1),
+        "xz_plane": (np.s_[:, mid, :], 1),
+        "yz_plane": (np.s_[mid, :, :], 1),
+        "crop_64": ([np.s_[x:x + 64, y:y + 64, z:z + 64] for x, y, z in corners], n_crops),
+    }
+    for case, (where, count) in cases.items():
+        boxes = where if isinstance(where, list) else [where]
+        for lib, arr in opened.items():  # warm-up (indexes cached by both) + correctness
+            if not np.array_equal(np.asarray(read(lib, arr[boxes[0]])), labels[boxes[0]]):
+                raise SystemExit(f"precomputed {case}: {lib} read different labels")
+        runs = {lib: (lambda arr=arr, lib=lib, boxes=boxes: [read(lib, arr[b]) for b in boxes])
+                for lib, arr in opened.items()}
+        times = interleaved_median_times(runs, repeats)
+        report(f"precomputed_sharded_cseg_{case}", {lib: count / t for lib, t in times.items()}, "reads/s")
+    shutil.rmtree(root)
+
+
+# -- N5 ----------------------------------------------------------------------------
+def bench_n5(tmp: Path, n: int, block: int, n_reads: int, repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    # EM-like: smooth structure plus noise, so blosc compresses it a little
+    vol = (np.add.outer(np.arange(n), np.arange(n))[None] // 8 + rng.integers(0, 40, (n, n, n))).astype(np.uint8)
+    shape, chunks = [n, n, n], [block] * 3
+
+    def create(lib: str, path: Path) -> Any:
+        shutil.rmtree(path, ignore_errors=True)
+        if lib == "tsp":
+            return tsp.open(path.as_uri() + "/", driver="n5", create=True, dtype="uint8", shape=shape,
+                            chunks=chunks).result()
+        return ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(path) + "/"},
+                        "metadata": {"dimensions": shape, "blockSize": chunks, "dataType": "uint8"}},
+                       create=True, delete_existing=True).result()
+
+    w_rates: dict[str, float] = {}
+    for lib in ("tsp", "tensorstore"):
+        holder: dict[str, Any] = {}
+
+        def setup(lib: str = lib, holder: dict[str, Any] = holder) -> None:
+            holder["a"] = create(lib, tmp / f"n5-{lib}")
+
+        w_rates[lib] = vol.nbytes / (1 << 20) / median_time(lambda h=holder: h["a"].write(vol).result(),
+                                                           repeats, setup)
+    report("n5_u8_write", w_rates, "MiB/s")
+    # both read the same dataset (ours); each library checks it first
+    path = tmp / "n5-tsp"
+    opened = {"tsp": tsp.open(path.as_uri() + "/").result(),
+              "tensorstore": ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(path) + "/"}},
+                                     read=True).result()}
+    for lib, arr in opened.items():
+        if not np.array_equal(np.asarray(arr.read().result()), vol):
+            raise SystemExit(f"n5: {lib} read different data")
+    at = [int(v) for v in rng.integers(0, n, n_reads)]
+    corners = [tuple(int(v) for v in rng.integers(0, n - 64 + 1, 3)) for _ in range(n_reads)]
+    selections: dict[str, Callable[[Any], list[Any]]] = {
+        "xy_planes": lambda a: [a[i, :, :] for i in at],
+        "xz_planes": lambda a: [a[:, i, :] for i in at],
+        "yz_planes": lambda a: [a[:, :, i] for i in at],
+        "crops_64": lambda a: [a[z:z + 64, y:y + 64, x:x + 64] for z, y, x in corners],
+    }
+    for name, select in selections.items():
+        # the two libraries take turns, rep by rep, so that load from elsewhere
+        # on a shared machine falls on both alike; the process CPU time of each
+        # rep (every thread) is reported too: it depends far less on that load
+        views = {lib: select(arr) for lib, arr in opened.items()}
+        times: dict[str, list[float]] = {lib: [] for lib in opened}
+        cpu: dict[str, list[float]] = {lib: [] for lib in opened}
+        for _ in range(repeats):
+            for lib in opened:
+                gc.collect()
+                c0, t0 = time.process_time(), time.perf_counter()
+                for v in views[lib]:
+                    v.read().result()
+                times[lib].append(time.perf_counter() - t0)
+                cpu[lib].append(time.process_time() - c0)
+        rates = {lib: len(views[lib]) / statistics.median(t) for lib, t in times.items()}
+        report(f"n5_u8_{name}", rates, "planes/s" if "planes" in name else "crops/s")
+        per_read = {lib: 1000 * statistics.median(c) / len(views[lib]) for lib, c in cpu.items()}
+        for lib, ms in per_read.items():
+            emit(f"n5_u8_{name}.cpu_per_read.{lib}", ms, "ms")
+        emit(f"n5_u8_{name}.cpu_ratio_vs_tensorstore", per_read["tensorstore"] / per_read["tsp"], "x")
+    shutil.rmtree(tmp / "n5-tensorstore", ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def main() -> None:
@@ -219,7 +355,7 @@ def main() -> None:
     p.add_argument("--small", action="store_true", help="small sizes for a quick run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--only", default="",
-                   help="comma-separated case prefixes (large,small,http,fill,overhead,rss)")
+                   help="comma-separated case prefixes (large,small,http,precomputed,n5,fill,overhead,rss)")
     p.add_argument("--full-fill", action="store_true",
                    help="fill the issue's 2048x2048x512 volume (default 1024x1024x256)")
     p.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
@@ -247,6 +383,10 @@ def main() -> None:
         if not only or "http" in only:
             n = 128 if args.small else 512
             bench_http_crops(tmp, n, 64, 10 if args.small else 40, args.repeats)
+        if not only or "precomputed" in only:
+            bench_precomputed(tmp, 128 if args.small else 512, 5 if args.small else 20, max(args.repeats, 9))
+        if not only or "n5" in only:
+            bench_n5(tmp, 128 if args.small else 512, 64, 8 if args.small else 16, args.repeats)
         if not only or "fill" in only:
             fill = [256, 256, 128] if args.small else [2048, 2048, 512] if args.full_fill else [1024, 1024, 256]
             bench_volume_fill(tmp, fill, args.repeats)

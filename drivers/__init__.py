@@ -1,4 +1,4 @@
-"""Array formats over kvstores: zarr v3 (with sharding) and zarr v2.
+"""Array formats over kvstores: zarr v3 (with sharding), zarr v2, N5 and neuroglancer precomputed; groups.
 
 Modules, top to bottom (each imports only modules below it):
 
@@ -6,6 +6,15 @@ Modules, top to bottom (each imports only modules below it):
                 registers the ``zarr3`` format
 * ``zarr2``     .zarray parsing/validation, numcodecs filters and compressor;
                 registers the ``zarr`` (alias ``zarr2``) format
+* ``precomputed/`` neuroglancer precomputed: the ``info`` document, chunk encodings,
+                the sharded format and the ``neuroglancer_precomputed`` driver
+                (``precomputed/driver.py`` registers it)
+* ``n5/``       the N5 format (attributes.json, blocks, compressions) and its
+                ``driver`` module, which registers the ``n5`` format
+* ``groups``    group documents (zarr v3, zarr v2, N5): create, attributes,
+                members by listing; the "this is a group" error
+* ``documents`` the atomic read-modify-write of a JSON document, and array
+                attributes (``AttributedArray``)
 * ``open``      ``open_driver(spec, create=..., ...)`` dispatches to the registered
                 format; ``build_metadata(driver, ...)``; ``open_document``, the
                 open/create flow of one-document formats
@@ -30,3 +39,5 @@ budget is ``tensorstore_py.core.budget``.
 """
 
 from tensorstore_py.drivers import zarr2, zarr3  # noqa: F401  (imported to register)
+from tensorstore_py.drivers.n5 import driver as _n5_driver  # noqa: F401  (imported to register)
+from tensorstore_py.drivers.precomputed import driver as precomputed_driver  # noqa: F401  (imported to register)

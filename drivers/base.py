@@ -59,6 +59,12 @@ class ArrayDriver(ABC):
     def dimension_names(self) -> tuple[str | None, ...]: ...
 
     @property
+    def origin(self) -> tuple[int, ...]:
+        """The coordinates of the first element: zeros, unless the format places its
+        domain elsewhere (neuroglancer precomputed: the scale's ``voxel_offset``)."""
+        return (0,) * len(self.shape)
+
+    @property
     @abstractmethod
     def read_chunk_shape(self) -> tuple[int, ...]:
         """The smallest unit that can be read alone (inner chunk when sharded)."""
@@ -73,6 +79,17 @@ class ArrayDriver(ABC):
     def metadata(self) -> dict[str, Any]:
         """The stored metadata document (zarr.json / .zarray fields) as JSON."""
 
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """The array's user attributes (zarr ``attributes`` / ``.zattrs``, N5
+        attributes.json members); formats without any have none."""
+        return {}
+
+    async def update_attributes(self, changes: dict[str, Any], *, replace: bool = False) -> dict[str, Any]:
+        """Store ``changes`` into the attributes (all of them with ``replace``),
+        atomically; returns the attributes now stored."""
+        raise UnsupportedError(f"{type(self).__name__}: attributes cannot be written")
+
     @abstractmethod
     def spec(self) -> dict[str, Any]:
         """``{"driver": ..., "kvstore": kvstore spec, "metadata": metadata}``."""
@@ -84,6 +101,15 @@ class ArrayDriver(ABC):
         With ``out`` (C-contiguous, exact shape and dtype) chunks are decoded
         straight into it and it is returned.
         """
+
+    #: True when :meth:`read_blocking` may be used (the store's I/O is cheap blocking calls)
+    reads_blocking: bool = False
+
+    def read_blocking(self, index: Index, out: np.ndarray) -> np.ndarray:
+        """``read`` on the calling thread (it blocks; pool threads may help), for
+        drivers whose ``reads_blocking`` is True: no event loop round trips.
+        Same results and guarantees as :meth:`read`."""
+        raise UnsupportedError(f"{type(self).__name__}: no blocking read")
 
     @abstractmethod
     async def write(self, index: Index, value: np.ndarray) -> None:

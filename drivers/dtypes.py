@@ -268,7 +268,7 @@ def dtype_from_v2(s: Any) -> np.dtype:
         return _V3[s]
     try:
         dt = np.dtype(s)
-    except TypeError:
+    except (TypeError, ValueError):  # numpy's parser raises either
         raise UnsupportedError(f"zarr dtype {s!r} is not supported") from None
     if (dt.kind not in _V2_KINDS + "O" or dt.fields is not None or dt.subdtype is not None
             or dt.kind in "SUV" and dt.itemsize == 0):

@@ -53,7 +53,7 @@ from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec, is_fill
 from tensorstore_py.drivers.dtypes import element_nbytes
 from tensorstore_py.drivers.fastpath import has_sync_io
-from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, out_shape
+from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, dim_parts, out_shape
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.drivers.shard_reads import ShardIndexCache, read_part, run_async
 from tensorstore_py.drivers.sizing import (
@@ -76,6 +76,10 @@ _WRITE_BATCH_PARTS = 8
 # lookups share one probe of the newest version), and chunk bytes per pool call.
 _PREPARED_BATCH_BYTES = 16 << 20
 _PREPARED_CALL_BYTES = 1 << 20
+#: the most bytes one chunk may take in memory for a write to allocate it (a
+#: missing or partially written chunk is materialised whole): a one-element
+#: write must not try to allocate 15 GiB because the chunks are huge
+MAX_WRITE_CHUNK_BYTES = 2 << 30
 
 
 async def _value(x: Any) -> Any:
@@ -163,6 +167,11 @@ class ChunkedArray(ArrayDriver):
     @abstractmethod
     def encode_metadata(meta: dict[str, Any]) -> bytes:
         """The stored bytes of a metadata document."""
+
+    # drivers/open.py::DocumentFormat: every stored document is an array's, and
+    # none is created into a group's document
+    is_array_document = staticmethod(lambda doc: True)
+    create_into = staticmethod(lambda doc, meta: None)
 
     @classmethod
     def decode_metadata(cls, raw: Any) -> dict[str, Any]:
@@ -265,16 +274,32 @@ class ChunkedArray(ArrayDriver):
         return index
 
     # -- reading -------------------------------------------------------------------
-    async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
-        index = self._check_index(index)
+    def _out(self, index: Index, out: np.ndarray | None) -> np.ndarray:
         shape = out_shape(index)
         if out is None:
-            out = np.empty(shape, dtype=self._dtype)
-        elif out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
+            return np.empty(shape, dtype=self._dtype)
+        if out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
             raise InvalidArgumentError(
                 f"out must be a writeable {self._dtype} array of shape {shape}, "
                 f"got {out.dtype} {out.shape}"
             )
+        return out
+
+    @property
+    def reads_blocking(self) -> bool:  # type: ignore[override]
+        return self._cache is None and has_sync_io(self.kvstore)
+
+    def read_blocking(self, index: Index, out: np.ndarray) -> np.ndarray:
+        index = self._check_index(index)
+        out = self._out(index, out)
+        if out.size:  # every worker is busy on a CPU here (no loop to wait on): one per core
+            tasks = min(self._sync_read_tasks(), max(2, self._threads.cpu))
+            fastpath.read_blocking(self, self.kvstore, index, out, tasks=tasks)
+        return out
+
+    async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
+        index = self._check_index(index)
+        out = self._out(index, out)
         if out.size == 0:
             return out
         target = out
@@ -414,6 +439,7 @@ class ChunkedArray(ArrayDriver):
         kv = self.kvstore
         if kv.read_only:
             raise ReadOnlyError(f"{self.driver} array over {kv!r}: the store is read-only")
+        self._check_write_allocation(index)
         if has_sync_io(kv):
             async def batch(b: list[ChunkPart]) -> None:
                 if all(p.full for p in b):
@@ -440,6 +466,27 @@ class ChunkedArray(ArrayDriver):
             budget=self._budget, cost=2 * self._chunk_nbytes,
             max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=True),
         )
+
+    def _check_write_allocation(self, index: Index) -> None:
+        """Refuse, before anything is allocated or written, a write that would
+        materialise a chunk larger than MAX_WRITE_CHUNK_BYTES: every chunk it
+        covers whole (or clipped by the array's edge) or touches in part, except
+        that a partial write into a shard materialises only inner chunks."""
+        unit, n = self._chunk_shape, self._chunk_nbytes
+        if n > MAX_WRITE_CHUNK_BYTES and self._shard is not None:
+            # a shard is materialised whole only where the write covers one
+            # whole (within the array): every dimension has a whole part
+            if not all(any(d.full for d in dim_parts(sl, c, e))
+                       for sl, c, e in zip(index, self._chunk_shape, self._shape)):
+                unit = self._shard.chunk_shape
+                n = int(np.prod(unit, dtype=np.int64)) * self._dtype.itemsize
+        if n > MAX_WRITE_CHUNK_BYTES:
+            raise InvalidArgumentError(
+                f"write to the {self.driver} array over {self.kvstore!r}: it would allocate a "
+                f"chunk of {list(unit)} {self._dtype} ({n} bytes), more than the "
+                f"{MAX_WRITE_CHUNK_BYTES} bytes (MAX_WRITE_CHUNK_BYTES) a write may allocate for "
+                "one chunk; store the array with smaller chunks (or shards of smaller inner chunks)"
+            )
 
     def _in_bounds(self, cell: tuple[int, ...]) -> tuple[slice, ...]:
         return tuple(
@@ -511,7 +558,7 @@ class ChunkedArray(ArrayDriver):
             if res.state == "missing":
                 raise NotFoundError(f"resize: {self.metadata_key!r} is gone from {self.kvstore!r}")
             current = self.decode_metadata(res.value)
-            old_shape = tuple(current["shape"])
+            old_shape = tuple(self.parse_metadata(current).shape)
             meta = self._metadata_with_shape(current, new_shape)
             try:
                 gen = await self.kvstore.write(

@@ -14,6 +14,8 @@ async path; the results and guarantees are identical.
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, TypeVar
@@ -22,14 +24,15 @@ import numpy as np
 
 from tensorstore_py.core.buffers import aligned_empty
 from tensorstore_py.core.errors import ConditionFailedError
+from tensorstore_py.core.future import submit_blocking
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec
-from tensorstore_py.drivers.grid import ChunkPart
+from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.drivers.shard_reads import ShardIndexCache, read_part, run_blocking
 from tensorstore_py.kvstore.base import KvStore, ReadResult
 
-__all__ = ["ChunkOps", "batches", "has_sync_io", "read_batch", "read_prepared_batch", "write_batch"]
+__all__ = ["ChunkOps", "batches", "has_sync_io", "read_batch", "read_blocking", "read_prepared_batch", "write_batch"]
 
 T = TypeVar("T")
 
@@ -46,6 +49,7 @@ class ChunkOps(Protocol):
     _shard: ShardingCodec | None  # the array's codec is sharding_indexed alone
     _shard_indexes: ShardIndexCache | None  # see drivers/shard_reads.py
     _chunk_shape: tuple[int, ...]
+    _shape: tuple[int, ...]
     _chunk_nbytes: int
     _dtype: np.dtype
     _fill_arr: np.ndarray
@@ -81,6 +85,42 @@ def batches(parts: Iterable[T], chunk_nbytes: int, *,
             batch = []
     if batch:
         yield batch
+
+
+def read_blocking(arr: ChunkOps, kv: Any, index: tuple[slice, ...], out: np.ndarray, *, tasks: int) -> None:
+    """Read ``index`` into ``out`` from the calling thread, with up to ``tasks`` - 1
+    helpers: ``submit_blocking`` jobs that, like the caller, take batches from
+    one shared queue until it is empty. A helper that starts late finds less (or
+    no) work; one that never started is run by the caller when it waits for it
+    (and finds the queue empty), so helpers never deadlock a full pool. No event
+    loop round trip: on a busy machine every thread hand-off waits for a CPU,
+    and a small read (a crop, a plane) is mostly hand-offs. Memory in flight:
+    ``tasks`` batches (each ~BATCH_BYTES of chunks)."""
+    todo = batches(chunk_parts(index, arr._chunk_shape, arr._shape), arr._chunk_nbytes)
+    lock = threading.Lock()
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        while not failed:
+            with lock:
+                b = next(todo, None)
+            if b is None:
+                return
+            try:
+                read_batch(arr, kv, b, out)
+            except BaseException as e:  # stop every worker; the caller raises it
+                failed.append(e)
+
+    # batches of at most this many chunks (see ``batches``): no helper without work
+    n_chunks = math.prod(0 if s.stop <= s.start else (s.stop - 1) // c - s.start // c + 1
+                         for s, c in zip(index, arr._chunk_shape))
+    per_batch = max(1, min(BATCH_PARTS, BATCH_BYTES // max(1, arr._chunk_nbytes)))
+    helpers = [submit_blocking(work) for _ in range(min(tasks, -(-n_chunks // per_batch)) - 1)]
+    work()
+    for h in helpers:  # they still write into out: wait for every one
+        h.result()
+    if failed:
+        raise failed[0]
 
 
 def read_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:

@@ -17,10 +17,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tensorstore_py.core.budget import ByteBudget
-from tensorstore_py.core.errors import InvalidSpecError
+from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError
 from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.dtypes import as_dtype, element_nbytes
+from tensorstore_py.drivers.grid import default_chunks
 from tensorstore_py.kvstore.base import Buffer, KvStore
 
 __all__ = [
@@ -58,6 +62,25 @@ class MetadataOptions:
     fill_value: Any = None
     dimension_names: Sequence[str | None] | None = None
     order: str = "C"
+
+    def grid(self) -> tuple[list[int], np.dtype, list[int]]:
+        """``shape``, ``dtype`` and ``chunks`` (~2 MiB chunks when not given),
+        the rank checked (InvalidArgumentError)."""
+        shape = [int(s) for s in self.shape]
+        dt = as_dtype(self.dtype)
+        chunks = [int(c) for c in (self.chunks if self.chunks is not None
+                                   else default_chunks(shape, element_nbytes(dt)))]
+        if len(chunks) != len(shape):
+            raise InvalidArgumentError(f"chunks {chunks} must have the rank of shape {shape}")
+        return shape, dt, chunks
+
+    def refuse_zarr3_options(self, fmt: str) -> None:
+        """InvalidArgumentError for ``shards`` and ``codecs``, which only zarr3
+        arrays have (``fmt``: the format's name in the message)."""
+        if self.shards is not None:
+            raise InvalidArgumentError(f"{fmt} has no sharding; use driver 'zarr3'")
+        if self.codecs is not None:
+            raise InvalidArgumentError(f"codecs= is a zarr3 codec list; {fmt} takes compression=")
 
 
 OpenFn = Callable[[Mapping[str, Any], KvStore, OpenOptions], Awaitable[ArrayDriver]]

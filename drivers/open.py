@@ -6,16 +6,20 @@ the shared open/create flow of formats described by one metadata document.
 format open or create the array. ``build_metadata(driver, ...)`` turns
 ``tsp.open``'s keyword options into the format's metadata.
 
-Formats whose array is ONE metadata document (``zarr.json``, ``.zarray``) share
-:func:`open_document`: creation is create-only on the metadata key
-(``if_equal=Generation.NO_VALUE``), so of two concurrent creators exactly one
-writes the metadata; the other finds it and opens it if compatible, or raises
-InvalidSpecError naming the field.
+Formats whose array is ONE metadata document (``zarr.json``, ``.zarray``,
+``attributes.json``) share :func:`open_document`: creation is create-only on the
+metadata key (``if_equal=Generation.NO_VALUE``), so of two concurrent creators
+exactly one writes the metadata; the other finds it and opens it if compatible,
+or raises InvalidSpecError naming the field. A document that describes no array
+(a group's) is either refused with an error naming the path and listing the
+group's member arrays, or, for formats whose groups and arrays share one
+document (N5), created into: the array's fields are added to the attributes
+already there, conditioned on the document's generation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tensorstore_py.core.budget import ByteBudget, default_bytes_in_flight
@@ -28,12 +32,14 @@ from tensorstore_py.core.errors import (
 from tensorstore_py.core.pools import Concurrency
 from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.documents import url_of
 from tensorstore_py.drivers.formats import MetadataOptions, OpenOptions, array_format
 from tensorstore_py.drivers.grid import default_chunks
+from tensorstore_py.drivers.groups import not_an_array_error
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 
-__all__ = ["DocumentFormat", "build_metadata", "default_chunks", "open_document", "open_driver"]
+__all__ = ["DocumentFormat", "build_metadata", "default_chunks", "open_document", "open_driver", "url_of"]
 
 _SPEC_FIELDS = frozenset({"driver", "kvstore", "path", "metadata"})
 
@@ -58,14 +64,6 @@ def build_metadata(
         shape=shape, dtype=dtype, chunks=chunks, shards=shards, codecs=codecs,
         compression=compression, fill_value=fill_value, dimension_names=dimension_names,
         order=order))
-
-
-def url_of(kv: KvStore) -> str:
-    """The store's URL for messages (its repr where it has no URL form)."""
-    try:
-        return kv.url()
-    except Exception:
-        return repr(kv)
 
 
 async def open_driver(
@@ -134,6 +132,16 @@ class DocumentFormat(Protocol):
     #: fields that may be given but absent from a stored document
     optional_fields: frozenset[str]
 
+    @staticmethod
+    def is_array_document(doc: dict[str, Any]) -> bool:
+        """False for a stored document that describes no array (a group)."""
+
+    @staticmethod
+    def create_into(doc: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
+        """The document of a new array ``meta`` created where the non-array
+        document ``doc`` is stored (its other members kept), or None when the
+        format does not create arrays into such documents."""
+
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], kvstore: KvStore, generation: Generation, *,
                       cache_pool: CachePool | None = None, budget: ByteBudget | None = None,
@@ -155,8 +163,13 @@ def _check_compatible(cls: DocumentFormat, given: Mapping[str, Any], stored: dic
 
 
 async def open_document(cls: DocumentFormat, spec: Mapping[str, Any], kv: KvStore,
-                        options: OpenOptions) -> ArrayDriver:
-    """Open or create the one-document array ``cls`` at ``kv`` (see the module doc)."""
+                        options: OpenOptions, *,
+                        on_create: Callable[[ArrayDriver], Awaitable[None]] | None = None) -> ArrayDriver:
+    """Open or create the one-document array ``cls`` at ``kv`` (see the module doc).
+
+    ``on_create(driver)`` runs after this call created the array (not when it
+    opened one), e.g. to write documents that accompany the metadata.
+    """
     given = spec.get("metadata") or {}
     if not isinstance(given, Mapping):
         raise InvalidSpecError(f"{cls.driver} array spec field 'metadata' must be an object")
@@ -166,21 +179,36 @@ async def open_document(cls: DocumentFormat, spec: Mapping[str, Any], kv: KvStor
     for _attempt in range(5):
         res = await kv.read(key)
         if res.state == "value":
-            if not options.open:
-                raise InvalidSpecError(f"{cls.driver} array at {url} already exists (open=False)")
             stored = cls.decode_metadata(res.value)
-            parsed = cls.parse_metadata(stored)
-            _check_compatible(cls, given, stored, parsed, url)
-            return cls.from_metadata(stored, kv, res.generation, cache_pool=options.cache_pool,
-                                     budget=options.budget, parsed=parsed)
-        if not options.create:
-            raise NotFoundError(f"{cls.driver} array not found: no {key} at {url}")
-        meta = cls.complete_metadata(given)
-        parsed = cls.parse_metadata(meta)
+            if cls.is_array_document(stored):
+                if not options.open:
+                    raise InvalidSpecError(f"{cls.driver} array at {url} already exists (open=False)")
+                parsed = cls.parse_metadata(stored)
+                _check_compatible(cls, given, stored, parsed, url)
+                return cls.from_metadata(stored, kv, res.generation, cache_pool=options.cache_pool,
+                                         budget=options.budget, parsed=parsed)
+            meta = cls.complete_metadata(given) if options.create else None
+            doc = None if meta is None else cls.create_into(stored, meta)
+            if doc is None:
+                raise await not_an_array_error(kv, f"{cls.driver} array") or InvalidSpecError(
+                    f"{cls.driver} array expected at {url}: its {key} describes no array")
+        elif not options.create:
+            raise await not_an_array_error(kv, f"{cls.driver} array") or NotFoundError(
+                f"{cls.driver} array not found: no {key} at {url}")
+        else:
+            doc = cls.complete_metadata(given)
+            # a group of another document (zarr v2's .zgroup) must not get an array on top
+            group = None if options.delete_existing else await not_an_array_error(kv, f"{cls.driver} array")
+            if group is not None:
+                raise group
+        parsed = cls.parse_metadata(doc)
         try:
-            gen = await kv.write(key, cls.encode_metadata(meta), if_equal=Generation.NO_VALUE)
+            gen = await kv.write(key, cls.encode_metadata(doc), if_equal=res.generation)
         except ConditionFailedError:
-            continue  # someone else created it: open theirs (compatibility checked)
-        return cls.from_metadata(meta, kv, gen, cache_pool=options.cache_pool,
-                                 budget=options.budget, parsed=parsed)
+            continue  # someone else created it (or changed the group): look again
+        drv = cls.from_metadata(doc, kv, gen, cache_pool=options.cache_pool,
+                                budget=options.budget, parsed=parsed)
+        if on_create is not None:
+            await on_create(drv)
+        return drv
     raise ConditionFailedError(f"{cls.driver} array at {url}: metadata kept changing while opening")

@@ -2,8 +2,15 @@
 
 Chunks are the array's elements in ``order`` ("C" or "F") and the byte order of
 ``dtype``, passed through ``filters`` (in order) and then ``compressor``. Keys
-join the chunk indices with ``dimension_separator`` ("." or "/"). ``.zattrs``
-is never touched.
+join the chunk indices with ``dimension_separator`` ("." or "/").
+
+``.zattrs`` holds the user attributes and, as xarray and zarr-python's
+conventions have it, the dimension names as ``_ARRAY_DIMENSIONS`` (a list of
+strings). It is read when an array opens, written when an array is created with
+dimension names or attributes (a spec's metadata may carry ``dimension_names``
+and ``attributes``; they go to ``.zattrs``, not ``.zarray``), and otherwise only
+changed by ``update_attributes`` (a read-modify-write that keeps every other
+member).
 
 An ``"|O"`` array's first filter is its object codec: ``vlen-utf8`` (strings,
 read as numpy's StringDType) or ``vlen-bytes`` (an object array of bytes); it
@@ -12,6 +19,7 @@ turns the elements into bytes (drivers/codecs/vlen.py) before the other filters.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -21,16 +29,16 @@ import numpy as np
 
 from tensorstore_py.core.errors import (
     DataCorruptionError,
-    InvalidArgumentError,
     InvalidSpecError,
     UnsupportedError,
 )
+from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.codecs import compression_compressor, v2_decoder
 from tensorstore_py.drivers.codecs._limits import decode_limit
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.vlen import decode_vlen, encode_vlen
+from tensorstore_py.drivers.documents import AttributedArray, update_json
 from tensorstore_py.drivers.dtypes import (
-    as_dtype,
     default_fill_value,
     dtype_from_v2,
     dtype_to_v2,
@@ -41,15 +49,22 @@ from tensorstore_py.drivers.dtypes import (
     v2_object_codec,
     v2_object_dtype,
 )
-from tensorstore_py.drivers.engine import ChunkedArray
-from tensorstore_py.drivers.formats import ArrayFormat, MetadataOptions, register_array_format
+from tensorstore_py.drivers.engine import ChunkedArray, json_object
+from tensorstore_py.drivers.formats import ArrayFormat, MetadataOptions, OpenOptions, register_array_format
 from tensorstore_py.drivers.grid import default_chunks
-from tensorstore_py.drivers.open import open_document
-from tensorstore_py.kvstore.base import Buffer
+from tensorstore_py.drivers.open import open_document, url_of
+from tensorstore_py.kvstore.base import Buffer, Generation, KvStore
 
 __all__ = ["Parsed2", "Zarr2Array", "build_metadata2", "default_metadata2", "normalize_field2"]
 
+try:
+    from numcodecs.errors import UnknownCodecError as _UnknownCodec
+except ImportError:  # numcodecs < 0.14 raises a plain ValueError
+    _UnknownCodec = ValueError  # type: ignore[assignment,misc]
+
 METADATA_KEY = ".zarray"
+ATTRS_KEY = ".zattrs"
+DIMENSIONS_ATTR = "_ARRAY_DIMENSIONS"
 MAX_CHUNK_ELEMENTS = 2**31
 _FIELDS = {"zarr_format", "shape", "chunks", "dtype", "compressor", "fill_value", "order",
            "filters", "dimension_separator"}
@@ -70,14 +85,16 @@ def _ints(v: Any, field: str, positive: bool) -> tuple[int, ...]:
 def _codec(cfg: Any, field: str) -> numcodecs.abc.Codec:
     if not isinstance(cfg, dict) or not isinstance(cfg.get("id"), str):
         raise _err(field, f"expected {{'id': ...}}, got {cfg!r}")
+    if field == "compressor":  # the values numcodecs accepts now and fails on at the first write
+        v2_decoder(cfg["id"]).check_config(cfg, f"zarr metadata field {field!r}")
     try:
         return numcodecs.get_codec(dict(cfg))
-    except ValueError:
+    except _UnknownCodec:
         raise UnsupportedError(
             f"zarr metadata field {field!r}: unsupported codec {cfg['id']!r}; supported: the "
             f"numcodecs codecs {', '.join(sorted(numcodecs.registry.codec_registry))}"
         ) from None
-    except TypeError as e:
+    except Exception as e:  # numcodecs constructors raise TypeError, ValueError, KeyError ...
         raise _err(field, f"bad configuration for codec {cfg['id']!r}: {e}") from None
 
 
@@ -113,10 +130,14 @@ class V2ChunkCodec(ChunkCodec):
             buf = buf.view(np.uint8)  # ml_dtypes arrays do not export buffers
         elif buf.dtype.kind in "mM":  # nor do times: their int64s (as numcodecs sees them)
             buf = buf.view(np.dtype("i8").newbyteorder(buf.dtype.byteorder))
-        for f in self.filters:
-            buf = f.encode(buf)
-        if self.compressor is not None:
-            buf = self.compressor.encode(buf)
+        for c in (*self.filters, *([self.compressor] if self.compressor is not None else [])):
+            try:
+                buf = c.encode(buf)
+            except Exception as e:  # a configuration numcodecs took but can not encode with
+                raise InvalidSpecError(
+                    f"zarr metadata: codec {c.get_config()!r} can not encode a chunk of "
+                    f"{list(self.shape)} {self.stored}: {e}"
+                ) from None
         return memoryview(np.ascontiguousarray(buf)).cast("B") if isinstance(buf, np.ndarray) else buf
 
     def decode(self, buf: Buffer, *, key: str, out: np.ndarray | None = None) -> np.ndarray:
@@ -250,30 +271,43 @@ def build_metadata2(o: MetadataOptions) -> dict[str, Any]:
     ``compression`` as for zarr3, as a numcodecs compressor; no sharding).
     Variable-length strings and bytes are ``"|O"`` with the ``vlen-utf8`` /
     ``vlen-bytes`` filter and an explicit empty fill value, as zarr-python writes them."""
-    shape = [int(s) for s in o.shape]
-    dt = as_dtype(o.dtype)
-    chunks = [int(c) for c in (o.chunks if o.chunks is not None else default_chunks(shape, element_nbytes(dt)))]
-    if len(chunks) != len(shape):
-        raise InvalidArgumentError(f"chunks {chunks} must have the rank of shape {shape}")
-    if o.shards is not None:
-        raise InvalidArgumentError("zarr v2 has no sharding; use driver 'zarr3'")
-    if o.codecs is not None:
-        raise InvalidArgumentError("codecs= is a zarr3 codec list; zarr v2 takes compression=")
+    shape, dt, chunks = o.grid()
+    o.refuse_zarr3_options("zarr v2")
     object_codec = v2_object_codec(dt)
     fill = default_fill_value(dt) if o.fill_value is None and object_codec else o.fill_value
-    return {
+    meta: dict[str, Any] = {
         "zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dtype_to_v2(dt),
         "compressor": compression_compressor(o.compression, dt),
         "fill_value": fill_to_v2(fill, dt), "order": o.order,
         "filters": [{"id": object_codec}] if object_codec else None, "dimension_separator": ".",
     }
+    if o.dimension_names is not None:
+        meta["dimension_names"] = _dimension_names(o.dimension_names, len(shape), "dimension_names")
+    return meta
 
 
-class Zarr2Array(ChunkedArray):
-    """A zarr v2 array over a kvstore folder."""
+def _dimension_names(names: Any, rank: int, where: str) -> list[str] | None:
+    """``names`` as ``_ARRAY_DIMENSIONS`` stores them: a name for every
+    dimension, or none at all (None)."""
+    if names is None:
+        return None
+    if not isinstance(names, (list, tuple)) or len(names) != rank:
+        raise InvalidSpecError(f"zarr {where}: expected a list of {rank} names, got {names!r}")
+    if all(n is None for n in names):
+        return None
+    if not all(isinstance(n, str) for n in names):
+        raise InvalidSpecError(f"zarr {where}: zarr v2 stores dimension names as {DIMENSIONS_ATTR} "
+                               f"in .zattrs, a name for every dimension; got {list(names)!r}")
+    return list(names)
+
+
+class Zarr2Array(AttributedArray, ChunkedArray):
+    """A zarr v2 array over a kvstore folder; attributes and dimension names
+    (``_ARRAY_DIMENSIONS``) in ``.zattrs``."""
 
     driver = "zarr"
     metadata_key = METADATA_KEY
+    attributes_key = ATTRS_KEY
     optional_fields = frozenset({"filters", "dimension_separator", "compressor"})
     complete_metadata = staticmethod(complete_metadata2)
     normalize_field = staticmethod(normalize_field2)
@@ -287,8 +321,75 @@ class Zarr2Array(ChunkedArray):
         """The stored .zarray: 4-space indent, sorted keys."""
         return json.dumps(meta, indent=4, sort_keys=True).encode()
 
+    @staticmethod
+    def attributes_in(doc: dict[str, Any] | None) -> dict[str, Any]:
+        return {k: v for k, v in (doc or {}).items() if k != DIMENSIONS_ATTR}
+
+    @staticmethod
+    def with_attributes(doc: dict[str, Any] | None, attrs: dict[str, Any], *, key: str) -> dict[str, Any]:
+        names = (doc or {}).get(DIMENSIONS_ATTR)
+        return {**attrs, DIMENSIONS_ATTR: names} if names is not None else dict(attrs)
+
+    def set_attributes_document(self, doc: dict[str, Any] | None) -> None:
+        """Take the stored ``.zattrs`` (None: missing) as this array's attributes
+        and dimension names (InvalidSpecError for malformed ``_ARRAY_DIMENSIONS``)."""
+        names = _dimension_names((doc or {}).get(DIMENSIONS_ATTR), len(self.shape),
+                                 f".zattrs member {DIMENSIONS_ATTR!r} at {url_of(self.kvstore)}")
+        self._attributes_doc = doc
+        self._dimension_names = tuple(names) if names else (None,) * len(self.shape)
+
+    def _reopen(self, metadata: dict[str, Any], kvstore: KvStore, generation: Generation) -> Zarr2Array:
+        drv = super()._reopen(metadata, kvstore, generation)
+        drv.set_attributes_document(self._attributes_doc)
+        return drv
+
+    async def update_attributes(self, changes: Any, *, replace: bool = False) -> dict[str, Any]:
+        attrs = await super().update_attributes(changes, replace=replace)
+        self.set_attributes_document(self._attributes_doc)
+        return attrs
+
+
+async def open_zarr2(spec: Any, kv: KvStore, options: OpenOptions) -> ArrayDriver:
+    """Open or create a zarr v2 array (open_document) with its ``.zattrs``."""
+    given = dict(spec.get("metadata") or {})
+    names = given.pop("dimension_names", None)
+    attrs = given.pop("attributes", None)
+    # .zattrs is read alongside .zarray unless everything is deleted first
+    early = None if options.delete_existing else asyncio.ensure_future(kv.read(ATTRS_KEY))
+    created: list[dict[str, Any]] = []
+
+    async def on_create(drv: ArrayDriver) -> None:
+        doc = dict(attrs or {})
+        rank = len(drv.shape)
+        wanted = _dimension_names(names, rank, "metadata field 'dimension_names'")
+        if wanted is not None:
+            doc[DIMENSIONS_ATTR] = wanted
+        if doc:
+            new, _ = await update_json(kv, ATTRS_KEY, lambda old: {**(old or {}), **doc},
+                                       encode=Zarr2Array.encode_attributes)
+            created.append(new)
+
+    try:
+        drv = await open_document(Zarr2Array, {**spec, "metadata": given}, kv, options, on_create=on_create)
+        if created:
+            zattrs: dict[str, Any] | None = created[0]
+        else:
+            res = await (early if early is not None else kv.read(ATTRS_KEY))
+            zattrs = json_object(res.value, ATTRS_KEY) if res.state == "value" else None
+    finally:
+        if early is not None and not early.done():
+            early.cancel()
+    assert isinstance(drv, Zarr2Array)
+    drv.set_attributes_document(zattrs)
+    if names is not None and not created:
+        want = _dimension_names(names, len(drv.shape), "metadata field 'dimension_names'")
+        if tuple(want or (None,) * len(drv.shape)) != drv.dimension_names:
+            raise InvalidSpecError(f"zarr array at {url_of(kv)}: dimension names do not match: expected "
+                                   f"{names!r}, stored {list(drv.dimension_names)!r}")
+    return drv
+
 
 register_array_format(ArrayFormat(
     driver="zarr", aliases=("zarr2",), probe_key=METADATA_KEY, build_metadata=build_metadata2,
-    open=lambda spec, kv, options: open_document(Zarr2Array, spec, kv, options),
+    open=open_zarr2,
 ))

@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError
+from tensorstore_py.core.errors import InvalidSpecError, NotFoundError
 from tensorstore_py.drivers.codecs import CodecChain, compression_codecs
 from tensorstore_py.drivers.codecs.base import ArrayArrayCodec, ArrayBytesCodec, Codec
 from tensorstore_py.drivers.codecs.registry import codec_class
+from tensorstore_py.drivers.documents import AttributedArray
 from tensorstore_py.drivers.dtypes import (
     STRING_DTYPE,
-    as_dtype,
     default_fill_value,
     dtype_from_v3,
     dtype_to_v3,
@@ -86,7 +86,11 @@ def _key_encoding(enc: Any) -> tuple[str, str]:
         return "default", "/"
     if not isinstance(enc, dict) or enc.get("name") not in ("default", "v2"):
         raise _err("chunk_key_encoding", f"expected name 'default' or 'v2', got {enc!r}")
-    cfg = enc.get("configuration") or {}
+    cfg = enc.get("configuration")
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, dict) or set(cfg) - {"separator"}:
+        raise _err("chunk_key_encoding", f"configuration must be {{'separator': '/' or '.'}}, got {cfg!r}")
     sep = cfg.get("separator", "/" if enc["name"] == "default" else ".")
     if sep not in ("/", "."):
         raise _err("chunk_key_encoding", f"separator must be '/' or '.', got {sep!r}")
@@ -266,11 +270,7 @@ def build_metadata(o: MetadataOptions) -> dict[str, Any]:
     clevel 5, byte shuffle)), a ``(name, level)`` pair, or None (see
     drivers/codecs/registry.py). ``codecs`` overrides the codec list entirely.
     """
-    shape = [int(s) for s in o.shape]
-    dt = as_dtype(o.dtype)
-    chunks = [int(c) for c in (o.chunks if o.chunks is not None else default_chunks(shape, element_nbytes(dt)))]
-    if len(chunks) != len(shape):
-        raise InvalidArgumentError(f"chunks {chunks} must have the rank of shape {shape}")
+    shape, dt, chunks = o.grid()
     codecs = o.codecs
     inner = default_codecs(dt) + compression_codecs(o.compression, dt)
     if codecs is None:
@@ -297,14 +297,30 @@ def build_metadata(o: MetadataOptions) -> dict[str, Any]:
     return meta
 
 
-class Zarr3Array(ChunkedArray):
-    """A zarr v3 array (optionally sharded) over a kvstore folder."""
+class Zarr3Array(AttributedArray, ChunkedArray):
+    """A zarr v3 array (optionally sharded) over a kvstore folder; its user
+    attributes are zarr.json's ``attributes``."""
 
     driver = "zarr3"
     metadata_key = METADATA_KEY
     optional_fields = frozenset({"dimension_names", "storage_transformers"})
     complete_metadata = staticmethod(complete_metadata)
     normalize_field = staticmethod(normalize_field)
+
+    @staticmethod
+    def is_array_document(doc: dict[str, Any]) -> bool:
+        return doc.get("node_type") != "group"
+
+    @staticmethod
+    def attributes_in(doc: dict[str, Any] | None) -> dict[str, Any]:
+        attrs = (doc or {}).get("attributes") or {}
+        return attrs if isinstance(attrs, dict) else {}
+
+    @staticmethod
+    def with_attributes(doc: dict[str, Any] | None, attrs: dict[str, Any], *, key: str) -> dict[str, Any]:
+        if doc is None or doc.get("node_type") != "array":
+            raise NotFoundError(f"zarr3 array: its {key} is gone")
+        return {**doc, "attributes": attrs}
 
     @staticmethod
     def parse_metadata(meta: dict[str, Any]) -> Parsed:

@@ -18,8 +18,9 @@ Guarantees every store gives (a store that can not give one raises
 * Generations are opaque, change on every write, and are only comparable for one
   key of one store.
 * Keys are relative to the store's ``path``; they are validated (no empty key, no
-  absolute key, no ``.``/``..`` segment, no empty segment, no NUL) so nothing
-  escapes the root.
+  absolute key, no ``.``/``..`` segment, no empty segment, no NUL, nothing
+  that is not valid UTF-8 such as a lone surrogate) so nothing escapes the
+  root and every store can name the key.
 * A store pickles as its spec and reopens in the receiving process with its own
   sessions, locks and caches (:meth:`KvStore.__reduce__`); a store that can not
   be reopened elsewhere raises :class:`~tensorstore_py.errors.UnsupportedError`
@@ -141,6 +142,14 @@ def validate_key(key: str) -> str:
         raise InvalidKeyError("key must not be empty")
     if "\x00" in key:
         raise InvalidKeyError(f"key {key!r} contains NUL")
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidKeyError(
+                f"key {key!r} is not valid Unicode (a lone surrogate at position {e.start}): "
+                "keys are stored as UTF-8"
+            ) from None
     if key.startswith("/"):
         raise InvalidKeyError(f"key {key!r} is absolute; keys are relative to the store path")
     if key.endswith("/"):

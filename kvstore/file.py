@@ -15,35 +15,75 @@ Durability (``sync=True``, the default): when ``write`` returns, the data, the
 rename and any directories it created have been fsync'ed. ``sync=False`` skips
 the fsyncs (scratch data; a crash may then lose recent writes, never tear one).
 
-Generation: (device, inode, mtime_ns, size) of the file. Each write creates a new
-file whose mtime is set to ``max(now_ns, previous_mtime + 1)`` (under the lock
-for replacing writes), so the stamp changes on every write even when the clock
-is coarse.
+Generation: the file's stat stamp (device, inode, mtime_ns, size) followed by
+a random 16-byte token that every write of this store stores with the file, in
+the extended attribute ``user.tsp.gen`` (set on the temporary file before the
+rename or link, so the token arrives atomically with the bytes; the file's
+bytes stay exactly the value, which other zarr readers rely on). The token
+makes generations unique per write: a stat stamp alone can repeat (ext4 hands
+consecutive rewrites of a key two alternating inode numbers, and on
+filesystems with coarse timestamps -- NFS exports, Lustre, ext3, HFS+ -- a
+same-size rewrite within one clock tick keeps the mtime), and then a
+compare-and-swap would succeed against changed data and ``if_not_equal`` would
+answer "unchanged". The stamp part still catches in-place changes by other
+tools. Files written by other tools (no token) get the stat stamp alone, with
+the mtime set to ``max(now_ns, previous_mtime + 1)`` on our own rewrites.
+
+Where no token can be stored (a filesystem without user extended attributes)
+*and* the filesystem's timestamps are coarser than a nanosecond (probed once
+per filesystem by setting an mtime with nanosecond digits on a scratch file in
+``.__tsp__`` and reading it back), generations can repeat, so compare-and-swap
+writes and deletes and ``read(if_not_equal=...)`` raise UnsupportedError
+naming the path instead of answering wrongly. Create-only writes stay exact
+(``link`` fails on an existing key whatever the generations), and plain
+overwrites and reads work everywhere.
 
 Housekeeping files (at most one lock file per directory, and temporaries while
 a write is in flight) live in a hidden ``.__tsp__`` folder beside the keys;
-``list`` never shows them and keys may not name them.
+``list`` never shows them and keys may not name them. Nor does ``list`` show
+files whose names are not valid UTF-8 (other tools may create them; keys are
+Unicode). A writer that crashes
+leaves its temporary there (and, between the ``link`` of a create-only write
+and the ``unlink`` of its temporary, a second hard link to the new key's
+file); :meth:`FileKvStore.sweep_temporaries` finds and removes both.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
-import struct
 import time
 import uuid
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from tensorstore_py.core.buffers import aligned_empty
 from tensorstore_py.core.errors import (
+    InvalidArgumentError,
     InvalidKeyError,
     InvalidSpecError,
     StorageError,
+    UnsupportedError,
 )
+from tensorstore_py.core.future import Future, submit_blocking
 from tensorstore_py.core.pools import run_io
+from tensorstore_py.kvstore._files import (
+    META_DIR,
+    NO_XATTRS,
+    TMP_SUFFIX,
+    TOKEN_LEN,
+    TOKEN_XATTR,
+    DirLock,
+    Token,
+    fine_mtime,
+    fsync_dir,
+    generation,
+    get_token,
+    makedirs,
+    set_token,
+    write_all,
+)
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
@@ -55,81 +95,19 @@ from tensorstore_py.kvstore.base import (
 )
 from tensorstore_py.kvstore.registry import register_kvstore
 
-__all__ = ["FileKvStore"]
-
-META_DIR = ".__tsp__"
-T = TypeVar("T")
-_STAMP = struct.Struct("<QQqq")
+__all__ = ["META_DIR", "FileKvStore"]
 
 
-def _stamp(st: os.stat_result) -> Generation:
-    return Generation(_STAMP.pack(st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
-
-
-def _stamp_path(path: str) -> Generation:
-    """The key's generation; NO_VALUE when absent or a directory (not a key)."""
+def _is_utf8(name: str) -> bool:
+    """Whether a file name read from the OS is valid UTF-8 (names that are not
+    come back with lone surrogates, and keys never contain those)."""
+    if name.isascii():
+        return True
     try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return Generation.NO_VALUE
-    return Generation.NO_VALUE if stat.S_ISDIR(st.st_mode) else _stamp(st)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _makedirs(path: str, sync: bool) -> None:
-    """``os.makedirs`` that fsyncs the parent of every directory it creates."""
-    if os.path.isdir(path):
-        return
-    parent = os.path.dirname(path.rstrip("/"))
-    if parent and parent != path:
-        _makedirs(parent, sync)
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        if not os.path.isdir(path):
-            raise
-        return
-    if sync:
-        _fsync_dir(parent)
-
-
-def _write_all(fd: int, value: Buffer) -> None:
-    mv = memoryview(value).cast("B")
-    while mv:
-        n = os.write(fd, mv)
-        mv = mv[n:]
-
-
-class _DirLock:
-    """An exclusive flock on the directory's lock file (threads and processes).
-
-    One lock file per directory (not per key): the critical sections are a stat
-    plus a rename or unlink, so sharing the lock costs little and leaves no
-    per-key litter behind.
-    """
-
-    def __init__(self, meta: str, sync: bool) -> None:
-        self.path = os.path.join(meta, "lock")
-        self.meta = meta
-        self.sync = sync
-        self.fd = -1
-
-    def __enter__(self) -> _DirLock:
-        _makedirs(self.meta, self.sync)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class FileKvStore(KvStore):
@@ -142,6 +120,10 @@ class FileKvStore(KvStore):
             raise InvalidSpecError(f"file kvstore: path must be a non-empty string, got {path!r}")
         if "\x00" in path:
             raise InvalidSpecError(f"file kvstore: path {path!r} contains NUL")
+        try:
+            os.fsencode(path)
+        except UnicodeEncodeError:
+            raise InvalidSpecError(f"file kvstore: path {path!r} is not valid Unicode") from None
         path = os.path.abspath(path) + "/"
         if path == "//":
             path = "/"
@@ -234,6 +216,43 @@ class FileKvStore(KvStore):
         finally:
             os.close(fd)
 
+    # -- what the filesystem offers (methods, so that a test can stand in for
+    # -- a filesystem without xattrs or with coarse timestamps) -----------------
+    def _store_token(self, fd: int, token: bytes) -> bool:
+        """Store a write's token with its temporary file; False where impossible."""
+        return set_token(fd, token)
+
+    def _token(self, file: int | str) -> Token:
+        """The token stored with ``file`` (an open fd or a path)."""
+        return get_token(file)
+
+    def _fine_mtime(self, meta: str) -> bool:
+        """Whether the filesystem of the folder holding ``meta`` keeps
+        nanosecond mtimes (probed once per filesystem)."""
+        return fine_mtime(meta)
+
+    def _generation_at(self, path: str) -> tuple[Generation, Token]:
+        """The key's generation and token; (NO_VALUE, None) when absent or a directory."""
+        try:
+            st = os.stat(path)
+            if stat.S_ISDIR(st.st_mode):
+                return Generation.NO_VALUE, None
+            token = self._token(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return Generation.NO_VALUE, None
+        return generation(st, token), token
+
+    def _check_exact(self, path: str, op: str) -> None:
+        """Refuse ``op`` where generations can repeat: no token can be stored
+        and the timestamps are coarse (see the module docstring)."""
+        if not self._fine_mtime(os.path.join(os.path.dirname(path), META_DIR)):
+            raise UnsupportedError(
+                f"file kvstore: {op} of {path!r} is not supported here: the filesystem stores no "
+                f"extended attribute {TOKEN_XATTR!r} and its timestamps are coarser than 1 ns, so "
+                "generations could repeat and the condition could pass against changed data "
+                "(create-only writes and unconditional writes still work)"
+            )
+
     # -- reads -----------------------------------------------------------------
     async def _read(
         self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None
@@ -255,9 +274,13 @@ class FileKvStore(KvStore):
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):  # open(O_RDONLY) succeeds on directories
                 return ReadResult.missing()
-            gen = _stamp(st)
-            if if_not_equal is not None and if_not_equal == gen:
-                return ReadResult("unchanged", b"", gen)
+            token = self._token(fd)
+            gen = generation(st, token)
+            if if_not_equal is not None and not if_not_equal.is_no_value:
+                if token is NO_XATTRS:
+                    self._check_exact(path, "read(if_not_equal=...)")
+                if if_not_equal == gen:
+                    return ReadResult("unchanged", b"", gen)
             size = st.st_size
             start, stop = (0, size) if byte_range is None else byte_range.clip(size)
             n = stop - start
@@ -296,64 +319,70 @@ class FileKvStore(KvStore):
     def _write_once(self, path: str, value: Buffer, if_equal: Generation | None) -> Generation:
         d, name = os.path.split(path)
         meta = os.path.join(d, META_DIR)
-        _makedirs(meta, self.sync)
+        makedirs(meta, self.sync)
         # Data first, outside any lock: the critical section stays tiny.
-        tmp = os.path.join(meta, f"{name}.{uuid.uuid4().hex}.tmp")
+        tmp = os.path.join(meta, f"{name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            try:
-                _write_all(fd, value)
-                if self.sync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_all(fd, value)
+            token = os.urandom(TOKEN_LEN)
+            if not self._store_token(fd, token):
+                token = b""
+                if if_equal is not None and not if_equal.is_no_value:
+                    self._check_exact(path, "compare-and-swap write")
+            if self.sync:
+                os.fsync(fd)
+            # the generation comes from ``fd``, never from the name ``tmp``:
+            # sweep_temporaries may unlink that name at any time
             if if_equal is not None and if_equal.is_no_value:
-                new = self._link_create(tmp, path)
+                new = self._link_create(fd, tmp, path, token)
             else:
-                new = self._replace(tmp, path, meta, if_equal)
+                new = self._replace(fd, tmp, path, meta, if_equal, token)
         finally:
+            os.close(fd)
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass  # renamed onto the key
         if self.sync:
-            _fsync_dir(d)
+            fsync_dir(d)
         return new
 
-    def _link_create(self, tmp: str, path: str) -> Generation:
+    def _link_create(self, fd: int, tmp: str, path: str, token: bytes) -> Generation:
         """Create-only: ``link`` fails atomically if the key exists."""
         now = time.time_ns()
-        os.utime(tmp, ns=(now, now))
+        os.utime(fd, ns=(now, now))
         try:
             os.link(tmp, path)
         except FileExistsError:
-            cur = _stamp_path(path)
+            cur, _ = self._generation_at(path)
             if os.path.isdir(path):
                 raise StorageError(f"file kvstore: {path!r} is a directory, not a key") from None
             raise condition_failed(
                 self, path[len(self.path):], Generation.NO_VALUE, cur
             ) from None
-        return _stamp(os.stat(tmp))
+        return generation(os.fstat(fd), token)
 
     def _replace(
-        self, tmp: str, path: str, meta: str, if_equal: Generation | None
+        self, fd: int, tmp: str, path: str, meta: str, if_equal: Generation | None, token: bytes
     ) -> Generation:
         """Overwrite or compare-and-swap: check and rename under the directory lock."""
-        with _DirLock(meta, self.sync):
+        with DirLock(meta, self.sync):
             try:
                 cur_st: os.stat_result | None = os.stat(path)
             except (FileNotFoundError, NotADirectoryError):
                 cur_st = None
             if cur_st is not None and stat.S_ISDIR(cur_st.st_mode):
                 raise StorageError(f"file kvstore: {path!r} is a directory, not a key")
-            cur = Generation.NO_VALUE if cur_st is None else _stamp(cur_st)
-            if if_equal is not None and cur != if_equal:
-                raise condition_failed(self, path[len(self.path):], if_equal, cur)
+            if if_equal is not None:
+                cur = Generation.NO_VALUE if cur_st is None else generation(cur_st, self._token(path))
+                if cur != if_equal:
+                    raise condition_failed(self, path[len(self.path):], if_equal, cur)
             now = time.time_ns()
             if cur_st is not None and now <= cur_st.st_mtime_ns:
                 now = cur_st.st_mtime_ns + 1
-            os.utime(tmp, ns=(now, now))
-            new = _stamp(os.stat(tmp))
+            os.utime(fd, ns=(now, now))
+            new = generation(os.fstat(fd), token)
             os.rename(tmp, path)
         return new
 
@@ -366,8 +395,10 @@ class FileKvStore(KvStore):
             if if_equal is not None and not if_equal.is_no_value:
                 raise condition_failed(self, path[len(self.path):], if_equal, Generation.NO_VALUE)
             return
-        with _DirLock(os.path.join(d, META_DIR), self.sync):
-            cur = _stamp_path(path)
+        with DirLock(os.path.join(d, META_DIR), self.sync):
+            cur, token = self._generation_at(path)
+            if if_equal is not None and not if_equal.is_no_value and token is NO_XATTRS:
+                self._check_exact(path, "conditional delete")
             if if_equal is not None and cur != if_equal:
                 raise condition_failed(self, path[len(self.path):], if_equal, cur)
             if cur.is_no_value:
@@ -379,7 +410,87 @@ class FileKvStore(KvStore):
             except OSError as e:
                 raise StorageError(f"file kvstore: deleting {path!r}: {e}") from e
         if self.sync:
-            _fsync_dir(d)
+            fsync_dir(d)
+
+    # -- housekeeping ------------------------------------------------------------
+    def sweep_temporaries(self, older_than: float, *, dry_run: bool = True) -> Future[list[str]]:
+        """Find, and unless ``dry_run`` remove, what crashed writers left in the
+        hidden ``.__tsp__`` folders under this store's path.
+
+        That is every temporary file (``<name>.<hex32>.tmp``) last changed more
+        than ``older_than`` seconds ago, by the store's own clock (the change
+        time the filesystem stamps on a fresh file, not this host's clock):
+        the temporary of a writer that died before its rename, and the second
+        hard link a create-only write leaves when it dies between ``link`` and
+        ``unlink`` (the temporary's link count is then 2; removing it frees
+        the key's disk space once the key is deleted). The keys' files are
+        never touched. Lock files stay.
+
+        Returns the paths found, relative to the store's path, sorted. Removing
+        a live writer's temporary is harmless (its rename or link fails and the
+        write is retried), but choose ``older_than`` well above the time a
+        write takes.
+        """
+        if (isinstance(older_than, bool) or not isinstance(older_than, (int, float))
+                or not older_than >= 0):
+            raise InvalidArgumentError(
+                f"sweep_temporaries: older_than must be a number of seconds >= 0, got {older_than!r}"
+            )
+        if not isinstance(dry_run, bool):
+            raise InvalidArgumentError(f"sweep_temporaries: dry_run must be a bool, got {dry_run!r}")
+        if not dry_run:
+            self._check_writable("sweep_temporaries", "")
+        return submit_blocking(self._sweep_sync, float(older_than), dry_run)
+
+    def _sweep_sync(self, older_than: float, dry_run: bool) -> list[str]:
+        if not os.path.isdir(self.path):
+            return []
+        now = self._store_now()
+        found: list[str] = []
+        for dirpath, dirnames, _files in os.walk(self.path):
+            if META_DIR not in dirnames:
+                continue
+            dirnames.remove(META_DIR)
+            meta = os.path.join(dirpath, META_DIR)
+            try:
+                entries = list(os.scandir(meta))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for e in entries:
+                if not e.name.endswith(TMP_SUFFIX):
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # finished meanwhile
+                if not stat.S_ISREG(st.st_mode) or now - st.st_ctime < older_than:
+                    continue
+                found.append(os.path.relpath(e.path, self.path))
+                if not dry_run:
+                    try:
+                        os.unlink(e.path)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as err:
+                        raise StorageError(f"file kvstore: removing {e.path!r}: {err}") from err
+        return sorted(found)
+
+    def _store_now(self) -> float:
+        """The filesystem's clock: the change time of a fresh scratch file in
+        the root's ``.__tsp__`` (on NFS the server's clock, which stamps every
+        file's ctime); this host's clock where none can be written."""
+        meta = os.path.join(self.path, META_DIR)
+        tmp = os.path.join(meta, f"clock.{uuid.uuid4().hex}{TMP_SUFFIX}")
+        try:
+            makedirs(meta, False)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError:
+            return time.time()
+        try:
+            return os.fstat(fd).st_ctime
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
 
     # -- listing -----------------------------------------------------------------
     async def _list(self, prefix: str) -> list[str]:
@@ -395,15 +506,16 @@ class FileKvStore(KvStore):
             if META_DIR in dirnames:
                 dirnames.remove(META_DIR)
             dp = dirpath.rstrip("/") + "/"
-            # prune directories that can not hold matching keys
+            # prune directories that can not hold matching keys (or no key at
+            # all: names that are not UTF-8 can not be keys)
             dirnames[:] = [
                 n for n in dirnames
-                if (dp + n + "/").startswith(prefix) or prefix.startswith(dp + n + "/")
-                or (dp + n).startswith(prefix)
+                if ((dp + n + "/").startswith(prefix) or prefix.startswith(dp + n + "/")
+                    or (dp + n).startswith(prefix)) and _is_utf8(n)
             ]
             for f in filenames:
                 full = dp + f
-                if full.startswith(prefix):
+                if full.startswith(prefix) and _is_utf8(f):
                     out.append(full)
         return out
 

@@ -8,6 +8,7 @@ Quick tour::
     kv.read("a").result().value
 
 Every I/O call returns a :class:`Future`: ``.result()`` blocks, ``await`` awaits.
+Every error class of :mod:`tensorstore_py.errors` is also ``tsp.<Name>``.
 """
 
 from __future__ import annotations
@@ -16,17 +17,8 @@ import importlib
 from typing import Any
 
 from tensorstore_py import errors
-from tensorstore_py.core.errors import (
-    ChecksumError,
-    ConditionFailedError,
-    ConflictError,
-    InvalidKeyError,
-    InvalidSpecError,
-    NotFoundError,
-    ReadOnlyError,
-    TensorStoreError,
-    UnsupportedError,
-)
+from tensorstore_py.core.errors import *  # noqa: F403  (every error class is tsp.<Name>)
+from tensorstore_py.core.errors import __all__ as _ERRORS
 from tensorstore_py.core.future import Future
 from tensorstore_py.kvstore.base import ByteRange, Generation, KvStore, ReadResult
 
@@ -34,20 +26,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ByteRange",
-    "ChecksumError",
-    "ConditionFailedError",
-    "ConflictError",
     "Future",
     "Generation",
-    "InvalidKeyError",
-    "InvalidSpecError",
     "KvStore",
-    "NotFoundError",
-    "ReadOnlyError",
     "ReadResult",
-    "TensorStoreError",
-    "UnsupportedError",
     "errors",
+    *_ERRORS,
 ]
 
 # Heavier parts load on first use: name -> (module, attribute).
@@ -57,6 +41,12 @@ _LAZY: dict[str, tuple[str, str]] = {
     "VersionInfo": ("tensorstore_py.kvstore.versioned", "VersionInfo"),
     "open": ("tensorstore_py.tensorstore", "open"),
     "TensorStore": ("tensorstore_py.tensorstore", "TensorStore"),
+    "downsample": ("tensorstore_py.downsample_view", "downsample"),
+    "open_multiscale": ("tensorstore_py.multiscale", "open_multiscale"),
+    "Multiscale": ("tensorstore_py.multiscale", "Multiscale"),
+    "write_pyramid": ("tensorstore_py.pyramid", "write_pyramid"),
+    "open_group": ("tensorstore_py.group", "open_group"),
+    "Group": ("tensorstore_py.group", "Group"),
     "Context": ("tensorstore_py.context", "Context"),
     "CheckpointManager": ("tensorstore_py.checkpoint", "CheckpointManager"),
     "checkpoint": ("tensorstore_py.checkpoint", None),  # type: ignore[dict-item]

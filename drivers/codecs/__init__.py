@@ -14,13 +14,13 @@ Modules:
 * ``blosc_codec``   ``blosc``; zarr v2 ``blosc``; ``compression="blosc"``
 * ``crc32c_codec``  ``crc32c``
 * ``lz4_v2``        zarr v2 ``lz4`` (no zarr3 codec)
-* ``bz2_lzma``      zarr v2 ``bz2`` and ``lzma``, decoded with a cap on the output
+* ``bz2_lzma``      zarr v2 ``bz2`` and ``lzma``, decoded by bounded streaming decoders
 * ``vlen``          ``vlen-utf8``, ``vlen-bytes`` (strings, bytes); the zarr v2
                     object codecs of the same ids
 * ``numcodecs_family``  ``numcodecs.*`` (delta, zlib, bz2, shuffle, fletcher32, ...),
                     delegated to numcodecs, decoded through the checked decoders
 * ``sharding``      ``sharding_indexed`` (inner chunks plus an index)
-* ``_limits``       size checks shared by the decompressors
+* ``_limits``       size checks and the bounded streaming decode shared by the decompressors
 
 A codec name no module registered raises UnsupportedError naming it and listing
 the supported ones. Importing this package runs every registration below; adding

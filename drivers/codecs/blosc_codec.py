@@ -16,6 +16,7 @@ from tensorstore_py.drivers.codecs._limits import check_size
 from tensorstore_py.drivers.codecs.base import BytesBytesCodec, ChunkSpec
 from tensorstore_py.drivers.codecs.registry import (
     Compression,
+    V2Param,
     register_codec,
     register_compression,
     register_v2_decoder,
@@ -24,6 +25,10 @@ from tensorstore_py.kvstore.base import Buffer
 
 _SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
 _CNAMES = ("blosclz", "lz4", "lz4hc", "zlib", "zstd", "snappy")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def blosc_decode(b: Blosc, buf: Buffer, *, key: str, size: int | None, limit: int,
@@ -55,14 +60,16 @@ class BloscCodec(BytesBytesCodec):
                  typesize: int | None = None, blocksize: int = 0) -> None:
         if cname not in _CNAMES:
             raise InvalidSpecError(f"blosc codec: 'cname' must be one of {_CNAMES}, got {cname!r}")
-        if not isinstance(clevel, int) or not 0 <= clevel <= 9:
+        if not _is_int(clevel) or not 0 <= clevel <= 9:
             raise InvalidSpecError(f"blosc codec: 'clevel' must be 0..9, got {clevel!r}")
-        if shuffle not in _SHUFFLE:
+        if not isinstance(shuffle, str) or shuffle not in _SHUFFLE:
             raise InvalidSpecError(f"blosc codec: 'shuffle' must be one of {list(_SHUFFLE)}, got {shuffle!r}")
-        if shuffle != "noshuffle" and (not isinstance(typesize, int) or typesize < 1):
-            raise InvalidSpecError(f"blosc codec: 'typesize' >= 1 is required with shuffle, got {typesize!r}")
-        if not isinstance(blocksize, int) or blocksize < 0:
-            raise InvalidSpecError(f"blosc codec: 'blocksize' must be >= 0, got {blocksize!r}")
+        if typesize is not None and (not _is_int(typesize) or not 1 <= typesize <= 255):
+            raise InvalidSpecError(f"blosc codec: 'typesize' must be 1..255, got {typesize!r}")
+        if shuffle != "noshuffle" and typesize is None:
+            raise InvalidSpecError("blosc codec: 'typesize' (1..255) is required with shuffle")
+        if not _is_int(blocksize) or not 0 <= blocksize < 2**31:
+            raise InvalidSpecError(f"blosc codec: 'blocksize' must be 0..2^31-1, got {blocksize!r}")
         self.cname, self.clevel, self.shuffle = cname, clevel, shuffle
         self.typesize, self.blocksize = typesize, blocksize
         self._b = Blosc(cname=cname, clevel=clevel, shuffle=_SHUFFLE[shuffle],
@@ -94,7 +101,12 @@ class BloscCodec(BytesBytesCodec):
         return blosc_decode(self._b, buf, key=key, size=size, limit=limit, out=out)
 
 
-register_v2_decoder("blosc", blosc_decode, decodes_into=True)
+register_v2_decoder("blosc", blosc_decode, decodes_into=True, params={
+    "cname": V2Param.one_of(*_CNAMES), "clevel": V2Param.integer(0, 9),
+    "shuffle": V2Param.one_of(-1, 0, 1, 2), "blocksize": V2Param.integer(0, 2**31 - 1),
+    "typesize": V2Param("null or an integer in [1, 255]", lambda v: v is None or (
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 255)),
+})
 register_compression(Compression(
     "blosc", default_level=5,
     zarr3=lambda level, dtype: {"name": "blosc", "configuration": {

@@ -9,11 +9,12 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
-from tensorstore_py.drivers.codecs._limits import check_size
+from tensorstore_py.core.errors import InvalidSpecError
+from tensorstore_py.drivers.codecs._limits import decompress_bounded
 from tensorstore_py.drivers.codecs.base import BytesBytesCodec, ChunkSpec
 from tensorstore_py.drivers.codecs.registry import (
     Compression,
+    V2Param,
     register_codec,
     register_compression,
     register_v2_decoder,
@@ -22,17 +23,10 @@ from tensorstore_py.kvstore.base import Buffer
 
 
 def inflate(buf: Buffer, *, wbits: int, codec: str, key: str, size: int | None, limit: int) -> bytes:
-    """Decompress with a hard cap on the output (bombs stop at ``limit`` + 1 bytes)."""
-    d = zlib.decompressobj(wbits)
-    cap = (size if size is not None else limit) + 1
-    try:
-        out = d.decompress(buf, cap)
-    except zlib.error as e:
-        raise DataCorruptionError(f"chunk {key!r}: invalid {codec} data: {e}") from None
-    if not d.eof and len(out) < cap:
-        raise DataCorruptionError(f"chunk {key!r}: {codec} data is truncated")
-    check_size(codec, key, len(out), size, limit)
-    return out
+    """Decompress one deflate stream with a hard cap on the output (bombs stop
+    at ``size`` + 1 bytes, ``limit`` + 1 when the size is not known)."""
+    return decompress_bounded(lambda: zlib.decompressobj(wbits), buf, codec=codec, key=key,
+                              size=size, limit=limit, members=False)
 
 
 @register_codec
@@ -75,8 +69,8 @@ def _v2_zlib(codec: Any, buf: Buffer, *, key: str, size: int | None, limit: int,
     return inflate(buf, wbits=15, codec="zlib", key=key, size=size, limit=limit)
 
 
-register_v2_decoder("gzip", _v2_gzip)
-register_v2_decoder("zlib", _v2_zlib)
+register_v2_decoder("gzip", _v2_gzip, params={"level": V2Param.integer(0, 9)})
+register_v2_decoder("zlib", _v2_zlib, params={"level": V2Param.integer(-1, 9)})
 register_compression(Compression(
     "gzip", default_level=5,
     zarr3=lambda level, dtype: {"name": "gzip", "configuration": {"level": level}},

@@ -10,7 +10,7 @@ from typing import Any
 
 from tensorstore_py.core.errors import DataCorruptionError
 from tensorstore_py.drivers.codecs._limits import check_size, numcodecs_decode
-from tensorstore_py.drivers.codecs.registry import register_v2_decoder
+from tensorstore_py.drivers.codecs.registry import V2Param, register_v2_decoder
 from tensorstore_py.kvstore.base import Buffer
 
 
@@ -24,4 +24,4 @@ def lz4_decode(codec: Any, buf: Buffer, *, key: str, size: int | None, limit: in
     return numcodecs_decode(codec, buf, key=key, size=size, limit=limit)
 
 
-register_v2_decoder("lz4", lz4_decode)
+register_v2_decoder("lz4", lz4_decode, params={"acceleration": V2Param.integer(1, 2**16)})

@@ -61,6 +61,8 @@ def _numcodec(cls: type, config: dict[str, Any], chunk: ChunkSpec) -> Any:
     if config.get("id", cid) != cid:
         raise InvalidSpecError(f"{cls.name} codec: configuration 'id' {config['id']!r} is not {cid!r}")
     cfg = {**config, "id": cid}
+    if cid in COMPRESSORS:  # values numcodecs takes now and fails on at the first write
+        v2_decoder(cid).check_config(cfg, f"{cls.name} codec")
     if cid in _FROM_DTYPE:
         field, default = _FROM_DTYPE[cid]
         if cfg.get(field) is None:

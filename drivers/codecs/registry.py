@@ -5,8 +5,9 @@
   chunk)``, where ``chunk`` (:class:`~tensorstore_py.drivers.codecs.base.ChunkSpec`)
   carries the chunk shape, dtype and fill value the codec may need.
 * The zarr v2 (numcodecs) compressor ids it decodes (:func:`register_v2_decoder`):
-  a decoder that checks the declared size before decompressing (bombs,
-  truncation). Other zarr v2 compressors are decoded by numcodecs and checked
+  a decoder that stops at the expected size (bombs, truncation), and what each
+  field of the compressor's configuration may hold (checked when the array is
+  opened). Other zarr v2 compressors are decoded by numcodecs and checked
   afterwards.
 * The ``compression=`` alias of ``tsp.open`` (:func:`register_compression`): its
   default level and the zarr3 codec entry and zarr v2 compressor it stands for.
@@ -18,13 +19,13 @@ registers itself plus one import line in ``drivers/codecs/__init__.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from tensorstore_py.core.errors import InvalidArgumentError, UnsupportedError
+from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError, UnsupportedError
 from tensorstore_py.drivers.codecs._limits import numcodecs_decode
 from tensorstore_py.drivers.codecs.base import ChunkSpec, Codec
 from tensorstore_py.kvstore.base import Buffer
@@ -32,6 +33,7 @@ from tensorstore_py.kvstore.base import Buffer
 __all__ = [
     "Compression",
     "V2Decoder",
+    "V2Param",
     "codec_class",
     "codec_from_json",
     "codec_names",
@@ -81,6 +83,30 @@ def codec_from_json(name: str, config: dict[str, Any], chunk: ChunkSpec, *, wher
 
 
 # -- zarr v2 compressors ----------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class V2Param:
+    """What one field of a zarr v2 compressor's configuration may hold:
+    ``ok(value)`` says whether ``value`` is allowed, ``expected`` says what is
+    (for the message)."""
+
+    expected: str
+    ok: Callable[[Any], bool]
+
+    @staticmethod
+    def integer(lo: int, hi: int) -> V2Param:
+        return V2Param(f"an integer in [{lo}, {hi}]",
+                       lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi)
+
+    @staticmethod
+    def one_of(*values: Any) -> V2Param:
+        return V2Param(f"one of {list(values)}", lambda v: not isinstance(v, bool) and any(
+            type(v) is type(x) and v == x for x in values))
+
+    @staticmethod
+    def boolean() -> V2Param:
+        return V2Param("true or false", lambda v: isinstance(v, bool))
+
+
 class V2Decode(Protocol):
     def __call__(self, codec: Any, buf: Buffer, *, key: str, size: int | None, limit: int,
                  out: Buffer | None) -> Buffer: ...
@@ -98,16 +124,31 @@ class V2Decoder:
     codec_id: str
     decode: V2Decode
     decodes_into: bool = False
+    #: the configuration fields whose values it checks (see :meth:`check_config`)
+    params: Mapping[str, V2Param] = field(default_factory=dict)
+
+    def check_config(self, config: Mapping[str, Any], where: str) -> None:
+        """InvalidSpecError naming ``where`` and the field when a field of the
+        compressor's configuration holds a value it can not use (numcodecs
+        would accept it and fail at the first write)."""
+        for name, param in self.params.items():
+            if name in config and not param.ok(config[name]):
+                raise InvalidSpecError(
+                    f"{where}: {self.codec_id} field {name!r}: expected {param.expected}, "
+                    f"got {config[name]!r}"
+                )
 
 
 _V2: dict[str, V2Decoder] = {}
 
 
-def register_v2_decoder(codec_id: str, decode: V2Decode, *, decodes_into: bool = False) -> None:
-    """Register the checked decoder of the numcodecs compressor ``codec_id``."""
+def register_v2_decoder(codec_id: str, decode: V2Decode, *, decodes_into: bool = False,
+                        params: Mapping[str, V2Param] | None = None) -> None:
+    """Register the checked decoder of the numcodecs compressor ``codec_id``
+    and what each field of its configuration may hold (``params``)."""
     if codec_id in _V2:
         raise InvalidArgumentError(f"a zarr v2 decoder for {codec_id!r} is already registered")
-    _V2[codec_id] = V2Decoder(codec_id, decode, decodes_into)
+    _V2[codec_id] = V2Decoder(codec_id, decode, decodes_into, dict(params or {}))
 
 
 def v2_decoder(codec_id: str) -> V2Decoder:

@@ -9,13 +9,20 @@ from __future__ import annotations
 from typing import Any
 
 import numcodecs.zstd as _nz
+import numpy as np
 from numcodecs import Zstd
 
-from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
-from tensorstore_py.drivers.codecs._limits import check_size
+from tensorstore_py.core.errors import (
+    DataCorruptionError,
+    InvalidSpecError,
+    TensorStoreError,
+    UnsupportedError,
+)
+from tensorstore_py.drivers.codecs._limits import check_size, decompress_bounded
 from tensorstore_py.drivers.codecs.base import BytesBytesCodec, ChunkSpec
 from tensorstore_py.drivers.codecs.registry import (
     Compression,
+    V2Param,
     register_codec,
     register_compression,
     register_v2_decoder,
@@ -75,29 +82,57 @@ class ZstdCodec(BytesBytesCodec):
 
 def zstd_decode(z: Zstd, buf: Buffer, *, key: str, size: int | None, limit: int,
                 out: Buffer | None = None) -> Buffer:
-    """Decode a zstd frame, refusing declared sizes that do not fit."""
+    """Decode zstd data into at most ``size`` bytes (``limit`` when the size is
+    not known), whatever its frame header declares or omits.
+
+    * A declared content size is checked first, then libzstd decodes in one call.
+    * No declared size (a streaming writer's frame) but a known ``size``:
+      libzstd decodes into a buffer of exactly ``size`` bytes and refuses to
+      write past it.
+    * Neither: a streaming decoder with a cap on its output (``compression.zstd``,
+      or the ``backports.zstd`` package before Python 3.14: extra ``zstd``).
+    """
     mv = memoryview(buf).cast("B")
     declared = frame_content_size(mv, key)
     try:
         if declared is not None:
             check_size("zstd", key, declared, size, limit)
+            if declared == 0:  # numcodecs would stream it (0 reads as "unknown"), unbounded
+                return b""
             # the module-level function skips the codec class's buffer checks
             if out is not None and len(out) == declared:
                 return _nz.decompress(mv, out)
             return _nz.decompress(mv)
-        if size is not None:  # no declared size: decode into exactly the expected size
-            dest = out if out is not None and len(out) == size else bytearray(size)
-            return _nz.decompress(mv, dest)  # numcodecs stops at the end of dest
-        res = z.decode(mv)  # neither size known: numcodecs streams it (limit checked after)
-    except DataCorruptionError:
+        if size:
+            dest = out if out is not None and len(out) == size else np.empty(size, np.uint8)
+            return _nz.decompress(mv, dest)  # the bound: libzstd stops at the end of dest
+        return _decode_streaming(mv, key=key, size=size, limit=limit)
+    except TensorStoreError:
         raise
     except Exception as e:  # numcodecs raises RuntimeError/ValueError
         raise DataCorruptionError(f"chunk {key!r}: invalid zstd data: {e}") from None
-    check_size("zstd", key, len(memoryview(res).cast("B")), size, limit)
-    return res
 
 
-register_v2_decoder("zstd", zstd_decode, decodes_into=True)
+def _decode_streaming(mv: memoryview, *, key: str, size: int | None, limit: int) -> bytes:
+    """Frames after frames, decoded by a streaming decoder that stops after
+    ``size + 1`` (``limit + 1``) output bytes."""
+    try:
+        from compression import zstd  # Python 3.14+
+    except ImportError:
+        try:
+            from backports import zstd  # optional (extra "zstd"): Python < 3.14
+        except ImportError:
+            raise UnsupportedError(
+                f"chunk {key!r}: a zstd frame that declares no content size, in a chunk whose "
+                "decoded size is not fixed, needs a bounded streaming decoder: "
+                'pip install "tensorstore_py[zstd]" (the backports.zstd package)'
+            ) from None
+    return decompress_bounded(zstd.ZstdDecompressor, mv, codec="zstd", key=key, size=size,
+                              limit=limit, members=True, errors=(zstd.ZstdError,))
+
+
+register_v2_decoder("zstd", zstd_decode, decodes_into=True, params={
+    "level": V2Param.integer(-131072, 22), "checksum": V2Param.boolean()})
 register_compression(Compression(
     "zstd", default_level=1,
     zarr3=lambda level, dtype: {"name": "zstd", "configuration": {"level": level, "checksum": False}},

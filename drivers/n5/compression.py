@@ -32,16 +32,15 @@ import bz2
 import lzma
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from numcodecs import Blosc, Zstd
 from numcodecs.blosc import list_compressors
 
-from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError, UnsupportedError
+from tensorstore_py.core.errors import InvalidSpecError, UnsupportedError
 from tensorstore_py.core.ranges import Buffer
-from tensorstore_py.drivers.codecs._limits import check_size
+from tensorstore_py.drivers.codecs._limits import LZMA_MEMLIMIT, check_size, decompress_bounded
 from tensorstore_py.drivers.codecs.blosc_codec import blosc_decode
 from tensorstore_py.drivers.codecs.zstd_codec import zstd_decode
 from tensorstore_py.drivers.n5.lz4block import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
@@ -62,9 +61,6 @@ __all__ = [
 ]
 
 _FIELD = "n5 attributes field 'compression"
-# the xz decoder's memory (its dictionary, declared by the stream) on top of the
-# output: enough for preset 9 (64 MiB dictionary), refused beyond
-_XZ_MEMLIMIT = 96 << 20
 
 
 @dataclass(frozen=True)
@@ -140,35 +136,6 @@ class RawCompression(Compression):
         return data
 
 
-def _decompress_bounded(new: Callable[[], Any], data: Buffer, *, codec: str, key: str, size: int,
-                        members: bool) -> Buffer:
-    """Run a zlib/bz2/lzma decompressor, producing at most ``size + 1`` bytes.
-
-    ``members``: concatenated streams (gzip members) decode one after another,
-    as N5-Java's gzip reader does; otherwise bytes after the stream are ignored.
-    """
-    parts: list[bytes] = []
-    total, rest = 0, data
-    while True:
-        d = new()
-        try:
-            out = d.decompress(rest, size + 1 - total)
-        except (zlib.error, lzma.LZMAError, OSError, EOFError, ValueError) as e:
-            raise DataCorruptionError(f"n5 block {key!r}: invalid {codec} data: {e}") from None
-        parts.append(out)
-        total += len(out)
-        if total > size:
-            raise DataCorruptionError(
-                f"n5 block {key!r}: {codec} data decodes to more than the {size} bytes expected")
-        if not d.eof:
-            raise DataCorruptionError(f"n5 block {key!r}: {codec} data is truncated")
-        rest = d.unused_data
-        if not (members and rest):
-            break
-    check_size(codec, key, total, size, size)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
 @dataclass(frozen=True)
 class GzipCompression(Compression):
     """Deflate, in a gzip wrapper (N5-Java: commons-compress) or, with
@@ -186,8 +153,8 @@ class GzipCompression(Compression):
 
     def decode(self, data: Buffer, *, size: int, key: str) -> Buffer:
         # wbits 47: either wrapper is accepted (the flag only says which one is written)
-        return _decompress_bounded(lambda: zlib.decompressobj(47), data, codec=self.type, key=key,
-                                   size=size, members=not self.use_zlib)
+        return decompress_bounded(lambda: zlib.decompressobj(47), data, codec=self.type, key=key,
+                                  size=size, limit=size, members=not self.use_zlib)
 
 
 @dataclass(frozen=True)
@@ -202,8 +169,8 @@ class Bzip2Compression(Compression):
         return bz2.compress(data, self.block_size)
 
     def decode(self, data: Buffer, *, size: int, key: str) -> Buffer:
-        return _decompress_bounded(bz2.BZ2Decompressor, data, codec=self.type, key=key, size=size,
-                                   members=False)
+        return decompress_bounded(bz2.BZ2Decompressor, data, codec=self.type, key=key, size=size,
+                                  limit=size, members=False)
 
 
 @dataclass(frozen=True)
@@ -220,8 +187,9 @@ class XzCompression(Compression):
         return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=self.preset)
 
     def decode(self, data: Buffer, *, size: int, key: str) -> Buffer:
-        new = lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=size + _XZ_MEMLIMIT)  # noqa: E731
-        return _decompress_bounded(new, data, codec=self.type, key=key, size=size, members=False)
+        new = lambda: lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=size + LZMA_MEMLIMIT)  # noqa: E731
+        return decompress_bounded(new, data, codec=self.type, key=key, size=size, limit=size,
+                                  members=False)
 
 
 @dataclass(frozen=True)
@@ -255,24 +223,6 @@ _BLOSC_DECODER = Blosc()  # decoding reads everything it needs from the blosc he
 _BLOSC_BUILT_IN = frozenset(list_compressors())  # numcodecs' blosc has no snappy
 
 
-def _declare_content_size(data: Buffer, size: int, key: str) -> Buffer:
-    """A zstd frame whose header lacks the content size (a streaming writer's)
-    gets ``size`` declared, so that numcodecs decodes it in one bounded call
-    (libzstd then refuses to write past ``size`` bytes and checks the frame
-    produced exactly that many) instead of an unbounded streaming decode.
-
-    The frame header carries no checksum; only its size field changes.
-    """
-    mv = memoryview(data).cast("B")
-    if len(mv) < 6 or mv[:4] != b"\x28\xb5\x2f\xfd":
-        raise DataCorruptionError(f"n5 block {key!r}: not zstd data (bad frame magic)")
-    fhd = mv[4]
-    if fhd >> 6 or fhd & 0x20:  # a content size is declared (single-segment frames always do)
-        return data
-    pos = 6 + (0, 1, 2, 4)[fhd & 3]  # after the window descriptor and dictionary id
-    return b"".join((mv[:4], bytes([fhd | 0xC0]), mv[5:pos], size.to_bytes(8, "little"), mv[pos:]))
-
-
 @dataclass(frozen=True)
 class ZstdCompression(Compression):
     """One zstd frame (n5-zstandard; its default level 3)."""
@@ -287,8 +237,9 @@ class ZstdCompression(Compression):
     def decode(self, data: Buffer, *, size: int, key: str) -> Buffer:
         if size == 0:  # numcodecs streams a frame that declares 0 bytes, unbounded
             return b""
-        return zstd_decode(_ZSTD_DECODER, _declare_content_size(data, size, key), key=key, size=size,
-                           limit=size)
+        # bounded whether or not the frame declares its size (n5-zstandard's
+        # streaming writer does not): see zstd_decode
+        return zstd_decode(_ZSTD_DECODER, data, key=key, size=size, limit=size)
 
 
 _ZSTD_DECODER = Zstd()

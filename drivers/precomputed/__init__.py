@@ -10,8 +10,12 @@ Modules:
 * ``compressed_segmentation``  the uint32/uint64 label encoding, vectorised
 * ``sharding``                 ``neuroglancer_uint64_sharded_v1``: compressed Morton codes,
                                hashing, shard and minishard indexes, reading and building shards
+* ``cseg_kernel``              the compiled compressed_segmentation decoder (numba, optional)
+* ``shard_io``                 chunk I/O of sharded scales through a kvstore: ranged reads,
+                               cached indexes, whole-shard read-modify-write
+* ``driver``                   the ``neuroglancer_precomputed`` array driver (registers itself)
 
-Nothing here does I/O: the driver reads and writes the keys these modules name.
+Only ``shard_io`` and ``driver`` do I/O; the others are the format, sans I/O.
 """
 
 from tensorstore_py.drivers.precomputed.encodings import ChunkCodec

@@ -27,12 +27,15 @@ nothing larger than the output (and temporaries of its size).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError
 from tensorstore_py.core.ranges import Buffer
+from tensorstore_py.drivers.precomputed.cseg_kernel import ERRORS, kernel
 
 __all__ = ["MAX_BLOCK_ELEMENTS", "decode", "encode"]
 
@@ -41,13 +44,16 @@ MAX_BLOCK_ELEMENTS = 2**31
 _BITS = (0, 1, 2, 4, 8, 16, 32)
 _TABLE_OFFSET_LIMIT = 1 << 24  # the header's 24-bit lookup table offset
 _DTYPES = (np.dtype("uint32"), np.dtype("uint64"))
+# numpy decoding voxel by voxel costs ~2-3x a whole-chunk decode per voxel: regions
+# above 1/_GATHER_FRACTION of the chunk are cut from a whole decode instead
+_GATHER_FRACTION = 4
 
 
 def _check_block(block_size: Sequence[int]) -> tuple[int, int, int]:
     if len(block_size) != 3 or any(not isinstance(b, (int, np.integer)) or b < 1 for b in block_size):
         raise InvalidArgumentError(f"compressed_segmentation: block size must be 3 positive integers, "
                                    f"got {list(block_size)}")
-    if int(np.prod(block_size, dtype=object)) > MAX_BLOCK_ELEMENTS:
+    if math.prod(int(b) for b in block_size) > MAX_BLOCK_ELEMENTS:
         raise InvalidArgumentError(f"compressed_segmentation: block size {list(block_size)} has more "
                                    f"than {MAX_BLOCK_ELEMENTS} elements")
     return int(block_size[0]), int(block_size[1]), int(block_size[2])
@@ -213,30 +219,49 @@ def encode(array: np.ndarray, block_size: Sequence[int]) -> bytes:
     return b"".join([offsets.astype("<u4").tobytes(), *(w.astype("<u4").tobytes() for w in channels)])
 
 
-def _decode_channel(words: np.ndarray, shape: tuple[int, int, int], block: tuple[int, int, int],
-                    dtype: np.dtype, out: np.ndarray, key: str) -> None:
-    """Decode one channel from ``words`` (from the channel start to the end of the chunk)."""
+def _bad(key: str, msg: str) -> DataCorruptionError:
+    return DataCorruptionError(f"chunk {key!r}: corrupt compressed_segmentation data: {msg}")
+
+
+def _headers(words: np.ndarray, grid: tuple[int, ...], bvol: int, key: str
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(table offsets, encoded bits, value offsets) of every block, checked against the data."""
     n = len(words)
-    grid = tuple(-(-s // b) for s, b in zip(shape, block))
-    ext = tuple(min(b, s) for s, b in zip(shape, block))
     nb = grid[0] * grid[1] * grid[2]
-    bvol = block[0] * block[1] * block[2]
-    wpl = dtype.itemsize // 4
-
-    def bad(msg: str) -> DataCorruptionError:
-        return DataCorruptionError(f"chunk {key!r}: corrupt compressed_segmentation data: {msg}")
-
     if n < 2 * nb:
-        raise bad(f"{n} words cannot hold {nb} block headers")
+        raise _bad(key, f"{n} words cannot hold {nb} block headers")
     header = words[: 2 * nb].reshape(nb, 2).astype(np.int64)
     table_offset = header[:, 0] & 0xFFFFFF
     bits = header[:, 0] >> 24
     value_offset = header[:, 1]
     if not np.isin(bits, _BITS).all():
-        raise bad(f"encoded bits {sorted(set(bits.tolist()) - set(_BITS))} not in {list(_BITS)}")
+        raise _bad(key, f"encoded bits {sorted(set(bits.tolist()) - set(_BITS))} not in {list(_BITS)}")
     value_words = (bits * bvol + 31) // 32
     if (value_offset + value_words > n).any() or (table_offset > n).any():
-        raise bad("a block's values or table lie past the end of the data")
+        raise _bad(key, "a block's values or table lie past the end of the data")
+    return table_offset, bits, value_offset
+
+
+def _lookup(words: np.ndarray, where: np.ndarray, wpl: int, key: str, out: np.ndarray) -> None:
+    """``out[...] = `` the labels at word positions ``where`` (checked against the data)."""
+    if where.size and int(where.max()) + wpl > len(words):
+        raise _bad(key, "an encoded value indexes past the end of its lookup table")
+    if wpl == 1:
+        out[...] = words[where]
+    else:
+        out[...] = words[where].astype(np.uint64) | (words[where + 1].astype(np.uint64) << np.uint64(32))
+
+
+def _decode_channel(words: np.ndarray, shape: tuple[int, int, int], block: tuple[int, int, int],
+                    dtype: np.dtype, out: np.ndarray, key: str) -> None:
+    """Decode one channel from ``words`` (from the channel start to the end of the chunk)."""
+    grid = tuple(-(-s // b) for s, b in zip(shape, block))
+    ext = tuple(min(b, s) for s, b in zip(shape, block))
+    nb = grid[0] * grid[1] * grid[2]
+    bvol = block[0] * block[1] * block[2]
+    wpl = dtype.itemsize // 4
+    table_offset, bits, value_offset = _headers(words, grid, bvol, key)
+    value_words = (bits * bvol + 31) // 32
 
     # each voxel's table index, in padded block rows (nb, ez*ey*ex)
     ev = ext[0] * ext[1] * ext[2]
@@ -267,20 +292,38 @@ def _decode_channel(words: np.ndarray, shape: tuple[int, int, int], block: tuple
     where = table_offset[:, None] + index * wpl
     where = where.reshape(gz, gy, gx, ez, ey, ex).transpose(0, 3, 1, 4, 2, 5)
     where = where.reshape(gz * ez, gy * ey, gx * ex)[: shape[0], : shape[1], : shape[2]]
-    if where.size and int(where.max()) + wpl > n:
-        raise bad("an encoded value indexes past the end of its lookup table")
-    if wpl == 1:
-        out[...] = words[where]
-    else:
-        out[...] = words[where].astype(np.uint64) | (words[where + 1].astype(np.uint64) << np.uint64(32))
+    _lookup(words, where, wpl, key, out)
+
+
+def _gather_channel(words: np.ndarray, shape: tuple[int, int, int], block: tuple[int, int, int],
+                    dtype: np.dtype, zyx: tuple[np.ndarray, np.ndarray, np.ndarray], out: np.ndarray,
+                    key: str) -> None:
+    """Decode only the voxels at coordinates ``zyx`` (one index array per dimension, their
+    outer product) of one channel: work in proportion to the voxels, not the chunk."""
+    grid = tuple(-(-s // b) for s, b in zip(shape, block))
+    bz, by, bx = block
+    table_offset, bits, value_offset = _headers(words, grid, bz * by * bx, key)
+    zs, ys, xs = zyx[0][:, None, None], zyx[1][None, :, None], zyx[2][None, None, :]
+    blk = ((zs // bz) * grid[1] + ys // by) * grid[2] + xs // bx
+    bitpos = (((zs % bz) * by + ys % by) * bx + xs % bx) * bits[blk]
+    # value words lie inside the data (checked); a 0-bit block may sit at its very end
+    # and reads no word: its position is clamped and its mask is 0
+    w = words[np.minimum(value_offset[blk] + (bitpos >> 5), len(words) - 1)].astype(np.int64)
+    index = (w >> (bitpos & 31)) & ((np.int64(1) << bits[blk]) - 1)
+    _lookup(words, table_offset[blk] + index * (dtype.itemsize // 4), dtype.itemsize // 4, key, out)
 
 
 def decode(data: Buffer, shape: Sequence[int], block_size: Sequence[int], dtype: np.dtype | str, *,
-           key: str = "") -> np.ndarray:
+           key: str = "", region: Sequence[slice] | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Decode a chunk of shape (x, y, z, channels) encoded with ``block_size`` (bx, by, bz).
 
-    Returns a C-contiguous (channels, z, y, x) array viewed as (x, y, z, channels).
-    Raises DataCorruptionError (naming ``key``) on any inconsistency.
+    Returns a C-contiguous (channels, z, y, x) array viewed as (x, y, z, channels),
+    or ``out`` (any strides, the result's shape) filled with it. With ``region``
+    (one slice per dimension, steps >= 1, within ``shape``) only those voxels
+    are decoded and the result has the region's shape. Decoding runs in the
+    compiled kernel of :mod:`.cseg_kernel` when numba is installed (work in
+    proportion to the voxels decoded), else in numpy. Raises
+    DataCorruptionError (naming ``key``) on any inconsistency of the data it reads.
     """
     dtype = np.dtype(dtype)
     if dtype not in _DTYPES:
@@ -289,18 +332,58 @@ def decode(data: Buffer, shape: Sequence[int], block_size: Sequence[int], dtype:
         raise InvalidArgumentError(f"compressed_segmentation: shape must be (x, y, z, channels), got {shape}")
     bx, by, bz = _check_block(block_size)
     x, y, z, nc = (int(s) for s in shape)
+    if region is not None and len(region) != 4:
+        raise InvalidArgumentError(f"compressed_segmentation: region must have 4 slices, got {region!r}")
+    sl = region if region is not None else [slice(0, n, 1) for n in (x, y, z, nc)]
+    ranges = [range(*r.indices(n)) for r, n in zip(sl, (x, y, z, nc))]
+    want = tuple(len(r) for r in ranges)
+    if out is None:
+        out = np.empty(want[::-1], dtype).transpose(3, 2, 1, 0)
+    elif out.shape != want or out.dtype != dtype:
+        raise InvalidArgumentError(f"compressed_segmentation: out must be {dtype} {want}, got {out.dtype} {out.shape}")
     if len(data) % 4:
         raise DataCorruptionError(f"chunk {key!r}: compressed_segmentation data of {len(data)} bytes "
                                   "is not a whole number of 32-bit words")
     words = np.frombuffer(data, "<u4")
     if len(words) < nc:
         raise DataCorruptionError(f"chunk {key!r}: compressed_segmentation data too short for {nc} channels")
-    out = np.empty((nc, z, y, x), dtype)
-    for c in range(nc):
+    fast = kernel()
+    for i, c in enumerate(ranges[3]):
         start = int(words[c])
         if start > len(words):
             raise DataCorruptionError(f"chunk {key!r}: compressed_segmentation channel {c} offset "
                                       f"{start} is past the end ({len(words)} words)")
-        if out[c].size:
-            _decode_channel(words[start:], (z, y, x), (bz, by, bx), dtype, out[c], key)
-    return out.transpose(3, 2, 1, 0)
+        dest = out[..., i]
+        if not dest.size:
+            continue
+        if fast is not None:
+            _decode_compiled(fast, words[start:], (x, y, z), (bx, by, bz), dtype, ranges[:3], dest, key)
+        elif region is None:
+            _decode_channel(words[start:], (z, y, x), (bz, by, bx), dtype, dest.transpose(2, 1, 0), key)
+        elif dest.size * _GATHER_FRACTION >= x * y * z:  # most of the chunk: decode it whole
+            whole = np.empty((z, y, x), dtype)
+            _decode_channel(words[start:], (z, y, x), (bz, by, bx), dtype, whole, key)
+            dest[...] = whole.transpose(2, 1, 0)[tuple(region[:3])]
+        else:
+            zyx = tuple(np.arange(r.start, r.stop, r.step, dtype=np.int64) for r in ranges[2::-1])
+            _gather_channel(words[start:], (z, y, x), (bz, by, bx), dtype, zyx, dest.transpose(2, 1, 0), key)
+    return out
+
+
+def _decode_compiled(fast: Any, words: np.ndarray, shape: tuple[int, int, int], block: tuple[int, int, int],
+                     dtype: np.dtype, ranges: list[range], dest: np.ndarray, key: str) -> None:
+    """One channel through the compiled kernel; ``dest`` is (x, y, z), any strides."""
+    grid = [-(-s // b) for s, b in zip(shape, block)]
+    pos_step = (1, block[0], block[0] * block[1])  # x fastest in a block's bit order
+    block_step = (1, grid[0], grid[0] * grid[1])  # and in the numbering of blocks
+    # loop over the axis with the smallest stride of ``dest`` innermost
+    order = sorted(range(3), key=lambda d: -abs(dest.strides[d]))
+    if words.flags.writeable:  # the kernel takes read-only words (one compiled signature)
+        words = words.view()
+        words.flags.writeable = False
+    code = fast(words, grid[0] * grid[1] * grid[2], block[0] * block[1] * block[2], dtype.itemsize // 4,
+                tuple(ranges[d].start for d in order), tuple(ranges[d].step for d in order),
+                tuple(len(ranges[d]) for d in order), tuple(block[d] for d in order),
+                tuple(pos_step[d] for d in order), tuple(block_step[d] for d in order), dest.transpose(order))
+    if code:
+        raise _bad(key, ERRORS[code])

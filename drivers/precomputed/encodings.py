@@ -159,21 +159,35 @@ class ChunkCodec:
 
     # -- decoding ---------------------------------------------------------------------------
 
-    def decode(self, data: Buffer, shape: Sequence[int], *, key: str = "") -> np.ndarray:
-        """Decode one chunk of (clipped) shape ``shape`` (x, y, z)."""
+    def decode(self, data: Buffer, shape: Sequence[int], *, key: str = "",
+               region: Sequence[slice] | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """Decode one chunk of (clipped) shape ``shape`` (x, y, z).
+
+        With ``region`` (4 slices, steps >= 1, within the chunk) the result is
+        that part of the chunk; compressed_segmentation then decodes only those
+        voxels (a plane of a chunk costs a plane, not a chunk). With ``out``
+        (the result's shape, any strides) the result is written there.
+        """
         full = self._shape(shape)
+        if self.encoding == "compressed_segmentation":
+            return decode_segmentation(data, full, self.compressed_segmentation_block_size, self.dtype, key=key,
+                                       region=region, out=out)
         if self.encoding == "raw":
             want = math.prod(full) * self.dtype.itemsize
             if len(data) != want:
                 raise DataCorruptionError(f"chunk {key!r}: raw chunk of shape {list(full)} should be "
                                           f"{want} bytes, got {len(data)}")
             x, y, z, c = full
-            return np.frombuffer(data, self.dtype).reshape(c, z, y, x).transpose(3, 2, 1, 0)
-        if self.encoding == "compressed_segmentation":
-            return decode_segmentation(data, full, self.compressed_segmentation_block_size, self.dtype, key=key)
-        if self.encoding == "compresso":
-            return self._decode_compresso(data, full, key)
-        return self._decode_image(data, full, key)
+            arr = np.frombuffer(data, self.dtype).reshape(c, z, y, x).transpose(3, 2, 1, 0)
+        elif self.encoding == "compresso":
+            arr = self._decode_compresso(data, full, key)
+        else:
+            arr = self._decode_image(data, full, key)
+        arr = arr if region is None else arr[tuple(region)]
+        if out is None:
+            return arr
+        out[...] = arr
+        return out
 
     def _decode_image(self, data: Buffer, full: tuple[int, int, int, int], key: str) -> np.ndarray:
         x, y, z, c = full

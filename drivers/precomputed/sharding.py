@@ -27,6 +27,7 @@ allocated from the declared sizes.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,7 +62,11 @@ __all__ = [
     "encode_minishard_index",
     "encode_shard_index",
     "morton_bits",
+    "morton_cell",
     "read_chunk",
+    "shard_cells",
+    "shard_shape",
+    "sharding_for",
     "split_shard",
 ]
 
@@ -196,14 +201,17 @@ def morton_bits(grid_shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(max(int(g) - 1, 0).bit_length() for g in grid_shape)
 
 
+def _bit_owners(bits: Sequence[int]) -> list[int]:
+    """The dimension each bit of a compressed Morton code comes from, least significant first."""
+    return [d for i in range(max(bits, default=0)) for d, n in enumerate(bits) if i < n]
+
+
 def _interleave(coords: Sequence[Any], bits: Sequence[int], code: Any) -> Any:
     """OR the interleaved bits of ``coords`` into ``code``: Python ints or uint64 arrays alike."""
-    j = 0
-    for i in range(max(bits, default=0)):
-        for d, n in enumerate(bits):
-            if i < n:
-                code |= ((coords[d] >> i) & 1) << j
-                j += 1
+    level = [0] * len(bits)
+    for j, d in enumerate(_bit_owners(bits)):
+        code |= ((coords[d] >> level[d]) & 1) << j
+        level[d] += 1
     return code
 
 
@@ -234,6 +242,73 @@ def compressed_morton_codes(cells: np.ndarray, grid_shape: Sequence[int]) -> np.
         raise InvalidArgumentError(f"grid cells outside the grid {list(grid_shape)}")
     c = cells.astype(np.uint64)
     return _interleave([c[:, d] for d in range(c.shape[1])], _check_grid(grid_shape), np.zeros(len(c), np.uint64))
+
+
+def shard_shape(spec: ShardingSpec, grid_shape: Sequence[int]) -> tuple[int, ...] | None:
+    """Chunks per shard along each dimension when every shard is one aligned box of the grid,
+    else None.
+
+    That holds for the ``identity`` hash when the chunk id bits above
+    ``preshift_bits + minishard_bits`` (which name the shard) are all kept by
+    ``shard_bits``: the low bits then hold the low bits of each coordinate.
+    """
+    bits = morton_bits(grid_shape)
+    low = spec.preshift_bits + spec.minishard_bits
+    if spec.hash != "identity" or sum(bits) > low + spec.shard_bits:
+        return None
+    owners = _bit_owners(bits)[:low]
+    return tuple(1 << owners.count(d) for d in range(len(bits)))
+
+
+def morton_cell(chunk_id: int, grid_shape: Sequence[int]) -> tuple[int, ...]:
+    """The grid cell whose compressed Morton code is ``chunk_id`` (the inverse of
+    :func:`compressed_morton_code`; bits past the grid's are ignored)."""
+    bits = _check_grid(grid_shape)
+    cell, level = [0] * len(bits), [0] * len(bits)
+    for j, d in enumerate(_bit_owners(bits)):
+        cell[d] |= ((int(chunk_id) >> j) & 1) << level[d]
+        level[d] += 1
+    return tuple(cell)
+
+
+def shard_cells(spec: ShardingSpec, grid_shape: Sequence[int], shard: int) -> int | None:
+    """How many grid cells shard number ``shard`` holds when shards are boxes of the grid
+    (:func:`shard_shape`; boxes are clipped at the grid's end), else None."""
+    box = shard_shape(spec, grid_shape)
+    if box is None:
+        return None
+    first = morton_cell(shard << (spec.preshift_bits + spec.minishard_bits), grid_shape)
+    return math.prod(max(0, min(b, g - f)) for b, g, f in zip(box, grid_shape, first))
+
+
+def sharding_for(grid_shape: Sequence[int], chunks_per_shard: Sequence[int], *,
+                 minishard_bits: int = 3, minishard_index_encoding: str = "gzip",
+                 data_encoding: str = "raw") -> ShardingSpec:
+    """A sharding spec (identity hash) whose shards are aligned boxes of ``chunks_per_shard``
+    chunks (powers of two; clipped to the grid).
+
+    Compressed Morton codes interleave one bit of each dimension per level, so
+    a shard box must take the same number of bits from every dimension that
+    still has bits: (8, 8, 8) chunks fit any grid, (8, 8, 1) does not unless the
+    grid has a single chunk along z. ``minishard_bits`` (at most the shard's own
+    bits) splits each shard's index into minishards, so a lookup reads a smaller index.
+    """
+    bits = morton_bits(grid_shape)
+    if len(chunks_per_shard) != len(bits) or any(
+            not isinstance(c, (int, np.integer)) or c < 1 or c & (c - 1) for c in chunks_per_shard):
+        raise InvalidArgumentError(f"chunks per shard must be {len(bits)} powers of two, "
+                                   f"got {list(chunks_per_shard)}")
+    want = [min(int(c).bit_length() - 1, n) for c, n in zip(chunks_per_shard, bits)]
+    low = sum(want)
+    owners = _bit_owners(bits)[:low]
+    if [owners.count(d) for d in range(len(bits))] != want:
+        raise InvalidArgumentError(
+            f"a shard of {list(chunks_per_shard)} chunks is not a box of the compressed Morton order "
+            f"of a {list(grid_shape)} chunk grid: use the same power of two along every dimension")
+    mb = min(minishard_bits, low)
+    return ShardingSpec(preshift_bits=low - mb, hash="identity", minishard_bits=mb,
+                        shard_bits=sum(bits) - low, minishard_index_encoding=minishard_index_encoding,
+                        data_encoding=data_encoding)
 
 
 # -- data and index encodings ----------------------------------------------------------------

@@ -167,9 +167,8 @@ def decode_entry(raw: Any, where: str) -> Entry:
         stamp, obj, off, length, crc = raw
         if (
             isinstance(stamp, bytes)
-            and isinstance(off, int) and off >= 0
-            and isinstance(length, int) and length >= 0
-            and isinstance(crc, int) and 0 <= crc < 2**32
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in (off, length, crc))
+            and off >= 0 and length >= 0 and 0 <= crc < 2**32
         ):
             return RefEntry(stamp, check_ref("data", obj, where), off, length, crc)
     raise DataCorruptionError(f"versioned store: {where}: malformed entry {raw!r:.200}")
@@ -222,31 +221,55 @@ class CommitRecord:
 
     @staticmethod
     def decode(data: Any, name: str) -> CommitRecord:
+        """The record stored as ``data``; DataCorruptionError naming ``name``
+        for anything but the documented fields with their documented types."""
         body = unframe(MAGIC_COMMIT, data, name)
+
+        def get(field: str, kind: type | tuple[type, ...], default: Any = None, *,
+                required: bool = False) -> Any:
+            """``body[field]`` if of ``kind`` (never a bool for numbers), else TypeError."""
+            v = body.get(field)
+            if v is None:
+                if required:
+                    raise KeyError(field)
+                return default
+            if not isinstance(v, kind) or (isinstance(v, bool) and bool not in (
+                    kind if isinstance(kind, tuple) else (kind,))):
+                raise TypeError(f"field {field!r} is {v!r:.100}, not of type {kind}")
+            return v
+
         try:
             if not isinstance(body, dict):
                 raise TypeError("body is not a map")
-            if body["format"] not in READABLE_FORMATS:
+            if body.get("format") not in READABLE_FORMATS or isinstance(body.get("format"), bool):
                 raise ValueError(
-                    f"format {body['format']!r}, expected {FORMAT} at most (this code reads "
+                    f"format {body.get('format')!r}, expected {FORMAT} at most (this code reads "
                     f"formats {list(READABLE_FORMATS)})"
                 )
+            tags = get("tags", dict, {})
+            if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                       for k, v in tags.items()):
+                raise TypeError(f"field 'tags' is {tags!r:.100}, not a map of tag -> version")
+            deleted = get("deleted", list, [])
+            if not all(isinstance(r, list) and len(r) == 2 and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in r) for r in deleted):
+                raise TypeError(f"field 'deleted' is {deleted!r:.100}, not a list of [first, last]")
             rec = CommitRecord(
-                version=int(body["version"]),
-                parent=int(body["parent"]),
-                time=float(body["time"]),
-                write_id=str(body["write_id"]),
-                message=str(body.get("message") or ""),
-                metadata=dict(body.get("metadata") or {}),
-                root=body.get("root"),
-                count=int(body.get("count") or 0),
-                changes=body.get("changes"),
-                changes_ref=body.get("changes_ref"),
-                kind=str(body.get("kind") or "data"),
-                tags={str(k): int(v) for k, v in (body.get("tags") or {}).items()},
-                deleted=[[int(a), int(b)] for a, b in (body.get("deleted") or [])],
-                txn_id=_opt_str(body.get("txn_id")),
-                txn_nonce=_opt_str(body.get("txn_nonce")),
+                version=get("version", int, required=True),
+                parent=get("parent", int, required=True),
+                time=float(get("time", (int, float), required=True)),
+                write_id=get("write_id", str, required=True),
+                message=get("message", str, ""),
+                metadata=get("metadata", dict, {}),
+                root=get("root", str),
+                count=get("count", int, 0),
+                changes=get("changes", list),
+                changes_ref=get("changes_ref", str),
+                kind=get("kind", str, "data"),
+                tags=dict(tags),
+                deleted=[list(r) for r in deleted],
+                txn_id=get("txn_id", str),
+                txn_nonce=get("txn_nonce", str),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise DataCorruptionError(
@@ -265,12 +288,6 @@ class CommitRecord:
                 f"versioned store: commit record {name!r} says version {rec.version}"
             )
         return rec
-
-
-def _opt_str(v: Any) -> str | None:
-    if v is None or isinstance(v, str):
-        return v
-    raise TypeError(f"expected a string or nil, found {v!r:.60}")
 
 
 # -- deleted-version ranges ------------------------------------------------------

@@ -43,7 +43,8 @@ from tensorstore_py.core.pools import run_io
 from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.create import create_object
-from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, crc32c, new_write_id
+from tensorstore_py.kvstore.versioned.data import missing_objects
+from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, crc32c, new_write_id
 from tensorstore_py.kvstore.versioned.fragments import (
     Attempt,
     Fragment,
@@ -108,13 +109,35 @@ class MultiWriterParticipant(VersionedParticipant):
 
     async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
         deadline = time.monotonic() + txn.timeout
-        changes = await self.finalize()
-        base = await self.pin()
-        reads = self.reads or ReadSet()
-        mine = Fragment(txn.process_index, base, changes, sorted(reads.keys), sorted(reads.prefixes))
-        if txn.process_index == 0:
-            return await _coordinate(self, mine, deadline)
-        return await _participate(self.root, txn, mine, deadline, wait)
+        try:
+            changes = await self.finalize()
+            base = await self.pin()
+            reads = self.reads or ReadSet()
+            mine = Fragment(txn.process_index, base, changes, sorted(reads.keys), sorted(reads.prefixes))
+            if txn.process_index == 0:
+                return await _coordinate(self, mine, deadline)
+            return await _participate(self.root, txn, mine, deadline, wait)
+        finally:
+            self._release()  # the writer lease: this process's part is over
+
+    async def check_merged(self, own: list[Change], others: list[Fragment], started: float) -> None:
+        """Before the commit record (process 0): this process's old data objects
+        still exist (as for one process), and so do the other participants' when
+        the transaction has been open longer than ``LeaseKeeper.check_after``
+        (their leases protect them while they live; a participant that died
+        after delivering its fragment protects nothing). DataCorruptionError,
+        nothing visible, otherwise."""
+        await self.check_written(own)
+        if time.monotonic() - started <= self.root.leases.check_after:
+            return
+        names = sorted({e.object for f in others for _, e in f.changes if isinstance(e, RefEntry)})
+        gone = await missing_objects(self.root.base, names) if names else []
+        if gone:
+            raise DataCorruptionError(
+                f"{self.name}: {len(gone)} data object(s) of other participants are gone (e.g. "
+                f"{gone[0]!r}; deleted by garbage collection while the transaction was open?); "
+                f"nothing was committed: retry the transaction"
+            )
 
 
 # -- what happened to a transaction id ----------------------------------------------
@@ -215,6 +238,7 @@ async def _coordinate(p: MultiWriterParticipant, mine: Fragment, deadline: float
         await _cleanup(root, txn_id)
         return info
     a = got
+    started = time.monotonic() - max(0.0, time.time() - a.time)  # when the attempt opened
     try:
         frags = await _gather(root, txn, a, deadline)
         changes = merge_fragments([(0, mine.changes)] + [(f.index, f.changes) for f in frags])
@@ -223,8 +247,11 @@ async def _coordinate(p: MultiWriterParticipant, mine: Fragment, deadline: float
             reads.update(ReadSet(set(f.reads), set(f.read_prefixes)))
         # conflicts are checked from the oldest version any participant read
         low = min(f.base for f in [mine, *frags])
+        async def check() -> None:
+            await p.check_merged(mine.changes, frags, started)
+
         rec = await commit_changes(root, changes, low, txn, reads=reads or None, nonce=a.nonce,
-                                   txn_from=a.since)
+                                   txn_from=a.since, before_publish=check)
     except AlreadyCommitted as e:  # another process 0 (of an older run) committed it
         await _announce(root, txn, a, _success(e.rec))
         info = await _if_same_writes(root, txn, e.rec, mine.changes)
