@@ -154,6 +154,9 @@ class ChunkedArray(ArrayDriver):
         )
         # indexes of shards read in part, checked against the data's generation
         self._shard_indexes = ShardIndexCache() if self._shard is not None else None
+        # a chunk being written holds a contiguous copy and its encoding; a shard
+        # gathers its inner chunks straight from the source: its encoding only
+        self._write_cost = self._chunk_nbytes * (1 if self._shard is not None else 2)
 
     # -- format hooks -----------------------------------------------------------
     metadata_key: str
@@ -294,6 +297,8 @@ class ChunkedArray(ArrayDriver):
         out = self._out(index, out)
         if out.size:  # every worker is busy on a CPU here (no loop to wait on): one per core
             tasks = min(self._sync_read_tasks(), max(2, self._threads.cpu))
+            # within the byte budget: each worker holds one batch (or one whole chunk)
+            tasks = max(1, min(tasks, self._budget.limit // max(self._chunk_nbytes, fastpath.BATCH_BYTES)))
             fastpath.read_blocking(self, self.kvstore, index, out, tasks=tasks)
         return out
 
@@ -453,7 +458,7 @@ class ChunkedArray(ArrayDriver):
             await run_bounded(
                 fastpath.batches(chunk_parts(index, self._chunk_shape, self._shape), self._chunk_nbytes,
                                  target=_WRITE_BATCH_BYTES, max_parts=_WRITE_BATCH_PARTS),
-                batch, budget=self._budget, cost=lambda b: 2 * len(b) * self._chunk_nbytes,
+                batch, budget=self._budget, cost=lambda b: len(b) * self._write_cost,
                 max_tasks=write_tasks(self._threads),
             )
             return
@@ -463,7 +468,7 @@ class ChunkedArray(ArrayDriver):
 
         await run_bounded(
             chunk_parts(index, self._chunk_shape, self._shape), one,
-            budget=self._budget, cost=2 * self._chunk_nbytes,
+            budget=self._budget, cost=self._write_cost,
             max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=True),
         )
 

@@ -103,3 +103,28 @@ def test_an_array_works_on_the_threads_its_context_gives(tmp_path):
     b = tsp.open(f"file://{tmp_path}/a/", context=ctx).result(T)
     assert b._driver._threads.cpu_pool() is drv._threads.cpu_pool()
     assert tsp.open(f"file://{tmp_path}/a/").result(T)._driver._threads == Concurrency.default()
+
+
+def test_peak_memory_of_a_read_is_the_request_plus_the_budget(tmp_path):
+    """Whole 16 MiB shards read with a 32 MiB budget: at most two in flight
+    whatever the CPU count (the blocking read path too)."""
+    script = textwrap.dedent(f"""
+        import numpy as np, tensorstore_py as tsp
+        def status(field):
+            return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field + ":"))
+        ctx = tsp.Context({{"bytes_in_flight": {{"limit": 32 << 20}}, "data_copy_concurrency": {{"limit": 16}}}})
+        url = "file://{tmp_path}/a/"
+        a = tsp.open(url, create=True, dtype="uint8", shape=[256, 1024, 1024], chunks=[16, 256, 256],
+                     shards=[16, 1024, 1024], context=ctx).result()
+        a.write(np.full(a.shape, 3, np.uint8)).result()
+        del a
+        a = tsp.open(url, context=ctx).result()
+        base = status("VmRSS")
+        x = a.read().result()
+        assert x[-1, -1, -1] == 3
+        print((status("VmHWM") - base) // 1024)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    growth_mib = int(out.stdout.strip())
+    assert growth_mib < 256 + 32 + 40, growth_mib  # the 256 MiB output, the budget, slack
