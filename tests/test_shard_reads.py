@@ -169,3 +169,26 @@ def test_raw_shards_skip_fill_inner_chunks_like_tensorstore(tmp_path, dtype):
     for key in ("c/0/0/0", "c/1/1/1"):
         assert (ours / key).read_bytes() == (theirs / key).read_bytes(), key
     assert np.array_equal(read(open_sync({"driver": "zarr3", "kvstore": "file://" + str(theirs)})), x)
+
+
+@pytest.mark.parametrize("path", ["async", "blocking"])
+def test_many_raw_inner_chunks_come_in_one_span(tmp_path, path):
+    """Under half of a shard but more than a few raw inner chunks: the index and
+    ONE data request, the chunks placed as records (also with gaps of missing
+    inner chunks, and with steps)."""
+    base, counting = _stores(tmp_path)[path]
+    x = _data()
+    write(open_sync({"driver": "zarr3", "kvstore": base, "metadata": _meta()}, create=True), x)
+    a = open_sync({"driver": "zarr3", "kvstore": counting})
+
+    def one_by_one(*args):
+        raise AssertionError("raw inner chunks decoded one by one")
+
+    a._shard.decode_present = one_by_one
+    for region in [(slice(0, 8), slice(0, 18), slice(0, 10)),      # 2 x 3 x 2 = 12 of 30 inner chunks
+                   (slice(1, 7), slice(1, 17), slice(1, 9)),       # the same cells, unaligned
+                   (slice(20, 28, 3), slice(18, 36, 2), slice(10, 20))]:
+        counting.reads.clear()
+        assert np.array_equal(read(a, region), x[region]), region
+        data = [r for _, r in counting.reads if r is not None and r.start >= 0]
+        assert len(data) == 1, counting.reads

@@ -30,8 +30,8 @@ from tensorstore_py.drivers.dtypes import is_variable_length
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.kvstore.base import Buffer, ByteRange
 
-# Region reads of at most this many inner chunks copy them one by one (no scratch box).
-_FEW_PARTS = 8
+#: region reads of at most this many raw inner chunks copy them one by one (no scratch box)
+FEW_PARTS = 8
 # An index larger than this (16 bytes per entry) is refused before any read.
 MAX_INNER_CHUNKS = 1 << 22
 
@@ -204,11 +204,17 @@ class ShardingCodec(ArrayBytesCodec):
             dest[ip.out] = self.decode_inner(v, ip, off, n, key=key)[ip.chunk]
 
     def read_region(self, buf: Buffer, idx: np.ndarray, region: tuple[slice, ...],
-                    parts: list[ChunkPart], dest: np.ndarray, key: str) -> None:
-        """Fill ``dest`` with ``region`` of the whole stored shard ``buf`` (its
-        index ``idx``; ``parts``: the region's inner chunk parts)."""
+                    parts: list[ChunkPart], dest: np.ndarray, key: str, base: int = 0) -> None:
+        """Fill ``dest`` with ``region`` of the stored shard whose bytes from
+        ``base`` on are ``buf`` (the whole shard when 0; its index ``idx``, every
+        inner chunk the region needs inside ``buf``; ``parts``: the region's
+        inner chunk parts)."""
         mv = memoryview(buf).cast("B")
-        if self.raw_inner and len(parts) > _FEW_PARTS and self._place_region(mv, idx, region, dest):
+        if base:
+            idx = idx.copy()
+            offsets = idx[..., 0]
+            offsets[offsets != MISSING] -= np.uint64(base)
+        if self.raw_inner and len(parts) > FEW_PARTS and self._place_region(mv, idx, region, dest):
             return
         present = self.present_parts(idx, parts, dest)
         self.decode_present(key, present, [mv[o: o + n] for _, o, n in present], dest)
