@@ -15,9 +15,10 @@ Requests per partial shard read:
   chunks needed by byte range, ranges closer than :data:`COALESCE_GAP` merged
   into one request (requests run concurrently); more than :data:`FEW_PARTS`
   raw inner chunks come in ONE span when it holds at most
-  :data:`SPAN_OVERREAD` times their bytes (then placed as records). Merging across larger gaps was
-  measured: a 64^3 crop over 2 x 2 x 2 inner chunks of 64^3 in 2 requests of
-  1.5x the bytes instead of 4 was 20 % slower over loopback HTTP.
+  :data:`SPAN_OVERREAD` times their bytes (then placed as records). A few
+  chunks keep one request per run of neighbours: the 2 x 2 x 2 inner chunks
+  of a 64^3 crop fetched as 2 spans of 1.5x the bytes instead of 4 runs were
+  20 % slower over loopback HTTP.
 
 **Index cache**: the decoded index of a shard is kept (:class:`ShardIndexCache`,
 a few MiB per array) with the generation it was read at. A later read uses it
