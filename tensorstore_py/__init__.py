@@ -39,7 +39,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Transaction": ("tensorstore_py.kvstore.transaction", "Transaction"),
     "CommitInfo": ("tensorstore_py.kvstore.transaction", "CommitInfo"),
     "VersionInfo": ("tensorstore_py.kvstore.versioned", "VersionInfo"),
-    "open": ("tensorstore_py.tensorstore", "open"),
+    "open": ("tensorstore_py.opening", "open"),
     "TensorStore": ("tensorstore_py.tensorstore", "TensorStore"),
     "downsample": ("tensorstore_py.downsample_view", "downsample"),
     "open_multiscale": ("tensorstore_py.multiscale", "open_multiscale"),

@@ -39,8 +39,8 @@ from tensorstore_py.drivers.groups import (
 )
 from tensorstore_py.kvstore.base import KvStore, validate_prefix
 from tensorstore_py.kvstore.registry import open_kvstore
+from tensorstore_py.opening import open as open_array
 from tensorstore_py.tensorstore import TensorStore
-from tensorstore_py.tensorstore import open as open_array
 
 __all__ = ["Group", "open_group"]
 

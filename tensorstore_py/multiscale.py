@@ -38,8 +38,8 @@ from tensorstore_py.drivers.engine import json_object
 from tensorstore_py.drivers.precomputed.metadata import INFO_KEY, MultiscaleMetadata
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
+from tensorstore_py.opening import open as open_array
 from tensorstore_py.tensorstore import TensorStore
-from tensorstore_py.tensorstore import open as open_array
 
 __all__ = ["Axis", "Level", "Multiscale", "ngff_attributes", "open_multiscale", "parse_multiscales"]
 

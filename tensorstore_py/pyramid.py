@@ -31,24 +31,24 @@ read-modify-write), a few blocks in flight.
 from __future__ import annotations
 
 import itertools
-import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tensorstore_py.core.budget import ByteBudget, run_bounded
-from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
+from tensorstore_py.core.errors import InvalidArgumentError
 from tensorstore_py.core.future import Future, spawn
 from tensorstore_py.downsample_view import downsample
+from tensorstore_py.drivers.groups import GroupFormat, create_group, update_group_attributes
 from tensorstore_py.drivers.precomputed.driver import PrecomputedArray, encoding_members
 from tensorstore_py.drivers.precomputed.sharding import ShardingSpec, shard_shape, sharding_for
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 from tensorstore_py.multiscale import Axis, Level, Multiscale, ngff_attributes, open_multiscale
+from tensorstore_py.opening import open as open_array
 from tensorstore_py.tensorstore import TensorStore
-from tensorstore_py.tensorstore import open as open_array
 
 __all__ = ["write_pyramid"]
 
@@ -195,36 +195,11 @@ def _clip(shape: Sequence[int] | None, extent: Sequence[int]) -> list[int] | Non
 
 
 async def _update_group(kv: KvStore, zarr_format: int, attrs: dict[str, Any]) -> None:
-    """Merge ``attrs`` into the group's attributes (the group is created if absent)."""
-    if zarr_format == 2:
-        await _cas_json(kv, ".zgroup", lambda doc: doc or {"zarr_format": 2})
-        await _cas_json(kv, ".zattrs", lambda doc: {**(doc or {}), **attrs})
-        return
-
-    def merge(doc: dict[str, Any] | None) -> dict[str, Any]:
-        doc = doc or {"zarr_format": 3, "node_type": "group"}
-        if doc.get("node_type") != "group":
-            raise InvalidArgumentError(f"write_pyramid: {kv!r} holds a zarr array, not a group")
-        return {**doc, "attributes": {**(doc.get("attributes") or {}), **attrs}}
-
-    await _cas_json(kv, "zarr.json", merge)
-
-
-async def _cas_json(kv: KvStore, key: str, change: Callable[[Any], Any]) -> None:
-    """Replace the JSON document at ``key`` by ``change(old)`` (None: absent), as a
-    compare-and-swap retried when another writer changed it meanwhile."""
-    for _attempt in range(20):
-        res = await kv.read(key)
-        old = json.loads(bytes(res.value)) if res.state == "value" else None
-        new = change(old)
-        if new == old:
-            return
-        try:
-            await kv.write(key, json.dumps(new, indent=2).encode(), if_equal=res.generation)
-            return
-        except ConditionFailedError:
-            continue
-    raise ConditionFailedError(f"write_pyramid: {key} at {kv!r} kept changing")
+    """Merge ``attrs`` into the group's attributes (the group is created if absent;
+    an array there is an error)."""
+    fmt: GroupFormat = "zarr3" if zarr_format == 3 else "zarr2"
+    node = await create_group(kv, fmt)  # exist_ok: opens the group already there
+    await update_group_attributes(kv, node.format, attrs)
 
 
 # -- neuroglancer precomputed ---------------------------------------------------------------------------

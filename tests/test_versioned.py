@@ -409,3 +409,26 @@ def test_random_faults_succeeded_writes_visible_failed_ones_not(seed: int) -> No
     for k in ok:
         i = int(k[1:])
         assert bytes(fresh.read(k).result(T).value) == b"v%d" % i * (i % 3 * 200 + 1)
+
+
+def test_a_store_deleted_and_recreated_under_a_process_never_gets_a_gap(tmp_path) -> None:
+    """The process caches the history it read; a writer still re-reads the parent's
+    commit record before committing, so a store deleted and recreated at the same
+    place gets version 1, never version n+1 after a gap."""
+    import shutil
+
+    from tensorstore_py.errors import DataCorruptionError
+
+    path = tmp_path / "s"
+    url = f"versioned+file://{path}/"
+    kv = tsp.KvStore.open(url).result()
+    for i in range(3):
+        kv.write(f"k{i}", b"v").result()
+    assert kv.newest_version().result() == 3
+    shutil.rmtree(path)
+    again = tsp.KvStore.open(url).result()
+    with pytest.raises(DataCorruptionError, match="deleted or replaced"):
+        again.write("fresh", b"x").result()
+    again.write("fresh", b"x").result()  # the cached history is gone: version 1
+    assert sorted(p.name for p in (path / "commits").iterdir() if p.is_file()) == ["00000000000000000001"]
+    assert again.read("fresh").result().value == b"x"

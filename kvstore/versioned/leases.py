@@ -333,7 +333,9 @@ class LeaseKeeper:
                 try:
                     await self.base.delete(self.name)
                 except _IO_ERRORS as e:
-                    log.warning("could not delete lease %s on %r: %s", self.name, self.base, e)
+                    # harmless: a lease nobody refreshes expires after its TTL
+                    log.debug("could not delete lease %s on %r (it expires in %g s): %s",
+                              self.name, self.base, TTL, e)
                     return
                 self._durable = None
             elif refresh or versions != d.versions or writing != d.writing:

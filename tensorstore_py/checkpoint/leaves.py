@@ -17,8 +17,8 @@ from tensorstore_py.core.errors import DataCorruptionError
 from tensorstore_py.drivers.dtypes import dtype_from_v3
 from tensorstore_py.drivers.zarr3 import Zarr3Array
 from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.opening import open as ts_open
 from tensorstore_py.tensorstore import TensorStore
-from tensorstore_py.tensorstore import open as ts_open
 
 __all__ = ["array_leaves", "open_leaf"]
 

@@ -17,7 +17,7 @@ from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError, Unsu
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.info import CommitDetails
-from tensorstore_py.tensorstore import open as ts_open
+from tensorstore_py.opening import open as ts_open
 
 __all__ = ["codec_names", "diff", "history", "info", "ls", "open_array"]
 
