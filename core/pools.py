@@ -17,14 +17,17 @@ distinct size gets a pool of its own, shared by every array that asks for it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import concurrent.futures.thread
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Concurrency", "available_cpus", "cpu_pool", "io_pool", "run_cpu", "run_in", "run_io"]
+__all__ = ["Concurrency", "at_exit_before_pools", "available_cpus", "cpu_pool", "io_pool", "run_cpu", "run_in",
+           "run_io"]
 
 T = TypeVar("T")
 
@@ -108,6 +111,22 @@ async def run_io(fn: Callable[..., T], *args: Any) -> T:
 async def run_cpu(fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(*args)`` (GIL-releasing work) on the default CPU pool from the loop."""
     return await run_in(cpu_pool(), fn, *args)
+
+
+def at_exit_before_pools(fn: Callable[[], None]) -> None:
+    """Run ``fn`` at interpreter exit while the pools still take work.
+
+    ``concurrent.futures`` stops its pools at threading shutdown, which comes
+    before ``atexit`` handlers; work a library must finish at exit (releasing
+    leases) registers here, the way ``concurrent.futures`` registers itself, and
+    runs first (these hooks run last-registered first, and the pools' hook was
+    registered when this module was imported).
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - not CPython >= 3.9
+        atexit.register(fn)
+    else:
+        register(fn)
 
 
 def _reset_pools_after_fork() -> None:

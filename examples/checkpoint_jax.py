@@ -2,13 +2,18 @@
 
     python examples/checkpoint_jax.py                 # checkpoints in a temporary folder
     python examples/checkpoint_jax.py --root file:///tmp/run1/ --steps 12 --every 4
+    tensorstore-py ls file:///tmp/run1/               # the steps it kept
+
+With ``--root`` the checkpoints stay; running the same command again resumes
+training from the newest step there (steps 13..24 the second time).
 
 What happens:
 
 1. This script starts itself twice (process 0 and 1) with 4 CPU devices each,
    joined by ``jax.distributed.initialize`` on 127.0.0.1:<free port>.
 2. The processes train a plain-JAX MLP with momentum SGD on a (data=2, model=4)
-   mesh; every ``--every`` steps each process calls ``CheckpointManager.save``:
+   mesh (resuming from the root's newest step if it has one); every ``--every``
+   steps each process calls ``CheckpointManager.save``:
    each writes only its own shards, and ONE atomic commit publishes the step
    (``max_to_keep=2``).
 3. Both processes restore the newest step onto a *different* mesh (model=8,
@@ -87,9 +92,20 @@ def worker(args: argparse.Namespace) -> None:
         p = jax.tree_util.tree_map(lambda p_, m_: p_ - 0.05 * m_, p, m)
         return p, m, loss
 
+    def abstract(like: Any, on: Any, spec_of: dict[str, Any]) -> Any:
+        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(on, spec_of[k]))
+                for k, v in like.items()}
+
     mgr = tsp.CheckpointManager(args.root, max_to_keep=2)
+    start = mgr.latest_step() or 0
+    if start:  # a root with checkpoints: resume from its newest step
+        state = mgr.restore(start, target={"params": abstract(params, mesh, specs),
+                                           "momentum": abstract(momentum, mesh, specs), "step": 0})
+        params, momentum = state["params"], state["momentum"]
+        log(f"resumed from step {start} of {args.root}")
+    last = start + args.steps
     data_sharding = NamedSharding(mesh, P("data", None))
-    for step in range(1, args.steps + 1):
+    for step in range(start + 1, last + 1):
         xb = np.random.default_rng(step).standard_normal((SIZES["batch"], SIZES["d_in"])).astype(np.float32)
         yb = xb @ true_w
         x = jax.make_array_from_callback(xb.shape, data_sharding, lambda i, xb=xb: xb[i])
@@ -108,12 +124,8 @@ def worker(args: argparse.Namespace) -> None:
     # restore onto another mesh: 1 x 8 devices, the weights' specs transposed
     mesh8 = Mesh(np.array(jax.devices()).reshape(1, 8), ("data", "model"))
     tspecs = _specs(P, transposed=True)
-
-    def abstract(like: Any) -> Any:
-        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh8, tspecs[k]))
-                for k, v in like.items()}
-
-    target = {"params": abstract(params), "momentum": abstract(momentum), "step": 0}
+    target = {"params": abstract(params, mesh8, tspecs), "momentum": abstract(momentum, mesh8, tspecs),
+              "step": 0}
     t0 = time.perf_counter()
     restored = mgr.restore(mgr.latest_step(), target=target)
     log(f"restore onto a 1x8 mesh (transposed specs): {(time.perf_counter() - t0) * 1e3:.1f} ms")
@@ -122,7 +134,8 @@ def worker(args: argparse.Namespace) -> None:
         assert arr.sharding == target["params"][k].sharding
         for shard in arr.addressable_shards:
             np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(want[k])[shard.index])
-    assert restored["step"] == args.steps - args.steps % args.every
+    saved = [s for s in range(start + 1, last + 1) if s % args.every == 0]
+    assert restored["step"] == (saved[-1] if saved else start)
     if pid == 0:
         with open(args.out, "w") as f:
             json.dump({k: np.asarray(v).tolist() for k, v in want.items()}, f)
@@ -205,6 +218,15 @@ def main() -> None:
           f"{(time.perf_counter() - t0) * 1e3:.1f} ms")
     np.testing.assert_array_equal(row, want[name][1, ::2])
     print("OK: every restore and the slice match the trained parameters")
+    if args.root:
+        print(f"the checkpoints stay in {root}: `tensorstore-py ls {root}` lists them, "
+              f"`tensorstore-py verify {root}` checks every byte; run this command again to resume "
+              f"training from step {mgr.latest_step()}")
+    else:
+        print(f"the checkpoints were in a temporary folder ({root}), deleted when this script "
+              f"exits; to keep them, give a root:\n"
+              f"  python examples/checkpoint_jax.py --root file:///tmp/tsp-run/\n"
+              f"  tensorstore-py ls file:///tmp/tsp-run/")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
 
 Saves a few steps of a small "training state" with a CheckpointManager that
 keeps the 2 best steps by a metric (plus the newest), lists what is stored,
-restores the best step as numpy and into a target tree, and shows that every
-step is one version of the root's versioned store.
+restores the best step as numpy and into a target tree (casting a leaf to the
+target's dtype only when asked to), and shows that every step is one version of
+the root's versioned store.
 """
 
 from __future__ import annotations
@@ -54,8 +55,15 @@ def main() -> None:
     best = mgr.restore(mgr.best_step())  # no target: the stored tree, numpy leaves
     print("restored step", best["step"], "embed", best["params"]["embed"].dtype,
           best["params"]["embed"].shape, "opt", type(best["opt"]).__name__)
+    # only what the target asks for; its float64 differs from the saved float32, so the
+    # conversion is asked for (without cast=True: InvalidArgumentError, nothing read)
     target = {"params": {"dense": {"kernel": np.zeros((64, 64), np.float64)}}}
-    part = mgr.restore(mgr.latest_step(), target=target)  # only what the target asks for
+    try:
+        mgr.restore(mgr.latest_step(), target=target)
+        raise SystemExit("a target of another dtype was cast silently")
+    except tsp.InvalidArgumentError as e:
+        print("without cast=True:", str(e).split(";")[0])
+    part = mgr.restore(mgr.latest_step(), target=target, cast=True)
     print("kernel restored as", part["params"]["dense"]["kernel"].dtype)
     np.testing.assert_allclose(part["params"]["dense"]["kernel"], state["params"]["dense"]["kernel"])
 

@@ -15,6 +15,9 @@ Guarantees, honestly stated:
   generic fsspec filesystem offers no atomic create-only or compare-and-swap,
   and an exists-then-write would only pretend to. Use the native ``file``,
   ``gcs`` or ``s3`` stores (or a filesystem-specific store) when you need them.
+  The class says so (``conditional_writes = False``), so what needs them (a
+  versioned store, a checkpoint save, ``tensorstore-py copy``) refuses at open,
+  before any data moves.
 * Atomicity and durability of a plain write are the filesystem's: object stores
   replace a whole object in one PUT; some filesystems write in place.
 * Generation = the filesystem's own metadata for the path (ETag / generation /
@@ -46,7 +49,7 @@ from tensorstore_py.kvstore.base import (
     KvStore,
     ReadResult,
 )
-from tensorstore_py.kvstore.registry import register_kvstore
+from tensorstore_py.kvstore.registry import conditional_schemes, register_kvstore
 
 __all__ = ["FsspecKvStore"]
 
@@ -79,6 +82,8 @@ class FsspecKvStore(KvStore):
     """Keys are files below ``url`` on an fsspec filesystem (no conditional writes)."""
 
     driver = "fsspec"
+    #: no create-only or compare-and-swap writes (see the module doc)
+    conditional_writes = False
 
     def __init__(
         self, *, url: str, path: str = "", storage_options: dict[str, Any] | None = None
@@ -141,7 +146,8 @@ class FsspecKvStore(KvStore):
         return UnsupportedError(
             f"{op} of {key!r} on fsspec store {self.root_url!r}: conditional writes "
             f"(if_equal) are not supported by {type(self.fs).__name__}; an "
-            "exists-then-write would not be atomic"
+            f"exists-then-write would not be atomic; stores that can: "
+            f"{', '.join(conditional_schemes())}"
         )
 
     # -- reads -------------------------------------------------------------------------

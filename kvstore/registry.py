@@ -14,6 +14,12 @@ Third-party drivers register lazily with :func:`register_driver` (module and
 class by name); a missing optional dependency then raises ImportError naming
 the pip extra to install.
 
+A store class that can not honour create-only and compare-and-swap writes says
+so with a class attribute ``conditional_writes = False`` (the fsspec store);
+:func:`require_conditional_writes` turns that into an error at open, before any
+data moves, for the work that needs them (a versioned store, a checkpoint, a
+copy), naming the stores that can.
+
 URL forms::
 
     memory://[path]            file:///abs/dir/          /abs/dir (a plain path)
@@ -35,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from tensorstore_py.core.errors import InvalidSpecError
+from tensorstore_py.core.errors import InvalidSpecError, UnsupportedError
 
 __all__ = [
     "BUILTIN_MODULES",
@@ -43,8 +49,11 @@ __all__ = [
     "driver_class",
     "known_drivers",
     "open_kvstore",
+    "conditional_schemes",
+    "has_conditional_writes",
     "register_driver",
     "register_kvstore",
+    "require_conditional_writes",
     "spec_from_url",
 ]
 
@@ -190,6 +199,42 @@ def driver_class(name: str) -> type[Any]:
     if _DRIVERS.get(name) is entry:  # unless the module registered itself
         _DRIVERS[name] = cls
     return cls
+
+
+def has_conditional_writes(store: Any) -> bool:
+    """False when ``store``, or a store an adapter of it wraps (its ``base``),
+    can not do create-only / compare-and-swap writes."""
+    while store is not None:
+        if not getattr(store, "conditional_writes", True):
+            return False
+        store = getattr(store, "base", None)
+    return True
+
+
+def conditional_schemes() -> list[str]:
+    """URL schemes of the writable stores with real create-only and
+    compare-and-swap writes (imports every builtin store module)."""
+    known = set(known_drivers())
+    out = []
+    for scheme, name in sorted(_SCHEMES.items()):
+        entry = _DRIVERS.get(name)
+        if name in known and isinstance(entry, type) and name not in _ADAPTERS \
+                and getattr(entry, "conditional_writes", True) and not getattr(entry, "read_only", False):
+            out.append(f"{scheme}://")
+    return out
+
+
+def require_conditional_writes(store: Any, what: str) -> None:
+    """UnsupportedError when ``store`` can not do create-only writes, which
+    ``what`` (e.g. "checkpoint save to az://c/run/") needs."""
+    if has_conditional_writes(store):
+        return
+    url = store.url() if hasattr(store, "url") else repr(store)
+    raise UnsupportedError(
+        f"{what}: the store at {url} can not do create-only or compare-and-swap writes "
+        f"(a generic fsspec filesystem offers neither atomically), which this needs; use a store "
+        f"that can: {', '.join(conditional_schemes())} (or a local path)"
+    )
 
 
 def _scheme_driver(scheme: str) -> str | None:

@@ -1,21 +1,23 @@
-"""``tensorstore-py``: inspect, verify, collect garbage and export checkpoints and arrays.
+"""tensorstore-py: inspect, verify, collect garbage, copy and export checkpoints and arrays.
 
 ::
 
-    tensorstore-py ls URL [--json]
-    tensorstore-py info URL [--step N | --version N] [--json]
+    tensorstore-py ls URL [--at N] [--json]
+    tensorstore-py info URL [--step N | --at N] [--json]
     tensorstore-py history URL [--json]
     tensorstore-py diff URL A B [--json]
-    tensorstore-py verify URL [--step N | --all] [--json]
+    tensorstore-py verify URL [--step N | --all] [--at N] [--json]
     tensorstore-py gc URL [--grace DURATION] [--apply] [--json]
-    tensorstore-py cat URL [ARRAY_PATH] [--index "[0:10, :, 5]"] [--out x.npy] [--step N]
+    tensorstore-py cat URL [ARRAY_PATH] [--index "[0:10, :, 5]"] [--out x.npy] [--step N] [--at N]
     tensorstore-py copy SRC DST [--json]
     tensorstore-py export ROOT [--step N] DEST [--json]
 
 Exit codes: 0 success; 1 a problem found (``verify``) or the command failed
 (nothing at the URL, a missing step, corrupt data, a store error); 2 a usage
 error (bad options or arguments). Errors are one readable message on stderr,
-never a traceback (set ``TSP_DEBUG=1`` to get one). The command logic lives in
+never a traceback (set ``TSP_DEBUG=1`` to get one). Long commands (``verify``,
+``copy``, ``export``, ``gc --apply``) draw a progress bar on a terminal and
+print a one-line summary on stderr otherwise. The command logic lives in
 :mod:`tensorstore_py.commands` (each returns data); this module parses
 arguments and prints. See docs/CLI.md for the ``--json`` shapes.
 """
@@ -23,9 +25,11 @@ arguments and prints. See docs/CLI.md for the ``--json`` shapes.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -33,8 +37,8 @@ import numpy as np
 from tensorstore_py import __version__
 from tensorstore_py.commands import checks, export, inspect, maintenance, printers
 from tensorstore_py.commands.errors import describe
-from tensorstore_py.commands.output import progress
 from tensorstore_py.core.future import spawn
+from tensorstore_py.progress import Progress
 
 __all__ = ["EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "build_parser", "main"]
 
@@ -42,9 +46,17 @@ EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 
+_DESCRIPTION = """\
+Inspect, verify, collect garbage, copy and export checkpoints and arrays.
 
-class _UsageError(Exception):
-    pass
+URL is a local path, file:///abs/dir/, gs://bucket/dir/, s3://bucket/dir/,
+http(s)://host/dir/ or versioned+<URL>[@<version>]. Run
+`tensorstore-py COMMAND --help` for a command's options; docs/CLI.md has the
+JSON shapes. Exit codes: 0 success, 1 a problem found or the command failed,
+2 a usage error.
+"""
+
+_URL_HELP = "a checkpoint root, versioned store, zarr array or folder (path or URL)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,10 +73,18 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def _at(c: Any, help: str) -> None:
+    """``--at N`` (a version of the store), with the old spelling ``--version N``
+    kept as a hidden alias (it clashed with the program's ``--version``)."""
+    c.add_argument("--at", dest="at_version", type=_int, metavar="N", help=help)
+    c.add_argument("--version", dest="at_version", type=_int, help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tensorstore-py", description=__doc__.split("\n\n")[0],
+    p = _Parser(prog="tensorstore-py", description=_DESCRIPTION,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"tensorstore-py {__version__}")
+    p.add_argument("--version", action="version", version=f"tensorstore-py {__version__}",
+                   help="print the program's version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -76,55 +96,55 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--json", action="store_true", help="machine-readable output (docs/CLI.md)")
 
     c = cmd("ls", "list the steps of a checkpoint, the versions of a versioned store, or arrays")
-    c.add_argument("url")
-    c.add_argument("--version", dest="at_version", type=_int, metavar="N", help="as of version N")
+    c.add_argument("url", help=_URL_HELP)
+    _at(c, "as of version N of the store")
     json_flag(c)
 
     c = cmd("info", "the arrays stored: shape, dtype, chunks, shards, codecs, sizes")
-    c.add_argument("url")
+    c.add_argument("url", help=_URL_HELP)
     g = c.add_mutually_exclusive_group()
     g.add_argument("--step", type=_int, metavar="N", help="checkpoint step (default: the latest)")
-    g.add_argument("--version", dest="at_version", type=_int, metavar="N", help="store version")
+    _at(g, "as of version N of the store")
     json_flag(c)
 
     c = cmd("history", "every commit of a versioned store or checkpoint root")
-    c.add_argument("url")
+    c.add_argument("url", help="a checkpoint root or versioned store (path or URL)")
     json_flag(c)
 
     c = cmd("diff", "which arrays and chunks changed between two steps (checkpoint) or versions")
-    c.add_argument("url")
-    c.add_argument("a", type=_int)
-    c.add_argument("b", type=_int)
+    c.add_argument("url", help="a checkpoint root or versioned store (path or URL)")
+    c.add_argument("a", type=_int, metavar="A", help="the older step (checkpoint) or version")
+    c.add_argument("b", type=_int, metavar="B", help="the newer step (checkpoint) or version")
     json_flag(c)
 
     c = cmd("verify", "read everything, check every checksum and reference, decode every chunk")
-    c.add_argument("url")
+    c.add_argument("url", help=_URL_HELP)
     g = c.add_mutually_exclusive_group()
     g.add_argument("--step", type=_int, metavar="N", help="only this checkpoint step's arrays")
     g.add_argument("--all", action="store_true", help="arrays of every retained version")
-    c.add_argument("--version", dest="at_version", type=_int, metavar="N", help="pin a version")
+    _at(c, "verify the arrays as of version N of the store")
     json_flag(c)
 
     c = cmd("gc", "delete objects no retained version references (dry run unless --apply)")
-    c.add_argument("url")
+    c.add_argument("url", help="a checkpoint root or versioned store (path or URL)")
     c.add_argument("--grace", default=None, metavar="DURATION",
                    help="only objects older than this (default 6h; e.g. 0s, 30m, 7d)")
     c.add_argument("--apply", action="store_true", help="really delete")
     json_flag(c)
 
     c = cmd("cat", "print or export (.npy) a slice of one array")
-    c.add_argument("url")
+    c.add_argument("url", help=_URL_HELP)
     c.add_argument("array", nargs="?", default="", metavar="ARRAY_PATH",
                    help="leaf path in a checkpoint, or array path below URL")
     c.add_argument("--index", metavar="EXPR", help='numpy index, e.g. "[0:10, :, 5]"')
     c.add_argument("--out", metavar="FILE.npy", help="write a .npy file instead of printing")
     c.add_argument("--step", type=_int, metavar="N", help="checkpoint step (default: the latest)")
-    c.add_argument("--version", dest="at_version", type=_int, metavar="N", help="store version")
+    _at(c, "as of version N of the store")
     json_flag(c)
 
     c = cmd("copy", "copy a checkpoint, versioned store or array to another store, verifying it")
-    c.add_argument("src")
-    c.add_argument("dst")
+    c.add_argument("src", help="what to copy: " + _URL_HELP)
+    c.add_argument("dst", help="destination URL or folder: empty, or an interrupted copy of SRC to resume")
     json_flag(c)
 
     c = cmd("export", "write a checkpoint step as plain zarr v3 arrays (zarr-python, TensorStore read them)")
@@ -168,17 +188,27 @@ def _cmd_diff(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _progress(a: argparse.Namespace, description: str, unit: str = "B") -> Progress:
+    """A bar on a terminal; otherwise one summary line at the end (not with --json,
+    whose output holds the counts)."""
+    return Progress(description, unit=unit, bar=False if a.json else None, summary=not a.json)
+
+
 def _cmd_verify(a: argparse.Namespace) -> int:
-    with progress("verifying", unit="items", enabled=None if not a.json else False) as bar:
+    with _progress(a, "verify") as bar:
         report = _run(checks.verify(a.url, step=a.step, all_versions=a.all, version=a.at_version,
-                                    on_items=bar.advance))
+                                    progress=bar))
     _emit(printers.dump(report.to_json()) if a.json else printers.verify(report))
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
 def _cmd_gc(a: argparse.Namespace) -> int:
     grace = None if a.grace is None else maintenance.parse_duration(a.grace)
-    data = _run(maintenance.gc(a.url, grace=grace, apply=a.apply))
+    if a.apply:
+        with _progress(a, "gc --apply", unit="objects") as bar:
+            data = _run(maintenance.gc(a.url, grace=grace, apply=True, progress=bar))
+    else:
+        data = _run(maintenance.gc(a.url, grace=grace, apply=False))
     _emit(printers.dump(data) if a.json else printers.gc(data))
     return EXIT_OK
 
@@ -197,15 +227,15 @@ def _cmd_cat(a: argparse.Namespace) -> int:
 
 
 def _cmd_copy(a: argparse.Namespace) -> int:
-    with progress("copying", unit="B", enabled=None if not a.json else False) as bar:
-        data = _run(export.copy(a.src, a.dst, on_bytes=bar.advance))
+    with _progress(a, "copy") as bar:
+        data = _run(export.copy(a.src, a.dst, progress=bar))
     _emit(printers.dump(data) if a.json else printers.copy(data))
     return EXIT_OK
 
 
 def _cmd_export(a: argparse.Namespace) -> int:
-    with progress("exporting", unit="B", enabled=None if not a.json else False) as bar:
-        data = _run(export.export_step(a.root, a.step, a.dest, on_bytes=bar.advance))
+    with _progress(a, "export") as bar:
+        data = _run(export.export_step(a.root, a.step, a.dest, progress=bar))
     _emit(printers.dump(data) if a.json else printers.export(data))
     return EXIT_OK
 
@@ -216,6 +246,22 @@ _COMMANDS = {
 }
 
 
+@contextmanager
+def _quiet_credentials_warning() -> Iterator[None]:
+    """Every error names the credentials its request used, so the library's
+    one-time "no credentials found, using anonymous access" warning would say it
+    twice: the CLI drops it (for the command's duration)."""
+    loggers = [logging.getLogger(f"tensorstore_py.kvstore.{d}") for d in ("gcs", "s3")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
     parser = build_parser()
@@ -224,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help / --version exit 0, bad usage 2
         return int(e.code or 0)
     try:
-        return _COMMANDS[args.command](args)
+        with _quiet_credentials_warning():
+            return _COMMANDS[args.command](args)
     except KeyboardInterrupt:
         sys.stderr.write("tensorstore-py: interrupted\n")
         return 130

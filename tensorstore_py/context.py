@@ -1,10 +1,16 @@
-"""Shared resources of opened arrays: the chunk cache pool and the I/O byte budget.
+"""Shared resources of opened arrays: the chunk cache pool, the I/O byte budget and threads, memory stores.
 
 A :class:`Context` is passed to :func:`tensorstore_py.open` (``context=``) or
 named in a spec (``"context": {...}``). Every array opened with the *same*
 Context object shares its resources: one cache pool (so repeated small reads
-of several arrays hit one byte-limited LRU) and the bytes-in-flight limit that
-bounds each array's concurrent chunk I/O.
+of several arrays hit one byte-limited LRU), the bytes-in-flight limit that
+bounds each array's concurrent chunk I/O, and one in-memory store: every
+``memory://`` URL (or memory spec without a ``name``) opened with it opens the
+same store (paths are prefixes in it), as TensorStore's
+``memory_key_value_store`` resource does. It lives as long as the Context or a
+store opened from it. Without a context (the process-wide default) each open
+of ``memory://`` gets a fresh store, as with TensorStore's default of a new
+context per open.
 
 JSON form (every field optional)::
 
@@ -39,6 +45,8 @@ from typing import Any
 from tensorstore_py.core.errors import InvalidSpecError
 from tensorstore_py.core.pools import Concurrency
 from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.kvstore.memory import MemoryKvStore
+from tensorstore_py.kvstore.registry import spec_from_url
 
 __all__ = ["Context"]
 
@@ -70,7 +78,7 @@ class Context:
     """
 
     __slots__ = ("__weakref__", "_bytes_in_flight", "_cache_limit", "_copy_threads", "_io_threads",
-                 "_lock", "_pool", "_token")
+                 "_lock", "_memory", "_pool", "_token")
 
     def __init__(
         self,
@@ -105,6 +113,7 @@ class Context:
         self._io_threads = _positive_or_none(
             spec.get("file_io_concurrency", {}).get("limit"), "file_io_concurrency.limit")
         self._pool: Any = None
+        self._memory: MemoryKvStore | None = None
         self._lock = threading.Lock()
         self._token = uuid.uuid4().hex  # identifies this Context across pickling
 
@@ -142,6 +151,36 @@ class Context:
             if self._pool is None:
                 self._pool = CachePool(self._cache_limit)
             return self._pool
+
+    @property
+    def memory_store(self) -> MemoryKvStore:
+        """The in-memory store that ``memory://`` URLs opened with this Context share
+        (named after the Context's identity, so a pickled view reopens the receiving
+        process's store of the same Context)."""
+        with self._lock:
+            if self._memory is None:
+                self._memory = MemoryKvStore(name=f"context-{self._token}")
+            return self._memory
+
+    def bind_kvstore(self, kv: Any) -> Any:
+        """``kv`` (a URL, a JSON spec or an open store) with every memory store in it
+        that names no ``name`` (an adapter's ``base`` too: ``versioned+memory://``)
+        bound to :attr:`memory_store`; unchanged for the default context and for
+        other stores."""
+        if self is _default:
+            return kv
+        if isinstance(kv, str):
+            if "memory://" not in kv:
+                return kv
+            kv = spec_from_url(kv)
+        if not isinstance(kv, Mapping):
+            return kv  # an opened store keeps its own data
+        out = dict(kv)
+        if out.get("driver") == "memory" and out.get("name") is None:
+            out["name"] = self.memory_store.name
+        if "base" in out:
+            out["base"] = self.bind_kvstore(out["base"])
+        return out
 
     def spec(self) -> dict[str, Any]:
         """The JSON form; ``Context(ctx.spec())`` has the same settings (not the same pool)."""

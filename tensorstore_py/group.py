@@ -175,7 +175,8 @@ def open_group(spec: str | Mapping[str, Any] | KvStore, *, create: bool = False,
         raise InvalidArgumentError(f"zarr_format must be 3 or 2, got {zarr_format!r}")
 
     async def run() -> Group:
-        kv = spec if isinstance(spec, KvStore) else await open_kvstore(spec)
+        bound = context.bind_kvstore(spec) if context is not None else spec  # memory:// per Context
+        kv = bound if isinstance(bound, KvStore) else await open_kvstore(bound)
         found = await node_at(kv)
         if found is None:
             if not create:

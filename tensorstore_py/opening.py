@@ -21,7 +21,7 @@ from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.dtypes import as_dtype
 from tensorstore_py.drivers.formats import array_format, array_formats, detect_format
 from tensorstore_py.drivers.groups import not_an_array_error
-from tensorstore_py.drivers.open import build_metadata, open_driver
+from tensorstore_py.drivers.open import build_metadata, open_driver, url_of
 from tensorstore_py.indexing import IndexTransform
 from tensorstore_py.kvstore.registry import open_kvstore
 from tensorstore_py.kvstore.transaction import Transaction
@@ -150,7 +150,7 @@ async def _detect(spec: Mapping[str, Any], create: bool) -> str | None:
     if fmt is None and not create:
         probes = ", ".join(sorted({f.probe_key for f in array_formats()}))
         raise await not_an_array_error(kv, "an array") or NotFoundError(
-            f"open: no array at {spec['kvstore']} (none of {probes} found)")
+            f"open: no array at {url_of(kv)} (none of {probes} found)")
     return None if fmt is None else fmt.driver
 
 
@@ -167,6 +167,7 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
     ctx_json = spec.pop("context", None)
     if context is None:
         context = Context(ctx_json) if ctx_json is not None else default_context()
+    spec["kvstore"] = context.bind_kvstore(spec["kvstore"])  # memory:// shares the Context's store
     transform_json = spec.pop("transform", None)
 
     if driver is not None and spec.get("driver") not in (None, driver):

@@ -92,7 +92,7 @@ def test_restore_into_target_keeps_classes_and_casts(tmp_path: Path) -> None:
     plain = tsp.checkpoint.restore(root)
     assert sorted(plain["layer"]) == ["bias", "kernel"]
     target = {"layer": Layer(np.zeros((2, 3), np.float32), np.zeros(3)), "n": 0}
-    out = tsp.checkpoint.restore(root, target=target)
+    out = tsp.checkpoint.restore(root, target=target, cast=True)  # float64 -> float32: asked for
     assert isinstance(out["layer"], Layer)
     assert out["layer"].kernel.dtype == np.float32
     assert out["layer"].kernel.tolist() == [[0, 1, 2], [3, 4, 5]]

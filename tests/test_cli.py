@@ -273,7 +273,8 @@ def test_history_marks_tags_and_deleted_versions(tmp_path: Path, capsys: pytest.
 def test_no_colour_or_progress_when_piped(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import io
 
-    from tensorstore_py.commands.output import Progress, style, use_colour
+    from tensorstore_py.commands.output import style, use_colour
+    from tensorstore_py.progress import Progress
 
     assert not use_colour(io.StringIO())
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -547,3 +550,20 @@ def test_gc_sweeps_the_base_stores_temporaries_older_than_grace_and_every_writer
     assert done.temporaries == ("data/.__tsp__/x.1.tmp",) and base.calls[-1] == (10.0, False)
     assert list(base.temporaries) == ["nodes/.__tsp__/y.2.tmp"]
     assert gc(VersionedKvStore(MemoryKvStore())).result(T).temporaries == ()  # stores without it
+
+
+def test_a_process_that_exits_leaves_no_lease_behind(tmp_path: Path) -> None:
+    """Leases are released at interpreter exit while the I/O pools still run
+    (they stop at threading shutdown, before atexit handlers)."""
+    code = (
+        "import sys, numpy as np, tensorstore_py as tsp\n"
+        "root = sys.argv[1]\n"
+        "tsp.checkpoint.save(f'file://{root}/', {'w': np.arange(10.)}, step=1).result()\n"
+        "a = tsp.checkpoint.open_array(f'file://{root}/', \"['w']\", step=1).result()\n"
+        "assert list(a[0:3].read().result()) == [0.0, 1.0, 2.0]\n"  # a reader lease is held here
+    )
+    root = tmp_path / "ckpt"
+    p = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "cannot schedule new futures" not in p.stderr, p.stderr
+    assert not [f for f in (root / "leases").glob("*") if f.is_file()]

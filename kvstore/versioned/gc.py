@@ -191,6 +191,7 @@ def gc(
     dry_run: bool = True,
     reclaim_deleted: bool = False,
     read_grace: float = DEFAULT_READ_GRACE,
+    on_delete: Callable[[int, int], None] | None = None,
 ) -> Future[GcReport]:
     """A full collection of ``store`` (a versioned store or its base store).
 
@@ -202,10 +203,11 @@ def gc(
     less than ``read_grace`` seconds ago are kept). ``dry_run=True`` (the
     default) deletes nothing and reports what would go. Raises
     ``DataCorruptionError`` (deleting nothing) when marking would be incomplete.
+    ``on_delete(done, total)`` is called as objects are deleted (progress displays).
     """
     g = _check_seconds("grace", grace)
     rg = _check_seconds("read_grace", read_grace)
-    return spawn(_Gc(base_of(store), g, bool(dry_run), bool(reclaim_deleted), rg).run())
+    return spawn(_Gc(base_of(store), g, bool(dry_run), bool(reclaim_deleted), rg, on_delete).run())
 
 
 def reclaim(
@@ -314,12 +316,21 @@ async def _young_successors(base: KvStore, versions: list[int], now: float, read
     return out
 
 
-async def _delete(base: KvStore, names: list[str]) -> None:
+async def _delete(base: KvStore, names: list[str],
+                  on_delete: Callable[[int, int], None] | None = None) -> None:
     sem = asyncio.Semaphore(CONCURRENCY)
+    # progress counts what the report lists as deleted (not the collector's own
+    # clock probes and expired leases)
+    total = sum(1 for n in names if _ORDER[n.split("/", 1)[0]] < _ORDER["gc"])
+    done = 0
 
     async def one(name: str) -> None:
+        nonlocal done
         async with sem:
             await base.delete(name)
+        if on_delete is not None and _ORDER[name.split("/", 1)[0]] < _ORDER["gc"]:
+            done += 1
+            on_delete(done, total)
 
     # kinds in order, so a crash midway never strands data behind deleted nodes
     for kind in sorted(_ORDER, key=_ORDER.__getitem__):
@@ -396,8 +407,9 @@ def _merge(a: GcReport, b: GcReport) -> GcReport:
 # -- a full collection ------------------------------------------------------------------
 class _Gc:
     def __init__(self, base: KvStore, grace: float, dry_run: bool, reclaim_deleted: bool,
-                 read_grace: float) -> None:
+                 read_grace: float, on_delete: Callable[[int, int], None] | None = None) -> None:
         self.base = base
+        self.on_delete = on_delete
         self.root = VersionedRoot(base)  # private: its caches die with this run
         self.grace = grace
         self.dry_run = dry_run
@@ -480,7 +492,7 @@ class _Gc:
         temporaries = await self._temporaries(now, leases)
         order = _order(to_delete)
         if not self.dry_run:
-            await _delete(self.base, order + stale + list(leases.expired))
+            await _delete(self.base, order + stale + list(leases.expired), self.on_delete)
             await update_watermark(self.base, found.versions, swept=now)
         return GcReport(
             dry_run=self.dry_run,

@@ -30,7 +30,6 @@ before its commit must still exist, or the commit is refused.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import logging
 import os
@@ -47,6 +46,7 @@ from typing import Any
 
 from tensorstore_py.core.errors import DataCorruptionError, ReadOnlyError, StorageError, UnsupportedError
 from tensorstore_py.core.future import get_loop, in_loop_thread, run_sync
+from tensorstore_py.core.pools import at_exit_before_pools
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.versioned.format import FORMAT, frame, new_name, unframe
 
@@ -367,7 +367,6 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-@atexit.register
 def _release_at_exit() -> None:
     live = [k for k in list(_keepers) if k._durable is not None]
     if not live:
@@ -378,6 +377,9 @@ def _release_at_exit() -> None:
 
     with contextlib.suppress(Exception):
         run_sync(run(), timeout=2.0)
+
+
+at_exit_before_pools(_release_at_exit)
 
 
 # -- the collector's side ---------------------------------------------------------------

@@ -3,11 +3,13 @@
 Every object a retained version references is copied as stored (index nodes,
 change lists, data objects), checked on the way: index nodes by their crc32c,
 each referenced value in a data object by its crc32c. Objects are created with
-create-only writes (an existing object at the destination fails the copy with
-ConditionFailedError), and commit records are written last, oldest first, so the
+create-only writes, and commit records are written last, oldest first, so the
 destination shows no version before everything that version references is there.
 Not atomic: an interrupted copy leaves unreferenced objects (collected by gc)
-and possibly a prefix of the versions.
+and possibly a prefix of the versions. Running the copy again resumes it: an
+object already at the destination holding exactly the bytes to be written is
+kept; different bytes fail the copy with ConditionFailedError (nothing is ever
+overwritten).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import Buffer, KvStore
-from tensorstore_py.kvstore.versioned.create import ONCE, create_object
+from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_CHANGES,
     MAGIC_HINT,
@@ -37,11 +39,13 @@ __all__ = ["copy_store", "create_copy"]
 
 
 async def create_copy(dst: KvStore, name: str, data: Buffer) -> None:
-    """Create ``name`` holding ``data`` at the copy destination ``dst`` (one
-    create-only write); an object already there raises ConditionFailedError."""
-    if not await create_object(dst, name, data, exists="refuse", retry=ONCE):
+    """Create ``name`` holding ``data`` at the copy destination ``dst`` (a
+    create-only write). An object already there holding exactly ``data`` (an
+    interrupted copy being resumed) is kept; other bytes raise ConditionFailedError."""
+    if not await create_object(dst, name, data, exists="compare"):
         raise ConditionFailedError(
-            f"copy: {name!r} already exists at the destination {dst!r}; copy into an empty location"
+            f"copy: {name!r} already exists at the destination {dst!r} with other content; "
+            f"copy into an empty location"
         )
 
 

@@ -26,7 +26,8 @@ What is checked, reading everything from the base store (never from a cache):
 
 Deleted versions are not walked (garbage collection may have reclaimed their
 objects); their commit records are still checked. Shared subtrees are walked
-once. The walk only reads; it never writes or repairs. I/O errors of the base
+once; a problem in an object several versions share names the oldest retained
+version holding it, whatever order the concurrent walk took. The walk only reads; it never writes or repairs. I/O errors of the base
 store propagate (they say nothing about the stored bytes); every problem found
 in the stored bytes is returned, not raised.
 
@@ -113,6 +114,10 @@ class Audit:
     problems: list[Problem]
     newest: int
     unreferenced: dict[str, int | None]
+    #: bytes read from the base store
+    bytes_read: int = 0
+    #: bytes checked against a checksum: records, nodes, change lists, values
+    bytes_verified: int = 0
 
 
 def verify(store: KvStore, *, progress: Progress | None = None) -> Future[list[Problem]]:
@@ -120,8 +125,10 @@ def verify(store: KvStore, *, progress: Progress | None = None) -> Future[list[P
 
     ``store`` is a versioned store (its whole history is checked, whatever its
     path or snapshot) or the base store holding one. ``progress(what, n)`` is
-    called as work is done (``what`` in "records", "nodes", "values") for
-    progress displays. Resolves to the problems found, in a stable order;
+    called as work is done, for progress displays: ``what`` in "records",
+    "nodes", "values" (``n`` objects or values checked), "bytes" (``n`` bytes
+    read) and, once after listing the store, "listed_bytes" (the size of every
+    object under the format's prefixes: an upper bound of the bytes the walk reads). Resolves to the problems found, in a stable order;
     an empty list means the store is sound.
     """
 
@@ -156,11 +163,32 @@ class _Walker:
         self.problems: list[Problem] = []
         self.sem = asyncio.Semaphore(READ_CONCURRENCY)
         self.subtrees: dict[str, asyncio.Task[_Sub | None]] = {}
-        # data object -> {(offset, length, crc): (key, version)}
-        self.values: dict[str, dict[tuple[int, int, int], tuple[str, int]]] = defaultdict(dict)
+        self.children: dict[str, list[str]] = {}  # inner node -> its children
+        # data object -> {(offset, length, crc): (key, leaf node, other leaf nodes...)}
+        self.values: dict[str, dict[tuple[int, int, int], tuple[str, ...]]] = defaultdict(dict)
+        # problems of shared objects, named with a version once the walk is over
+        self.in_nodes: list[tuple[Problem, str]] = []
+        # node -> the oldest retained version whose tree holds it (after the walk)
+        self.first: dict[str, int] = {}
+        self.bytes_read = 0
+        self.bytes_verified = 0
 
     def _problem(self, obj: str, kind: str, message: str, version: int | None = None) -> None:
         self.problems.append(Problem(obj, kind, message, version))
+
+    def _node_problem(self, obj: str, kind: str, message: str, node: str) -> None:
+        """A problem found through index node ``node``: the version it names is the
+        oldest retained one holding ``node``, known when the walk is over."""
+        self.in_nodes.append((Problem(obj, kind, message), node))
+
+    async def _read(self, name: str, byte_range: slice | None = None) -> Any:
+        """``base.read``, counting the bytes read."""
+        res = await self.base.read(name, byte_range=byte_range)
+        if res.state == "value":
+            n = memoryview(res.value).nbytes
+            self.bytes_read += n
+            self._tick("bytes", n)
+        return res
 
     def _tick(self, what: str, n: int = 1) -> None:
         if self.progress is not None:
@@ -182,7 +210,10 @@ class _Walker:
             rec for v, rec in sorted(records.items()) if not ranges_contain(deleted, v)
         ]
         await asyncio.gather(*(self._check_version(rec) for rec in retained))
+        self._name_versions(retained)
         await self._check_values()
+        for p, node in self.in_nodes:
+            self.problems.append(Problem(p.object, p.kind, p.message, self.first.get(node)))
         order = {"commits": 0, "changes": 1, "nodes": 2, "data": 3}
         self.problems.sort(
             key=lambda p: (order.get(p.object.split("/", 1)[0], 9), p.object, p.version or 0, p.message)
@@ -192,7 +223,17 @@ class _Walker:
         unreferenced = {
             i.key: i.size for i in listed or [] if _OBJECT_RE.match(i.key) and i.key not in referenced
         }
-        return Audit(self.problems, reached, unreferenced)
+        return Audit(self.problems, reached, unreferenced, self.bytes_read, self.bytes_verified)
+
+    def _name_versions(self, retained: list[CommitRecord]) -> None:
+        """Each walked node -> the oldest retained version whose tree holds it."""
+        for rec in retained:  # oldest first
+            stack = [rec.root] if rec.root is not None else []
+            while stack:
+                name = stack.pop()
+                if name not in self.first:
+                    self.first[name] = rec.version
+                    stack.extend(self.children.get(name, ()))
 
     async def _listing(self) -> list[Any] | None:
         """Every object under the format's prefixes (None: the store can not list)."""
@@ -201,7 +242,9 @@ class _Walker:
                                            ("commits/", "nodes/", "data/", "changes/", "txns/")))
         except UnsupportedError:
             return None
-        return [i for infos in found for i in infos]
+        listed = [i for infos in found for i in infos]
+        self._tick("listed_bytes", sum(i.size or 0 for i in listed))
+        return listed
 
     async def _evidence(self, reached: int, listed: list[Any] | None) -> list[tuple[int, str]]:
         """Versions something names beyond the reachable newest: (version, what)."""
@@ -217,7 +260,7 @@ class _Walker:
 
         async def result(name: str) -> None:
             async with self.sem:
-                res = await self.base.read(name)
+                res = await self._read(name)
             try:
                 body = unframe(MAGIC_RESULT, res.value, name) if res.state == "value" else None
             except DataCorruptionError:
@@ -232,7 +275,7 @@ class _Walker:
     # -- commit records --------------------------------------------------------------
     async def _exists(self, v: int) -> bool:
         # existence only: a corrupt record must be reported, not stop the probe
-        return v == 0 or (await self.base.read(commit_name(v), byte_range=slice(0, 1))).state == "value"
+        return v == 0 or (await self._read(commit_name(v), byte_range=slice(0, 1))).state == "value"
 
     async def _newest(self) -> int:
         """The newest version, probing as FORMAT.md §6.1 without decoding records."""
@@ -244,7 +287,7 @@ class _Walker:
         async def one(v: int) -> None:
             name = commit_name(v)
             async with self.sem:
-                res = await self.base.read(name)
+                res = await self._read(name)
             self._tick("records")
             if res.state != "value":
                 if v > reached:
@@ -260,6 +303,7 @@ class _Walker:
             except DataCorruptionError as e:
                 self._problem(name, _exc_kind(e), str(e), v)
                 return
+            self.bytes_verified += len(res.value)
             if rec.parent != v - 1:
                 self._problem(name, "corrupt", f"parent is {rec.parent}, expected {v - 1}", v)
             if rec.root is None and rec.count != 0:
@@ -275,7 +319,7 @@ class _Walker:
         ref = rec.changes_ref
         assert ref is not None
         async with self.sem:
-            res = await self.base.read(ref)
+            res = await self._read(ref)
         if res.state != "value":
             self._problem(ref, "missing", f"changes object of version {rec.version} is missing", rec.version)
             return
@@ -284,6 +328,7 @@ class _Walker:
         except DataCorruptionError as e:
             self._problem(ref, _exc_kind(e), str(e), rec.version)
             return
+        self.bytes_verified += len(res.value)
         keys = body.get("keys") if isinstance(body, dict) else None
         if (
             not isinstance(keys, list)
@@ -313,49 +358,52 @@ class _Walker:
     async def _check_version(self, rec: CommitRecord) -> None:
         if rec.root is None:
             return
-        sub = await self._subtree(rec.root, rec.version)
+        sub = await self._subtree(rec.root)
         if sub is not None and sub.count != rec.count:
             self._problem(commit_name(rec.version), "structure",
                           f"record says {rec.count} keys, the tree holds {sub.count}", rec.version)
 
-    def _subtree(self, name: str, version: int) -> asyncio.Task[_Sub | None]:
+    def _subtree(self, name: str) -> asyncio.Task[_Sub | None]:
         task = self.subtrees.get(name)
         if task is None:  # shared subtrees are verified once
-            task = self.subtrees[name] = asyncio.ensure_future(self._node(name, version))
+            task = self.subtrees[name] = asyncio.ensure_future(self._node(name))
         return task
 
-    async def _load(self, name: str, version: int) -> Node | None:
+    async def _load(self, name: str) -> Node | None:
         async with self.sem:
-            res = await self.base.read(name)
+            res = await self._read(name)
         self._tick("nodes")
         if res.state != "value":
-            self._problem(name, "missing", "index node is missing", version)
+            self._node_problem(name, "missing", "index node is missing", name)
             return None
         try:
-            return decode_node(res.value, name)
+            node = decode_node(res.value, name)
         except DataCorruptionError as e:
-            self._problem(name, _exc_kind(e), str(e), version)
+            self._node_problem(name, _exc_kind(e), str(e), name)
             return None
+        self.bytes_verified += len(res.value)
+        return node
 
-    async def _node(self, name: str, version: int) -> _Sub | None:
-        node = await self._load(name, version)
+    async def _node(self, name: str) -> _Sub | None:
+        node = await self._load(name)
         if node is None:
             return None
         if isinstance(node, Leaf):
             for key, entry in zip(node.keys, node.entries):
                 if isinstance(entry, RefEntry):
-                    self.values[entry.object].setdefault(
-                        (entry.offset, entry.length, entry.crc), (key, version)
-                    )
+                    refs = self.values[entry.object]
+                    at = (entry.offset, entry.length, entry.crc)
+                    refs[at] = refs.get(at, (key,)) + (name,)  # every leaf: see _version_of
                 elif not isinstance(entry, InlineEntry):  # pragma: no cover - decode guarantees
-                    self._problem(name, "corrupt", f"key {key!r}: unknown entry", version)
+                    self._node_problem(name, "corrupt", f"key {key!r}: unknown entry", name)
             if not node.keys:
                 return _Sub(0, None, None)
             return _Sub(len(node.keys), node.keys[0], node.keys[-1])
-        return await self._inner(name, node, version)
+        return await self._inner(name, node)
 
-    async def _inner(self, name: str, node: Inner, version: int) -> _Sub | None:
-        subs = await asyncio.gather(*(self._subtree(c, version) for c in node.children))
+    async def _inner(self, name: str, node: Inner) -> _Sub | None:
+        self.children[name] = list(node.children)
+        subs = await asyncio.gather(*(self._subtree(c) for c in node.children))
         ok = True
         total = 0
         first = last = None
@@ -364,8 +412,8 @@ class _Walker:
                 ok = False
                 continue
             if sub.count != node.counts[i]:
-                self._problem(name, "structure", f"child {i} ({child}) holds {sub.count} keys, "
-                              f"the node says {node.counts[i]}", version)
+                self._node_problem(name, "structure", f"child {i} ({child}) holds {sub.count} keys, "
+                                   f"the node says {node.counts[i]}", name)
             total += sub.count
             if sub.first is None or sub.last is None:
                 continue
@@ -373,8 +421,8 @@ class _Walker:
             lo = node.keys[i] if i > 0 else None
             hi = node.keys[i + 1] if i + 1 < len(node.keys) else None
             if (lo is not None and sub.first < lo) or (hi is not None and sub.last >= hi):
-                self._problem(name, "structure", f"child {i} ({child}) holds keys "
-                              f"{sub.first!r}..{sub.last!r} outside its range [{lo!r}, {hi!r})", version)
+                self._node_problem(name, "structure", f"child {i} ({child}) holds keys "
+                                   f"{sub.first!r}..{sub.last!r} outside its range [{lo!r}, {hi!r})", name)
             first = sub.first if first is None else first
             last = sub.last
         if not ok:
@@ -385,28 +433,36 @@ class _Walker:
     async def _check_values(self) -> None:
         sem = asyncio.Semaphore(DATA_CONCURRENCY)
 
-        async def one(obj: str, entries: dict[tuple[int, int, int], tuple[str, int]]) -> None:
+        async def one(obj: str, entries: dict[tuple[int, int, int], tuple[str, ...]]) -> None:
             span = max(off + length for off, length, _ in entries)
             async with sem:
                 if span <= PIECE:  # packed objects: one read covers every value
-                    res = await self.base.read(obj, byte_range=slice(0, span))
+                    res = await self._read(obj, byte_range=slice(0, span))
                     bad = None if res.state != "value" else await run_cpu(_check_object, res.value, sorted(entries))
                 else:  # big values: streamed in pieces, so memory stays bounded
                     bad = await self._check_streamed(obj, sorted(entries))
             if bad is None:
-                key, v = next(iter(entries.values()))
+                key = entries[min(entries)][0]
+                v = min(self._version_of(ref) for ref in entries.values())
                 self._problem(obj, "missing", f"data object is missing ({len(entries)} values, "
                               f"e.g. key {key!r})", v)
                 return
             self._tick("values", len(entries))
+            self.bytes_verified += sum(length for _, length, _ in entries)
             for (off, length, crc), what in bad:
-                key, v = entries[(off, length, crc)]
+                ref = entries[(off, length, crc)]
                 self._problem(obj, "checksum" if what == "crc" else "corrupt",
-                              f"key {key!r}: value at offset {off}, length {length}: "
+                              f"key {ref[0]!r}: value at offset {off}, length {length}: "
                               + ("crc32c mismatch" if what == "crc" else
-                                 "extends past the end of the object"), v)
+                                 "extends past the end of the object"), self._version_of(ref))
 
         await asyncio.gather(*(one(o, e) for o, e in sorted(self.values.items())))
+
+    def _version_of(self, ref: tuple[str, ...]) -> int | None:
+        """The oldest retained version holding a value (``ref``: its key, then
+        the leaf nodes referencing it)."""
+        found = [self.first[leaf] for leaf in ref[1:] if leaf in self.first]
+        return min(found) if found else None
 
     async def _check_streamed(
         self, obj: str, entries: list[tuple[int, int, int]]
@@ -417,7 +473,7 @@ class _Walker:
             got, pos = 0, off
             while True:
                 stop = min(off + length, pos + PIECE)
-                res = await self.base.read(obj, byte_range=slice(pos, stop))
+                res = await self._read(obj, byte_range=slice(pos, stop))
                 if res.state != "value":
                     return None
                 got = await run_cpu(_crc_more, res.value, got)

@@ -15,6 +15,8 @@ from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import Future, run_sync, spawn
 from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.registry import require_conditional_writes
+from tensorstore_py.progress import ProgressArg, reporter
 from tensorstore_py.tensorstore import TensorStore
 
 __all__ = ["Root", "RootLike", "leaf_paths", "open_array", "open_leaf", "open_root", "restore", "save"]
@@ -56,9 +58,11 @@ class Root:
         metrics: Mapping[str, Any] | None = None,
         options: SaveOptions | None = None,
         on_commit: Callable[[StepInfo], Awaitable[Any]] | None = None,
+        progress: ProgressArg = None,
     ) -> Future[StepInfo]:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InvalidArgumentError(f"checkpoint step must be an int >= 0, got {step!r}")
+        require_conditional_writes(self.kv, f"checkpoint save of step {step}")
         metrics = dict(metrics or {})
         try:
             json.dumps(metrics)
@@ -76,12 +80,19 @@ class Root:
         with _seq_lock:
             _seq += 1
             namespace = f"tsp/checkpoint/save-{_seq}-step-{step}"
-        return spawn(
+        bar = reporter(progress, f"checkpoint save of step {step}")
+        if bar is not None:
+            docs = sum(len(json.dumps(doc).encode()) for doc in snap.zarr_json.values())
+            bar.set_total(sum(c.nbytes for c in snap.chunks) + docs)
+        fut = spawn(
             run_save(
                 self.store, step, snap, coordinator=coord, namespace=namespace,
-                metrics=metrics, options=options, on_commit=on_commit,
+                metrics=metrics, options=options, on_commit=on_commit, progress=bar,
             )
         )
+        if bar is not None:
+            fut.add_done_callback(lambda f: bar.close(failed=f.cancelled() or f.exception() is not None))
+        return fut
 
     def restore(
         self,
@@ -90,10 +101,22 @@ class Root:
         *,
         max_bytes_in_flight: int = 512 << 20,
         stats: ReadStats | None = None,
+        progress: ProgressArg = None,
+        cast: bool = False,
     ) -> Any:
-        return restore_step(
-            self.store, step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats
-        )
+        bar = reporter(progress, "checkpoint restore")
+        try:
+            out = restore_step(
+                self.store, step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats,
+                progress=bar, cast=cast,
+            )
+        except BaseException:
+            if bar is not None:
+                bar.close(failed=True)
+            raise
+        if bar is not None:
+            bar.close()
+        return out
 
 
 def save(
@@ -104,6 +127,7 @@ def save(
     metrics: Mapping[str, Any] | None = None,
     coordinator: Coordinator | None = None,
     options: SaveOptions | None = None,
+    progress: ProgressArg = None,
 ) -> Future[StepInfo]:
     """Save ``tree`` as ``step`` under ``root``; returns a Future of its :class:`StepInfo`.
 
@@ -111,9 +135,17 @@ def save(
     or donate its arrays); writing and the commit continue in the background.
     The step becomes visible atomically (one commit) when the Future completes,
     or never. In a multi-process JAX job every process calls it with the same
-    arguments. Raises :class:`ConditionFailedError` if ``step`` already exists.
+    arguments. Raises :class:`ConditionFailedError` if ``step`` already exists, and
+    :class:`UnsupportedError` (before anything is copied or written) when the
+    root's store can not do create-only writes (an fsspec URL).
+
+    ``progress``: True draws a bar on stderr when it is a terminal (else prints
+    one summary line when the save ends); a callable is called with ``(bytes
+    written, bytes to write)`` as this process's chunks are stored.
     """
-    return Root(root, coordinator=coordinator).save(step, tree, metrics=metrics, options=options)
+    return Root(root, coordinator=coordinator).save(
+        step, tree, metrics=metrics, options=options, progress=progress
+    )
 
 
 def restore(
@@ -123,6 +155,8 @@ def restore(
     target: Any = None,
     max_bytes_in_flight: int = 512 << 20,
     stats: ReadStats | None = None,
+    progress: ProgressArg = None,
+    cast: bool = False,
 ) -> Any:
     """Restore ``step`` (default: the newest) from ``root``.
 
@@ -133,8 +167,17 @@ def restore(
     :class:`NotFoundError` for a missing step or leaf. ``max_bytes_in_flight``
     bounds the read buffers held at once (host memory peaks near the restored
     size plus this).
+
+    A target leaf of another dtype than the saved one (a float32 target for a
+    bfloat16 leaf) raises :class:`InvalidArgumentError` before anything is read,
+    unless ``cast=True`` asks for the conversion (numpy ``astype``). ``progress``:
+    True draws a bar (a summary line when stderr is not a terminal); a callable
+    is called with ``(bytes read, bytes to read)``.
     """
-    return Root(root).restore(step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats)
+    return Root(root).restore(
+        step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
+        cast=cast,
+    )
 
 
 def leaf_paths(root: RootLike, *, step: int | None = None) -> Future[list[str]]:

@@ -14,6 +14,7 @@ from tensorstore_py.checkpoint.saving import SaveOptions
 from tensorstore_py.checkpoint.storage import StepInfo
 from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import Future, ready, run_sync
+from tensorstore_py.progress import ProgressArg
 
 __all__ = ["CheckpointManager"]
 
@@ -96,13 +97,15 @@ class CheckpointManager:
         *,
         metrics: Mapping[str, Any] | None = None,
         force: bool = False,
+        progress: ProgressArg = None,
     ) -> Future[StepInfo | None]:
         """Save ``tree`` as ``step``; returns a Future of the commit record.
 
         Skipped (a done Future of None) when ``step`` is off the save interval and
         ``force`` is False. Blocks for the device-to-host copy (and for a previous
         save still in flight); the rest continues in the background. Raises
-        :class:`ConditionFailedError` if the step exists.
+        :class:`ConditionFailedError` if the step exists. ``progress``: see
+        :func:`tensorstore_py.checkpoint.save`.
         """
         if not force and step % self.save_interval_steps != 0:
             return ready(None)
@@ -113,7 +116,8 @@ class CheckpointManager:
         with self._lock:
             self.wait_until_finished()
             fut = self._root.save(
-                step, tree, metrics=metrics, options=self.options, on_commit=self._after_commit
+                step, tree, metrics=metrics, options=self.options, on_commit=self._after_commit,
+                progress=progress,
             )
             self._pending = fut
         return fut  # type: ignore[return-value]
@@ -196,9 +200,15 @@ class CheckpointManager:
         target: Any = None,
         max_bytes_in_flight: int = 512 << 20,
         stats: ReadStats | None = None,
+        progress: ProgressArg = None,
+        cast: bool = False,
     ) -> Any:
-        """Restore ``step`` (default: the latest); see :func:`tensorstore_py.checkpoint.restore`."""
-        return self._root.restore(step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats)
+        """Restore ``step`` (default: the latest); see :func:`tensorstore_py.checkpoint.restore`
+        (a target leaf of another dtype needs ``cast=True``)."""
+        return self._root.restore(
+            step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
+            cast=cast,
+        )
 
     def delete(self, step: int) -> None:
         """Delete ``step`` now: one commit unpublishes it, then its bytes are freed."""

@@ -10,6 +10,10 @@ of the read buffer, without a copy.
 Everything is read from one snapshot (the newest version when the restore
 starts), so a concurrent save or deletion can not mix steps. Reads run under a
 bytes-in-flight budget.
+
+A target leaf of another dtype than the stored one is an error unless the
+caller asks for the conversion (``cast=True``: numpy ``astype``), checked for
+every leaf before anything is read.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError
 from tensorstore_py.core.future import run_sync
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.progress import Progress
 
 __all__ = ["ReadStats", "read_regions", "restore_step"]
 
@@ -98,8 +103,10 @@ async def read_regions(
     *,
     max_bytes_in_flight: int = 512 << 20,
     stats: ReadStats | None = None,
+    progress: Progress | None = None,
 ) -> list[np.ndarray]:
-    """Read each ``(leaf, region)`` from ``data`` (the step's keys); C-order arrays."""
+    """Read each ``(leaf, region)`` from ``data`` (the step's keys); C-order arrays.
+    ``progress`` gets the bytes to read as its total and advances as they arrive."""
     stats = stats if stats is not None else ReadStats()
     reqs = [_Req(leaf, region) for leaf, region in requests]
     chunk_reads: dict[tuple[str, tuple[int, ...]], _ChunkRead] = {}
@@ -148,6 +155,8 @@ async def read_regions(
                     f"checkpoint chunk {key!r}: read {len(buf)} bytes, expected {b - a}"
                 )
             stats.bytes_read += len(buf)
+            if progress is not None:
+                progress.advance(len(buf))
             await _deliver(cr, buf)
 
     # batches of about a quarter of the budget: large enough to coalesce many small
@@ -165,6 +174,8 @@ async def read_regions(
         acc += n
     if cur:
         batches.append(cur)
+    if progress is not None:
+        progress.add_total(sum(size(b) for b in batches))
     await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight), cost=size)
     return [r.out for r in reqs]  # type: ignore[misc]
 
@@ -198,8 +209,13 @@ def restore_step(
     *,
     max_bytes_in_flight: int = 512 << 20,
     stats: ReadStats | None = None,
+    progress: Progress | None = None,
+    cast: bool = False,
 ) -> Any:
     """Restore ``step`` (None: the newest) into the shape of ``target`` (None: numpy).
+
+    A target leaf whose dtype differs from the stored one raises
+    InvalidArgumentError (before anything is read) unless ``cast`` is True.
 
     Blocking (call from a user thread). Planning and the JAX calls run in the
     calling thread; only the reads run on the library's event loop.
@@ -208,7 +224,8 @@ def restore_step(
     entries = manifest["leaves"]
 
     def read(requests: list[tuple[LeafLayout, Region]]) -> list[np.ndarray]:
-        return run_sync(read_regions(data, requests, max_bytes_in_flight=max_bytes_in_flight, stats=stats))
+        return run_sync(read_regions(data, requests, max_bytes_in_flight=max_bytes_in_flight, stats=stats,
+                                     progress=progress))
 
     if target is None:
         requests: list[tuple[LeafLayout, Region]] = []
@@ -251,6 +268,12 @@ def restore_step(
                 f"expects {tuple(tshape)}"
             )
         tdtype = np.dtype(t.dtype) if hasattr(t, "dtype") else leaf.dtype
+        if not cast and tdtype.newbyteorder("=") != leaf.dtype.newbyteorder("="):
+            raise InvalidArgumentError(
+                f"checkpoint step {step}: leaf {path} is stored as {leaf.dtype}, the target asks "
+                f"for {tdtype}; pass cast=True to convert it (numpy astype: narrowing rounds or "
+                f"wraps), or give a target of dtype {leaf.dtype}"
+            )
         if is_sharded_target(t):
             sharding, dev_regions = target_regions(t, regions_cache)
             uniq: dict[Region, int] = {}

@@ -49,6 +49,7 @@ from tensorstore_py.core.pools import run_io
 from tensorstore_py.drivers.dtypes import dtype_to_v3, is_variable_length
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
+from tensorstore_py.progress import Progress
 
 __all__ = ["MANIFEST_FORMAT", "SaveOptions", "run_save", "snapshot"]
 
@@ -202,7 +203,9 @@ def _bytes(a: np.ndarray) -> memoryview:
     return memoryview(a.reshape(-1).view(np.uint8))
 
 
-async def _write_chunks(view: KvStore, snap: Snapshot, options: SaveOptions) -> None:
+async def _write_chunks(
+    view: KvStore, snap: Snapshot, options: SaveOptions, progress: Progress | None = None
+) -> None:
     """Write the snapshot's chunks (and zarr.json documents) under the bytes-in-flight
     budget, dropping each chunk's host copy as soon as it is stored."""
 
@@ -210,6 +213,8 @@ async def _write_chunks(view: KvStore, snap: Snapshot, options: SaveOptions) -> 
         assert c.data is not None
         await view.write(c.key, _bytes(c.data))
         c.data = None  # release the host copy as soon as it is stored
+        if progress is not None:
+            progress.advance(c.nbytes)
 
     chunks, snap.chunks = snap.chunks, []
     for k, doc in snap.zarr_json.items():
@@ -230,8 +235,10 @@ async def run_save(
     metrics: dict[str, Any],
     options: SaveOptions,
     on_commit: Callable[[StepInfo], Awaitable[Any]] | None = None,
+    progress: Progress | None = None,
 ) -> StepInfo:
-    """Phases 2 and 3 (background). Raises ConditionFailedError if ``step`` exists."""
+    """Phases 2 and 3 (background). Raises ConditionFailedError if ``step`` exists.
+    ``progress`` advances with the bytes of each chunk written."""
     p, n = coordinator.process_index, coordinator.process_count
     timeout = options.commit_timeout
     if n > 1:
@@ -262,7 +269,7 @@ async def run_save(
                     f"checkpoint step {step} already exists at {store.kv!r}"
                 ) from e
             await view.write(f"{step_dir(step)}/manifest.json", json.dumps(snap.manifest()).encode())
-        await _write_chunks(view.with_path(step_dir(step)), snap, options)
+        await _write_chunks(view.with_path(step_dir(step)), snap, options, progress)
         committing = True
         committed = await txn.commit()
     except BaseException as e:

@@ -18,7 +18,11 @@ What is checked, by kind of URL:
   value, not a problem.
 
 Nothing is written. The result is a :class:`VerifyReport`; ``ok`` is False when
-anything is wrong, with one :class:`Problem` per finding.
+anything is wrong, with one :class:`Problem` per finding, and the bytes read
+and verified. A :class:`~tensorstore_py.progress.Progress` given as
+``progress`` advances with the bytes read; its total is the size of the
+objects listed (versioned stores) plus the chunks to decode, where the store
+tells sizes.
 """
 
 from __future__ import annotations
@@ -27,14 +31,13 @@ import asyncio
 import itertools
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from tensorstore_py.checkpoint.storage import record_key
 from tensorstore_py.commands import ckpt
-from tensorstore_py.commands.inspect import open_array
+from tensorstore_py.commands.inspect import METADATA_KEYS, open_array
 from tensorstore_py.commands.problems import Problem, VerifyReport
 from tensorstore_py.commands.target import Target, key_sizes, list_arrays, open_url, resolve, step_prefix
 from tensorstore_py.core.errors import (
@@ -51,6 +54,7 @@ from tensorstore_py.drivers.dtypes import dtype_to_v3
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 from tensorstore_py.kvstore.versioned.verify import audit as audit_store
+from tensorstore_py.progress import Progress
 
 __all__ = ["check_array", "verify"]
 
@@ -68,7 +72,7 @@ async def verify(
     step: int | None = None,
     all_versions: bool = False,
     version: int | None = None,
-    on_items: Callable[[int], None] | None = None,
+    progress: Progress | None = None,
 ) -> VerifyReport:
     """Verify what ``url`` holds (see the module docstring).
 
@@ -83,14 +87,14 @@ async def verify(
     except DataCorruptionError as e:
         # the store is too damaged to classify (e.g. the newest record or the
         # root node is corrupt): the store walk names every damaged object
-        report = await _walk_only(url, e, on_items)
+        report = await _walk_only(url, e, progress)
         report.seconds = time.perf_counter() - t0
         return report
     report = VerifyReport(url=url, kind=t.kind)
     if t.kind in ("checkpoint", "versioned"):
         try:
             await _verify_versioned(t, report, step=step, all_versions=all_versions,
-                                    on_items=on_items)
+                                    progress=progress)
         except DataCorruptionError as e:
             if not report.problems:  # otherwise a consequence of what the walk found
                 report.problems.append(Problem(_kind(e), str(e)))
@@ -103,27 +107,44 @@ async def verify(
             view = t.store.with_path(path) if path else t.store
             rel = _below(sizes, path)
             await check_array(view, path or url, report, driver=driver, sizes=rel,
-                              require_all=False, on_items=on_items)
+                              require_all=False, progress=progress, plain=True)
     report.seconds = time.perf_counter() - t0
     return report
 
 
-async def _walk_only(url: str, err: DataCorruptionError,
-                     on_items: Callable[[int], None] | None) -> VerifyReport:
+async def _walk_only(url: str, err: DataCorruptionError, progress: Progress | None) -> VerifyReport:
     base = (await open_kvstore(url)).base if url.startswith("versioned+") else await open_url(url)  # type: ignore[attr-defined]
     report = VerifyReport(url=url, kind="versioned")
-    _add_audit(report, await audit_store(base, progress=(lambda _w, n: on_items(n)) if on_items else None))
+    _add_audit(report, await audit_store(base, progress=_walk_progress(report, progress)))
     if not report.problems:
         report.problems.append(Problem(_kind(err), str(err)))
     return report
 
 
+def _walk_progress(report: VerifyReport, progress: Progress | None) -> Any:
+    """The store walk's ``progress(what, n)``: counts into ``report``, bytes to the bar."""
+
+    def tick(what: str, n: int) -> None:
+        if what == "values":
+            report.values += n
+        elif what in ("records", "nodes"):
+            report.objects += n
+        elif progress is not None and what == "bytes":
+            progress.advance(n)
+        elif progress is not None and what == "listed_bytes":
+            progress.add_total(n)
+
+    return tick
+
+
 def _add_audit(report: VerifyReport, found: Any) -> None:
-    """A store audit's problems and unreferenced objects, into ``report``."""
+    """A store audit's problems, unreferenced objects and bytes, into ``report``."""
     for p in found.problems:
         report.problems.append(_from_store(p))
     report.unreferenced = len(found.unreferenced)
     report.unreferenced_bytes = sum(n or 0 for n in found.unreferenced.values())
+    report.bytes_read += found.bytes_read
+    report.bytes_verified += found.bytes_verified
 
 
 def _from_store(p: Any) -> Problem:
@@ -143,19 +164,11 @@ def _below(sizes: dict[str, int] | None, path: str) -> dict[str, int] | None:
 
 async def _verify_versioned(
     t: Target, report: VerifyReport, *, step: int | None, all_versions: bool,
-    on_items: Callable[[int], None] | None,
+    progress: Progress | None,
 ) -> None:
     assert t.head is not None
-    def progress(what: str, n: int) -> None:
-        if what == "values":
-            report.values += n
-        else:
-            report.objects += n
-        if on_items is not None:
-            on_items(n)
-
     # the whole history: every record, every retained version's tree and values
-    _add_audit(report, await audit_store(t.head, progress=progress))
+    _add_audit(report, await audit_store(t.head, progress=_walk_progress(report, progress)))
     if t.version is None:  # an empty store: nothing committed
         return
     try:
@@ -173,7 +186,7 @@ async def _verify_versioned(
             for path, driver in await list_arrays(snap):
                 await check_array(snap.with_path(path) if path else snap, path or "/", report,
                                   driver=driver, sizes=_below(sizes, path), require_all=False,
-                                  version=v)
+                                  version=v, progress=progress)
         return
     # checkpoint: the steps of the pinned version (a step never changes once
     # saved, so the newest version holding a step shows it as every older one does)
@@ -184,7 +197,7 @@ async def _verify_versioned(
     report.steps = steps
     for s in steps:
         try:
-            await _verify_step(t, s, report)
+            await _verify_step(t, s, report, progress)
         except DataCorruptionError as e:  # e.g. the manifest's own value is damaged
             report.problems.append(Problem(_kind(e), f"step {s}: {e}"))
 
@@ -195,7 +208,7 @@ async def _retained(t: Target) -> list[int]:
     return [i.version for i in await t.head.versions() if i.version <= t.version]
 
 
-async def _verify_step(t: Target, s: int, report: VerifyReport) -> None:
+async def _verify_step(t: Target, s: int, report: VerifyReport, progress: Progress | None) -> None:
     try:
         manifest = await ckpt.read_manifest(t, s)
     except (DataCorruptionError, NotFoundError) as e:
@@ -219,7 +232,7 @@ async def _verify_step(t: Target, s: int, report: VerifyReport) -> None:
         async with sem:
             await check_array(step_view.with_path(key), name, report, driver="zarr3",
                               sizes=_below(rel, key), require_all=True, expect=expect,
-                              key_prefix=step_prefix(s) + key + "/", leaf=leaf)
+                              key_prefix=step_prefix(s) + key + "/", leaf=leaf, progress=progress)
 
     await asyncio.gather(*(leaf_check(leaf) for leaf in ckpt.array_leaves(manifest)))
 
@@ -243,17 +256,20 @@ async def check_array(
     sizes: dict[str, int] | None,
     require_all: bool,
     expect: dict[str, Any] | None = None,
-    on_items: Callable[[int], None] | None = None,
+    progress: Progress | None = None,
     version: int | None = None,
     key_prefix: str = "",
     leaf: dict[str, Any] | None = None,
+    plain: bool = False,
 ) -> None:
     """Check one array: metadata, then every chunk (see the module docstring).
 
     ``leaf`` (a checkpoint manifest entry) opens a leaf that may have no
     ``zarr.json``. ``sizes`` (key -> stored size, relative to ``kv``) lets raw chunks be
     checked from the index without reading them (their bytes are checksummed by
-    the store check); ``require_all`` makes a missing chunk a problem.
+    the store check); ``require_all`` makes a missing chunk a problem. ``plain``:
+    ``kv`` is not a versioned store, so a decoded chunk's bytes count as verified
+    here (a versioned store's values were verified by the store walk).
     """
     problems = report.problems
     try:
@@ -265,6 +281,9 @@ async def check_array(
     drv = ts.driver  # the chunk grid and codec are driver facts, not view facts
     # raw chunks (stored bytes == the C-order array bytes) are checked by size alone
     raw_nbytes = drv.raw_chunk_nbytes
+    if progress is not None and sizes is not None and raw_nbytes is None:
+        # the chunks this reads (raw chunks with known sizes are checked by size)
+        progress.add_total(sum(n for k, n in sizes.items() if k.rsplit("/", 1)[-1] not in METADATA_KEYS))
     if expect:
         found = {"shape": list(ts.shape), "dtype": _v3_name(ts.dtype),
                  "chunk_shape": list(drv.write_chunk_shape)}
@@ -327,9 +346,11 @@ async def check_array(
                     "shape", f"array {name}: chunk {key!r} decodes to {arr.dtype}{list(arr.shape)}, "
                     f"expected {drv.dtype}{list(want)}", array=name, chunk=key,
                     expected=list(want), found=list(arr.shape), version=version))
-            report.bytes += nbytes
-            if on_items is not None:
-                on_items(1)
+            report.bytes_read += nbytes
+            if plain:
+                report.bytes_verified += nbytes
+            if progress is not None:
+                progress.advance(nbytes)
 
     # in batches: an array may have millions of chunks, most of them missing
     cells = itertools.product(*(range(g) for g in grid))

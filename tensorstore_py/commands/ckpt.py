@@ -17,7 +17,7 @@ from typing import Any
 
 from tensorstore_py.checkpoint.leaves import array_leaves
 from tensorstore_py.checkpoint.leaves import open_leaf as checkpoint_open_leaf
-from tensorstore_py.checkpoint.storage import list_steps, record_key
+from tensorstore_py.checkpoint.storage import STEPS_PREFIX, list_steps, record_key
 from tensorstore_py.commands.target import Target, checkpoint_format_version, step_prefix
 from tensorstore_py.core.errors import DataCorruptionError, NotFoundError, UnsupportedError
 from tensorstore_py.kvstore.base import KvStore
@@ -34,11 +34,21 @@ __all__ = [
 
 #: checkpoint format versions this reader understands
 _KNOWN_FORMAT = 1
+#: commit records read (newest first) to find the commit that published a step
+#: whose version retention has retired
+PUBLISHER_SCAN = 512
 
 
 @dataclass(frozen=True)
 class StepRow:
-    """One step as ``ls`` shows it."""
+    """One step as ``ls`` shows it.
+
+    ``version``, ``write_id``, ``message``: the commit that published the step
+    (None / "" when it could not be found); ``retired``: retention has deleted
+    that version since (the step is unchanged in the versions after it);
+    ``readable_version``: the oldest retained version holding the step (what
+    ``--at`` takes; the publishing version unless it was retired).
+    """
 
     step: int
     time: float
@@ -48,6 +58,8 @@ class StepRow:
     version: int | None = None
     write_id: str = ""
     message: str = ""
+    readable_version: int | None = None
+    retired: bool = False
 
 
 def _check_format(fmt: Any, where: str) -> None:
@@ -90,20 +102,67 @@ async def step_records(target: Target) -> list[StepRow]:
     store = target.store
     steps = await list_steps(store)
     docs = await asyncio.gather(*(_json(store, record_key(s), "step record") for s in steps))
-    versions = await step_versions(target)
+    published = await step_versions(target)
+    retired = [s for s in steps if s not in published]
+    readable = await _readable_versions(target, retired)
+    publishers = await _retired_publishers(target, readable)
     rows = []
     for s, doc in zip(steps, docs):
         if doc is None:
             continue
         _check_format(doc.get("format"), f"{target.url}: step {s} record")
-        info = versions.get(s)
+        info = published.get(s) or publishers.get(s)
         rows.append(StepRow(
             step=s, time=float(doc.get("time") or 0.0), nbytes=int(doc.get("nbytes") or 0),
             metrics=dict(doc.get("metrics") or {}), process_count=int(doc.get("process_count") or 1),
             version=info.version if info else None, write_id=info.write_id if info else "",
             message=info.message if info else "",
+            readable_version=published[s].version if s in published else readable.get(s),
+            retired=s not in published,
         ))
     return rows
+
+
+async def _readable_versions(target: Target, steps: list[int]) -> dict[int, int]:
+    """step -> the oldest retained version holding it, for steps whose publishing
+    version was retired (one index listing per retained version, oldest first,
+    until every step is placed)."""
+    head = target.head
+    if head is None or not steps:
+        return {}
+    out: dict[int, int] = {}
+    todo = set(steps)
+    for info in await head.versions():
+        if not todo or (target.version is not None and info.version > target.version):
+            break
+        for e in await head.entries(STEPS_PREFIX, version=info.version):
+            name = e.key[len(STEPS_PREFIX):]
+            if name.isdigit() and int(name) in todo:
+                out[int(name)] = info.version
+                todo.discard(int(name))
+    return out
+
+
+async def _retired_publishers(target: Target, readable: dict[int, int]) -> dict[int, Any]:
+    """step -> the (retired) commit that published it: the newest commit below the
+    step's readable version whose metadata names the step, looking at most
+    :data:`PUBLISHER_SCAN` records back."""
+    head = target.head
+    if head is None or not readable:
+        return {}
+    out: dict[int, Any] = {}
+    top = max(readable.values()) - 1
+    stop = max(0, top - PUBLISHER_SCAN)
+    batch = 32
+    for hi in range(top, stop, -batch):
+        versions = range(hi, max(stop, hi - batch), -1)
+        for rec in await asyncio.gather(*(head.commit_details(v) for v in versions)):
+            s = rec.metadata.get("checkpoint_step") if isinstance(rec.metadata, dict) else None
+            if isinstance(s, int) and s in readable and s not in out and rec.version < readable[s]:
+                out[s] = rec
+        if len(out) == len(readable):
+            break
+    return out
 
 
 async def pick_step(target: Target, step: int | None) -> int:

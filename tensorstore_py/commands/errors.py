@@ -31,11 +31,15 @@ _URL_HINT = (
     "URLs look like file:///abs/dir/, gs://bucket/dir/, https://host/dir/, "
     "versioned+file:///run/@12, or a local path"
 )
-_LS_HINT = "check the URL (and --step / --version); `tensorstore-py ls URL` lists what is there"
+_LS_HINT = "check the URL (and --step / --at); `tensorstore-py ls URL` lists what is there"
 _READ_ONLY_HINT = (
     "this store is read-only (http(s):// stores and @version snapshots are); use a writable URL"
 )
 _RETRY_HINT = "check the URL and your network; requests that still fail after retries end up here"
+_DNS_HINT = (
+    "the host name does not resolve: check your network (DNS) and the URL; for an emulator or "
+    "a private endpoint set STORAGE_EMULATOR_HOST (gs://) or AWS_ENDPOINT_URL (s3://)"
+)
 
 
 def _needs_credentials(msg: str) -> bool:
@@ -65,6 +69,8 @@ def describe(e: BaseException) -> tuple[int, list[str]]:
     if isinstance(e, DeadlineExceededError):
         return EXIT_FAILED, [f"timed out: {msg}"]
     if isinstance(e, (StorageError, OSError)):
+        if "cannot resolve host" in msg:  # not retried: no network, or a wrong endpoint
+            return EXIT_FAILED, [f"network error: {msg}", _DNS_HINT]
         if _needs_credentials(msg):
             return EXIT_FAILED, [f"access denied: {msg}", _CREDENTIALS_HINT]
         return EXIT_FAILED, [f"storage error: {msg}", _RETRY_HINT]

@@ -8,11 +8,16 @@ store) and ``export`` (a checkpoint step as plain zarr v3 arrays).
   its crc32c, every chunk of a plain array by decoding it to its chunk shape;
   a copy stops at the first problem (exit 1) and names it;
 * everything is written create-only, so a copy never overwrites anything at
-  the destination (a non-empty destination is refused up front);
+  the destination: a destination holding keys the source does not have, a
+  finished copy (the source's newest commit record, an array's metadata) or
+  another versioned store is refused up front;
 * order makes a partial copy harmless: a versioned store's data and index
   objects are written before the commit records that reference them (oldest
   first), an array's chunks before its metadata, so an interrupted copy is
-  either invisible or shows a prefix of the history.
+  either invisible or shows a prefix of the history;
+* running the same command again resumes an interrupted copy: objects already
+  at the destination are compared byte for byte and kept (different bytes stop
+  the copy with exit 1).
 
 ``export`` guarantees:
 
@@ -52,7 +57,7 @@ import numpy as np
 from tensorstore_py.checkpoint.layout import zarr3_metadata
 from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.inspect import open_array
-from tensorstore_py.commands.target import Target, list_arrays, open_url, resolve, step_prefix
+from tensorstore_py.commands.target import Target, key_sizes, list_arrays, open_url, resolve, step_prefix
 from tensorstore_py.core.budget import DEFAULT_BYTES_IN_FLIGHT, ByteBudget, run_bounded
 from tensorstore_py.core.errors import (
     ConditionFailedError,
@@ -64,8 +69,11 @@ from tensorstore_py.core.errors import (
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.drivers.dtypes import dtype_from_v3
 from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.registry import require_conditional_writes
 from tensorstore_py.kvstore.versioned.create import create_object
+from tensorstore_py.kvstore.versioned.format import commit_name
 from tensorstore_py.kvstore.versioned.replicate import create_copy
+from tensorstore_py.progress import Progress
 
 __all__ = ["array_path", "cat", "copy", "export_step", "find_leaf", "parse_index"]
 
@@ -165,22 +173,27 @@ async def cat(url: str, array: str = "", *, index: str | None = None, step: int 
 
 
 # -- copy ----------------------------------------------------------------------------
-async def copy(src: str, dst: str, *, on_bytes: Callable[[int], None] | None = None) -> dict[str, Any]:
+async def copy(src: str, dst: str, *, progress: Progress | None = None) -> dict[str, Any]:
     """Copy the checkpoint root, versioned store, array or folder of arrays at
-    ``src`` to the empty location ``dst`` (see the module docstring)."""
+    ``src`` to ``dst``: an empty location, or an interrupted copy of ``src`` to
+    resume (see the module docstring). ``progress`` counts the bytes written."""
     t = await resolve(src)
-    out = await open_url(dst) if "://" in dst else await open_url(_mkdir(dst))
+    out = await _open_dest(dst, "copy")
+    if t.kind in ("checkpoint", "versioned"):
+        await _refuse_finished(t, out, dst)
+    sizes = await _source_sizes(t)
+    await _refuse_foreign(out, sizes, dst, versioned=t.head is not None)
+    if progress is not None and sizes is not None:
+        progress.add_total(sum(sizes.values()))
     stats = {"objects": 0, "bytes": 0}
 
     def count(n: int) -> None:
         stats["objects"] += 1
         stats["bytes"] += n
-        if on_bytes is not None:
-            on_bytes(n)
+        if progress is not None:
+            progress.advance(n)
 
     if t.kind in ("checkpoint", "versioned"):
-        if (await out.read("commits/00000000000000000001")).state == "value":
-            raise ConditionFailedError(f"copy: {dst} already holds a versioned store; copy into an empty location")
         await _copy_versioned(t, out, count)
     else:
         found = [("", t.array_driver)] if t.kind == "array" else await list_arrays(t.store)
@@ -195,6 +208,75 @@ def _mkdir(path: str) -> str:
     return path
 
 
+async def _open_dest(dest: str, what: str) -> KvStore:
+    """The store at ``dest`` (a URL, or a local folder made if missing), refused
+    before anything moves when it can not do create-only writes."""
+    out = await open_url(dest) if "://" in dest else await open_url(_mkdir(dest))
+    require_conditional_writes(out, f"{what} to {dest}")
+    return out
+
+
+async def _source_sizes(t: Target) -> dict[str, int] | None:
+    """Key -> size of everything a copy of ``t`` may write (None: the store can
+    not tell: it does not list, or lists no sizes)."""
+    if t.head is None:
+        return await key_sizes(t, "")
+    try:
+        found = await asyncio.gather(*(t.base.list_info(p) for p in _VERSIONED_PREFIXES))
+    except UnsupportedError:
+        return None
+    infos = [i for part in found for i in part]
+    if any(i.size is None for i in infos):
+        return None
+    return {i.key: int(i.size or 0) for i in infos}
+
+
+#: where a versioned store keeps what a copy writes (and the 'latest' hint)
+_VERSIONED_PREFIXES = ("commits/", "nodes/", "data/", "changes/")
+#: what a reader or writer of a versioned store adds besides (leases, clock
+#: probes, multi-writer records): not foreign at a copy's destination
+_HOUSEKEEPING = ("latest", "leases/", "gc/", "txns/")
+
+
+async def _refuse_foreign(out: KvStore, sizes: dict[str, int] | None, dst: str, *,
+                          versioned: bool) -> None:
+    """ConditionFailedError, before anything is written, when ``dst`` holds a key
+    the source does not (so it is neither empty nor an interrupted copy of it)."""
+    if sizes is None:
+        return  # the source can not list: each object is compared as it is written
+    try:
+        there = await out.list("")
+    except UnsupportedError:
+        return
+    foreign = sorted(k for k in there if k not in sizes
+                     and not (versioned and k.startswith(_HOUSEKEEPING)))
+    if foreign:
+        raise ConditionFailedError(
+            f"copy: {dst} holds {len(foreign)} key(s) the source does not have (e.g. "
+            f"{foreign[0]!r}); copy into an empty location (or rerun an interrupted copy of "
+            f"the same source to resume it)")
+
+
+async def _refuse_finished(t: Target, out: KvStore, dst: str) -> None:
+    """ConditionFailedError when ``dst`` already holds the source's newest version
+    (a finished copy) or another versioned store."""
+    assert t.head is not None
+    newest = await t.head.newest_version()
+    if not newest:
+        return
+    first = await out.read(commit_name(1))
+    if first.state != "value":
+        return  # empty, or an interrupted copy that wrote no commit record yet
+    mine = await t.base.read(commit_name(1))
+    if mine.state != "value" or bytes(mine.value) != bytes(first.value):
+        raise ConditionFailedError(
+            f"copy: {dst} already holds another versioned store; copy into an empty location")
+    if (await out.read(commit_name(newest))).state == "value":
+        raise ConditionFailedError(
+            f"copy: {dst} already holds a finished copy (version {newest}, the source's newest); "
+            f"copy into an empty location")
+
+
 async def _copy_versioned(t: Target, out: KvStore, count: Callable[[int], None]) -> None:
     assert t.head is not None
     await t.head.copy_to(out, on_bytes=count)
@@ -204,9 +286,8 @@ async def _copy_array(src: KvStore, dst: KvStore, driver: str | None, count: Cal
     ts = await open_array(src, driver)
     drv = ts.driver
     meta_key = drv.metadata_key
-    for k in (meta_key,):
-        if (await dst.read(k)).state == "value":
-            raise ConditionFailedError(f"copy: an array already exists at {dst!r}")
+    if (await dst.read(meta_key)).state == "value":  # written last: a finished copy
+        raise ConditionFailedError(f"copy: an array already exists at {dst!r}")
     try:
         keys = [k for k in await src.list("") if k != meta_key]
     except UnsupportedError:  # e.g. HTTP: every grid position
@@ -311,9 +392,10 @@ def _join(path: str, key: str) -> str:
 
 
 async def export_step(root: str, step: int | None, dest: str, *,
-                      on_bytes: Callable[[int], None] | None = None) -> dict[str, Any]:
+                      progress: Progress | None = None) -> dict[str, Any]:
     """Write checkpoint ``step`` (default: the latest) of ``root`` to ``dest`` as
-    plain zarr v3 arrays (see the module docstring)."""
+    plain zarr v3 arrays (see the module docstring). ``progress`` counts the
+    bytes written."""
     t = await resolve(root)
     if t.kind != "checkpoint":
         raise InvalidArgumentError(f"export: {root} is not a checkpoint root (found: {t.kind})")
@@ -322,7 +404,7 @@ async def export_step(root: str, step: int | None, dest: str, *,
     arrays = _plan_paths(ckpt.array_leaves(manifest))
     scalars = {str(leaf.get("path")): leaf.get("value") for leaf in manifest["leaves"]
                if isinstance(leaf, dict) and "key" not in leaf}
-    out = await open_url(dest) if "://" in dest else await open_url(_mkdir(dest))
+    out = await _open_dest(dest, "export")
 
     # what goes where: (source store, key) per destination key; metadata documents as bytes
     chunks: dict[str, tuple[KvStore, str, int]] = {}
@@ -360,6 +442,8 @@ async def export_step(root: str, step: int | None, dest: str, *,
             f"export: {dest} holds {len(foreign)} key(s) this export does not write (e.g. "
             f"{foreign[0]!r}); export into an empty location (or rerun an interrupted export of "
             f"the same step to resume it)")
+    if progress is not None:
+        progress.add_total(sum(size for _src, _key, size in chunks.values()))
     stats = {"objects": 0, "bytes": 0}
 
     async def put(key: str, data: Any) -> None:
@@ -369,8 +453,8 @@ async def export_step(root: str, step: int | None, dest: str, *,
                 f"empty location")
         stats["objects"] += 1
         stats["bytes"] += len(data)
-        if on_bytes is not None:
-            on_bytes(len(data))
+        if progress is not None:
+            progress.advance(len(data))
 
     async def chunk(item: tuple[str, tuple[KvStore, str, int]]) -> None:
         key, (src, src_key, size) = item

@@ -19,10 +19,10 @@ from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.info import CommitDetails
 from tensorstore_py.opening import open as ts_open
 
-__all__ = ["codec_names", "diff", "history", "info", "ls", "open_array"]
+__all__ = ["METADATA_KEYS", "codec_names", "diff", "history", "info", "ls", "open_array"]
 
 #: metadata documents: not counted in an array's stored (chunk) bytes
-_METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
+METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
 
 
 async def open_array(kv: KvStore, driver: str | None = None) -> Any:
@@ -80,7 +80,7 @@ async def _describe(kv: KvStore, path: str, driver: str | None, sizes: dict[str,
     if sizes is not None:
         pre = path + "/" if path else ""
         stored = sum(n for k, n in sizes.items()
-                     if k.startswith(pre) and k.rsplit("/", 1)[-1] not in _METADATA_KEYS)
+                     if k.startswith(pre) and k.rsplit("/", 1)[-1] not in METADATA_KEYS)
         row["stored_bytes"] = stored
         row["compression_ratio"] = round(nbytes / stored, 3) if stored else None
     if extra:
@@ -98,7 +98,8 @@ async def ls(url: str, *, version: int | None = None) -> dict[str, Any]:
         out["steps"] = [
             {"step": r.step, "time": r.time, "nbytes": r.nbytes, "version": r.version,
              "write_id": r.write_id, "message": r.message, "metrics": r.metrics,
-             "process_count": r.process_count}
+             "process_count": r.process_count, "readable_version": r.readable_version,
+             "retired": r.retired}
             for r in rows
         ]
         return out

@@ -20,6 +20,7 @@ from tensorstore_py.commands.target import resolve
 from tensorstore_py.core.errors import InvalidArgumentError, ReadOnlyError
 from tensorstore_py.kvstore.versioned.gc import DEFAULT_GRACE as GC_GRACE
 from tensorstore_py.kvstore.versioned.gc import gc as collect
+from tensorstore_py.progress import Progress
 
 __all__ = ["gc", "parse_duration"]
 
@@ -44,10 +45,11 @@ def parse_duration(text: str) -> float:
     return total
 
 
-async def gc(url: str, *, grace: float | None = None, apply: bool = False) -> dict[str, Any]:
+async def gc(url: str, *, grace: float | None = None, apply: bool = False,
+             progress: Progress | None = None) -> dict[str, Any]:
     """Collect garbage at ``url``: list (``apply=False``) or delete what no retained
     version references and is older than ``grace`` seconds (default: the
-    collector's, 6 hours)."""
+    collector's, 6 hours). ``progress`` counts the objects deleted."""
     if grace is None:
         grace = GC_GRACE
     if grace < 0:
@@ -59,7 +61,8 @@ async def gc(url: str, *, grace: float | None = None, apply: bool = False) -> di
         )
     if apply and t.base.read_only:
         raise ReadOnlyError(f"{url}: this store is read-only; gc --apply needs a writable store")
-    rep = await collect(t.head, grace=grace, dry_run=not apply)
+    rep = await collect(t.head, grace=grace, dry_run=not apply,
+                        on_delete=None if progress is None else _counter(progress))
     return {
         "url": url, "kind": t.kind, "applied": apply, "grace_seconds": grace,
         "newest": rep.newest, "retained_versions": rep.retained_versions,
@@ -72,3 +75,14 @@ async def gc(url: str, *, grace: float | None = None, apply: bool = False) -> di
         "expired_leases": list(rep.expired_leases), "deferred_versions": list(rep.deferred_versions),
         "temporaries": list(rep.temporaries), "clock": rep.clock,
     }
+
+
+def _counter(progress: Progress) -> Any:
+    """The collector's ``on_delete(done, total)`` as a progress display's counts."""
+
+    def deleted(done: int, total: int) -> None:
+        if progress.total != total:
+            progress.set_total(total)
+        progress.advance(done - progress.done)
+
+    return deleted

@@ -75,11 +75,19 @@ def _arrays_table(arrays: list[dict[str, Any]], *, detail: bool) -> str:
 def ls(data: dict[str, Any]) -> str:
     out = [_header(data)]
     if data["kind"] == "checkpoint":
-        rows = [[s["step"], human_time(s["time"]), human_size(s["nbytes"]), s["version"] or "-",
-                 _short(s["write_id"]), _metrics(s["metrics"])]
+        rows = [[s["step"], human_time(s["time"]), human_size(s["nbytes"]),
+                 s.get("readable_version") or s["version"] or "-",
+                 _short(s["write_id"]) + ("*" if s.get("retired") else ""), _metrics(s["metrics"])]
                 for s in data["steps"]]
         out.append(format_table(["STEP", "TIME", "SIZE", "VERSION", "WRITE-ID", "METRICS"], rows,
                                 right=[0, 2, 3]) if rows else "(no steps)")
+        retired = [s for s in data["steps"] if s.get("retired")]
+        if retired:
+            by = ", ".join(f"step {s['step']}: version {s['version'] or '?'}" for s in retired[:6])
+            out.append(
+                f"* published by a version that retention has since retired ({by}"
+                f"{', ...' if len(retired) > 6 else ''}; see `history`);\n"
+                f"  VERSION is the oldest kept version holding the step, unchanged since (for --at)")
     elif data["kind"] == "versioned":
         rows = [[v["version"], human_time(v["time"]), v["kind"], v["keys"],
                  human_size(v["bytes_written"]), _short(v["write_id"]), ",".join(v["tags"]) or "",
@@ -149,7 +157,8 @@ def verify(r: VerifyReport) -> str:
     if r.steps:
         scope.append(f"{len(r.steps)} step(s)")
     scope.append(f"{r.arrays} array(s), {r.chunks} chunk(s), {r.objects} object(s), {r.values} value(s)")
-    summary = f"{r.url} ({r.kind}): checked " + ", ".join(scope) + f" in {r.seconds:.1f}s"
+    summary = (f"{r.url} ({r.kind}): checked " + ", ".join(scope) + f"; {human_size(r.bytes_verified)} "
+               f"verified, {human_size(r.bytes_read)} read in {r.seconds:.1f}s")
     if r.ok:
         lines.append(f"{style('OK', 'green')} {summary}")
     else:

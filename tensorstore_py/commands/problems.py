@@ -45,7 +45,11 @@ class VerifyReport:
     chunks: int = 0
     objects: int = 0
     values: int = 0
-    bytes: int = 0
+    #: bytes read from storage (the store walk, and the chunks read to decode them)
+    bytes_read: int = 0
+    #: stored bytes checked, each once: against a crc32c (records, index nodes,
+    #: values of a versioned store) or by decoding (chunks of plain arrays)
+    bytes_verified: int = 0
     seconds: float = 0.0
     problems: list[Problem] = field(default_factory=list)
     #: objects of a versioned store no retained version references (not a
@@ -61,7 +65,9 @@ class VerifyReport:
         return {
             "url": self.url, "kind": self.kind, "ok": self.ok, "versions": self.versions,
             "steps": self.steps, "arrays": self.arrays, "chunks": self.chunks,
-            "objects": self.objects, "values": self.values, "bytes": self.bytes, "seconds": round(self.seconds, 3),
+            "objects": self.objects, "values": self.values, "bytes_read": self.bytes_read,
+            "bytes_verified": self.bytes_verified, "bytes": self.bytes_verified,
+            "seconds": round(self.seconds, 3),
             "problems": [p.to_json() for p in self.problems],
             "unreferenced": {"objects": self.unreferenced, "bytes": self.unreferenced_bytes},
         }

@@ -124,14 +124,14 @@ async def _is_checkpoint(vs: KvStore) -> bool:
 async def resolve(url: str, *, version: int | None = None) -> Target:
     """Open and classify ``url``; ``version`` pins a versioned store's snapshot."""
     if version is not None and (not isinstance(version, int) or version < 1):
-        raise InvalidArgumentError(f"--version must be an integer >= 1, got {version!r}")
+        raise InvalidArgumentError(f"--at must be a version number >= 1, got {version!r}")
     if url.startswith("versioned+"):
         vs = await open_kvstore(_dir_url(url))
         if not isinstance(vs, VersionedKvStore):  # a third-party adapter registered as "versioned"
             raise InvalidSpecError(f"{url}: not a tensorstore_py versioned store")
         await _check_format(vs.base, url)
         if vs.version is not None and version is not None and version != vs.version:
-            raise InvalidArgumentError(f"{url} already names version {vs.version}; drop --version")
+            raise InvalidArgumentError(f"{url} already names version {vs.version}; drop --at")
         head = VersionedKvStore(vs.base, path=vs.path)
         pinned = version or vs.version
         return await _versioned_target(url, vs.base, head, pinned)
@@ -142,7 +142,7 @@ async def resolve(url: str, *, version: int | None = None) -> Target:
         return await _versioned_target(url, base, head, version)
     target = await _plain_target(url, base, version)
     if version is not None and target.head is None:
-        raise InvalidArgumentError(f"{url} is not a versioned store: --version does not apply")
+        raise InvalidArgumentError(f"{url} is not a versioned store: --at does not apply")
     return target
 
 
@@ -210,25 +210,22 @@ async def _versioned_target_unchecked(
 
 
 async def key_sizes(target: Target, prefix: str) -> dict[str, int] | None:
-    """Stored size of every key under ``prefix`` where that is cheap to know.
+    """Stored size of every key under ``prefix`` where the listing tells it.
 
-    A versioned store knows value lengths from its index; a local folder from
-    ``stat``. Other stores (gs, http) return None: sizes would cost a request
-    per key.
+    A versioned store knows value lengths from its index; file, gs and s3
+    listings carry sizes. Other stores (http, which can not list; stores whose
+    listing has no sizes) return None: sizes would cost a request per key.
     """
     store = target.store
     if isinstance(store, VersionedKvStore):
         return {e.key: e.size for e in await store.entries(prefix)}
-    if store.driver == "file":
-        keys = await store.list(prefix)
-        out = {}
-        for k in keys:
-            try:
-                out[k] = os.path.getsize(store.path + k)
-            except OSError:
-                pass
-        return out
-    return None
+    try:
+        infos = await store.list_info(prefix)
+    except UnsupportedError:
+        return None
+    if any(i.size is None for i in infos):
+        return None
+    return {i.key: int(i.size) for i in infos if i.size is not None}
 
 
 async def list_arrays(store: KvStore, prefix: str = "") -> list[tuple[str, str]]:
