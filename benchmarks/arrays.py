@@ -1,5 +1,14 @@
 """Array throughput: tensorstore_py vs TensorStore vs zarr-python, same run, same machine.
 
+One command gives every figure (about 15 minutes and ~6 GiB of disk on a
+16-core host; TensorStore and zarr-python installed, e.g. ``pip install -e
+".[test]"``)::
+
+    python benchmarks/arrays.py --full-fill
+
+The first line names the CPUs it ran with (this process's affinity, which
+sizes the engine's threads and budgets) and the machine's core count.
+
 Cases (``--small`` shrinks every size for a quick run):
 
 * 1 GiB float32 in 4 MiB chunks, raw and zstd level 1: full write and full read (MiB/s).
@@ -7,6 +16,12 @@ Cases (``--small`` shrinks every size for a quick run):
   read (chunks/s).
 * random 64^3 crops from a sharded uint8 volume served over HTTP by a separate
   server process (crops/s).
+* a uint8 volume (64^3 chunks in 512^3 shards) filled by 2 processes at once,
+  each writing whole shards: 1024x1024x256 by default, 2048x2048x512 with
+  ``--full-fill`` (MiB/s).
+* where the time per chunk goes on the read path (raw 16x16 float32 chunks:
+  system calls vs Python work, microseconds per chunk) and peak RSS of a whole
+  read and write beyond the request's own size (see _engine_cases.py).
 * neuroglancer precomputed, sharded, ``compressed_segmentation`` uint64 labels
   written by TensorStore: XY, XZ and YZ planes through the middle and random
   64^3 crops (reads/s), tensorstore_py and TensorStore reading the same files.
@@ -17,13 +32,14 @@ Cases (``--small`` shrinks every size for a quick run):
   rep; also the CPU time per read of each (``.cpu_ratio_vs_tensorstore``:
   theirs over ours, higher is better for us).
 
-Every figure is the median of ``--repeats`` runs. Output lines are
+Every figure is the median of ``--repeats`` runs, the libraries taking turns
+run by run (so that load from elsewhere falls on all alike). Output lines are
 ``name: value unit``; ``<case>.ratio_vs_tensorstore`` / ``.ratio_vs_zarr`` are
 ours divided by theirs (higher is better for us). Reads come from the page
 cache for every library alike.
 
-    python benchmarks/arrays.py            # full sizes (several minutes, ~4 GiB of disk)
-    python benchmarks/arrays.py --small    # seconds
+    python benchmarks/arrays.py            # the issue's sizes, volume fill scaled down
+    python benchmarks/arrays.py --small    # a minute
 """
 
 from __future__ import annotations
@@ -45,10 +61,12 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 import zarr
+from _engine_cases import bench_chunk_overhead, bench_peak_rss, bench_volume_fill  # this folder
 from zarr.codecs import ZstdCodec
 from zarr.storage import FsspecStore, LocalStore
 
 import tensorstore_py as tsp
+from tensorstore_py.core.pools import available_cpus
 
 LIBS = ("tsp", "tensorstore", "zarr")
 
@@ -139,26 +157,26 @@ def bench_dense(tmp: Path, name: str, shape: tuple[int, ...], chunks: tuple[int,
     data = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     n_chunks = int(np.prod([-(-s // c) for s, c in zip(shape, chunks)]))
     amount, unit = (n_chunks, "chunks/s") if per_chunk else (data.nbytes / (1 << 20), "MiB/s")
-    w_rates: dict[str, float] = {}
-    r_rates: dict[str, float] = {}
-    for lib in LIBS:
-        path = tmp / f"{name}-{lib}"
-        holder: dict[str, Any] = {}
-
-        def setup(lib: str = lib, path: Path = path, holder: dict[str, Any] = holder) -> None:
-            holder["a"] = create(lib, path, shape, "float32", chunks, shards, zstd)
-
-        w = median_time(lambda lib=lib, h=holder: write(lib, h["a"], data), repeats, setup)
-        out = read(lib, holder["a"])
-        if not np.array_equal(out, data):
-            raise SystemExit(f"{name}: {lib} read back different data")
-        del out
-        r = median_time(lambda lib=lib, h=holder: read(lib, h["a"]), repeats)
-        w_rates[lib], r_rates[lib] = amount / w, amount / r
-        holder.clear()
-        shutil.rmtree(path)
-    report(f"{name}_write", w_rates, unit)
-    report(f"{name}_read", r_rates, unit)
+    w_times: dict[str, list[float]] = {lib: [] for lib in LIBS}
+    r_times: dict[str, list[float]] = {lib: [] for lib in LIBS}
+    for rep in range(repeats):
+        for lib in LIBS:  # in turns, run by run
+            path = tmp / f"{name}-{lib}"
+            arr = create(lib, path, shape, "float32", chunks, shards, zstd)
+            gc.collect()
+            t0 = time.perf_counter()
+            write(lib, arr, data)
+            w_times[lib].append(time.perf_counter() - t0)
+            if rep == 0 and not np.array_equal(read(lib, arr), data):
+                raise SystemExit(f"{name}: {lib} read back different data")
+            gc.collect()
+            t0 = time.perf_counter()
+            read(lib, arr)
+            r_times[lib].append(time.perf_counter() - t0)
+            del arr
+            shutil.rmtree(path)
+    report(f"{name}_write", {lib: amount / statistics.median(t) for lib, t in w_times.items()}, unit)
+    report(f"{name}_read", {lib: amount / statistics.median(t) for lib, t in r_times.items()}, unit)
 
 
 # -- HTTP crops ------------------------------------------------------------------
@@ -203,13 +221,9 @@ def bench_http_crops(tmp: Path, n: int, crop: int, n_crops: int, repeats: int) -
             got = read(lib, arr[z:z + crop, y:y + crop, x:x + crop])
             if not np.array_equal(np.asarray(got), vol[z:z + crop, y:y + crop, x:x + crop]):
                 raise SystemExit(f"http crops: {lib} read different data")
-        rates = {}
-        for lib, arr in opened.items():
-            def run(lib: str = lib, arr: Any = arr) -> None:
-                for z, y, x in corners:
-                    read(lib, arr[z:z + crop, y:y + crop, x:x + crop])
-
-            rates[lib] = n_crops / median_time(run, repeats)
+        runs = {lib: (lambda lib=lib, arr=arr: [read(lib, arr[z:z + crop, y:y + crop, x:x + crop])
+                                                for z, y, x in corners]) for lib, arr in opened.items()}
+        rates = {lib: n_crops / t for lib, t in interleaved_median_times(runs, repeats).items()}
         report(f"http_crops_{crop}", rates, "crops/s")
     finally:
         server.terminate()
@@ -340,7 +354,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description="array throughput vs TensorStore and zarr-python")
     p.add_argument("--small", action="store_true", help="small sizes for a quick run")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--only", default="", help="comma-separated case prefixes (large,small,http,precomputed,n5)")
+    p.add_argument("--only", default="",
+                   help="comma-separated case prefixes (large,small,http,precomputed,n5,fill,overhead,rss)")
+    p.add_argument("--full-fill", action="store_true",
+                   help="fill the issue's 2048x2048x512 volume (default 1024x1024x256)")
     p.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = p.parse_args()
     only = set(filter(None, args.only.split(",")))
@@ -348,8 +365,8 @@ def main() -> None:
     big_chunks = (512, 512) if args.small else (1024, 1024)      # 1 MiB / 4 MiB
     small_shape = (1024, 1024) if args.small else (8192, 8192)   # 4 MiB / 256 MiB float32
     tmp = Path(tempfile.mkdtemp(prefix="tsp-bench-", dir=args.dir))
-    print(f"# {sys.platform}, {os.cpu_count()} cpus, tensorstore {version('tensorstore')}, "
-          f"zarr {zarr.__version__}, repeats {args.repeats}", flush=True)
+    print(f"# {sys.platform}, {available_cpus()} cpus usable ({os.cpu_count()} on the machine), "
+          f"tensorstore {version('tensorstore')}, zarr {zarr.__version__}, repeats {args.repeats}", flush=True)
     try:
         if not only or "large" in only:
             mib = big[0] * big[1] * 4 >> 20
@@ -370,6 +387,14 @@ def main() -> None:
             bench_precomputed(tmp, 128 if args.small else 512, 5 if args.small else 20, max(args.repeats, 9))
         if not only or "n5" in only:
             bench_n5(tmp, 128 if args.small else 512, 64, 8 if args.small else 16, args.repeats)
+        if not only or "fill" in only:
+            fill = [256, 256, 128] if args.small else [2048, 2048, 512] if args.full_fill else [1024, 1024, 256]
+            bench_volume_fill(tmp, fill, args.repeats)
+        if not only or "overhead" in only:
+            bench_chunk_overhead(tmp, 512 if args.small else 1024, 16, args.repeats)
+        if not only or "rss" in only:
+            bench_peak_rss(tmp, (4096, 4096) if args.small else (16384, 16384),
+                           (512, 512) if args.small else (1024, 1024))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,4 +1,10 @@
-"""Bounded concurrency for chunk work: a bytes-in-flight budget plus a task cap."""
+"""Bounded concurrency for chunk work: a bytes-in-flight budget plus a task cap.
+
+Defaults grow with the CPUs this process may use (``pools.available_cpus``):
+:func:`default_bytes_in_flight` is ``max(256 MiB, 16 MiB x CPUs)`` and
+:func:`default_max_tasks` ``max(64, 4 x CPUs)``, so that every core has chunks to work
+on; a Context may set the byte limit and the thread counts.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,27 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
-__all__ = ["DEFAULT_BYTES_IN_FLIGHT", "ByteBudget", "run_bounded"]
+from tensorstore_py.core.pools import Concurrency, available_cpus
+
+__all__ = ["DEFAULT_BYTES_IN_FLIGHT", "ByteBudget", "default_bytes_in_flight", "default_max_tasks", "run_bounded"]
 
 T = TypeVar("T")
 
+#: the least default byte budget (what 16 CPUs get; more CPUs get more)
 DEFAULT_BYTES_IN_FLIGHT = 256 << 20
+_BYTES_PER_CPU = 16 << 20
 # Enough outstanding chunk operations to keep the I/O and CPU pools busy.
 MAX_TASKS = 64
+
+
+def default_bytes_in_flight() -> int:
+    """The byte budget of an array opened without one: ``max(256 MiB, 16 MiB x CPUs)``."""
+    return max(DEFAULT_BYTES_IN_FLIGHT, _BYTES_PER_CPU * available_cpus())
+
+
+def default_max_tasks() -> int:
+    """The most chunk operations one request keeps in flight: ``max(64, 4 x CPUs)``."""
+    return max(MAX_TASKS, 4 * available_cpus())
 
 
 class ByteBudget:
@@ -31,10 +51,14 @@ class ByteBudget:
       a done-callback (a task cancelled before it started still gives back what
       was taken for it).
     * A request cancelled while waiting holds nothing afterwards.
+
+    ``concurrency``: the threads the work it bounds may use (see
+    :class:`~tensorstore_py.core.pools.Concurrency`; the defaults when None).
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, concurrency: Concurrency | None = None) -> None:
         self.limit = max(1, int(limit))
+        self.concurrency = concurrency or Concurrency.default()
         self.used = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
 
@@ -86,12 +110,14 @@ async def run_bounded(
     *,
     budget: ByteBudget,
     cost: int | Callable[[T], int],
-    max_tasks: int = MAX_TASKS,
+    max_tasks: int | None = None,
 ) -> None:
     """Run ``fn(item)`` for every item concurrently, within ``budget``.
 
-    The first failure cancels the rest and is raised (after they stop).
+    At most ``max_tasks`` (default :func:`default_max_tasks`) run at once. The first
+    failure cancels the rest and is raised (after they stop).
     """
+    limit = max_tasks if max_tasks is not None else default_max_tasks()
     tasks: set[asyncio.Task[None]] = set()
     failed: list[BaseException] = []
 
@@ -105,7 +131,7 @@ async def run_bounded(
         for item in items:
             if failed:
                 break
-            if len(tasks) >= max_tasks:
+            if len(tasks) >= limit:
                 await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 if failed:
                     break

@@ -5,6 +5,13 @@ Blocking file I/O and codec work (compressors, checksums and numpy copies
 release the GIL) never run on the event loop: they run here. The pools are
 process-wide, created on first use, and recreated after ``os.fork()`` (the
 parent's worker threads do not exist in a child).
+
+Sizes (:class:`Concurrency`): ``cpu`` threads for codec work, one per CPU this
+process may use (``os.sched_getaffinity``, so a container or ``taskset`` limit
+is honoured); ``io`` threads for blocking I/O, ``max(32, 4 * cpus)`` (calls that
+wait on a disk or fsync hold a thread without using a CPU). A Context may ask
+for other sizes (``data_copy_concurrency`` / ``file_io_concurrency``): each
+distinct size gets a pool of its own, shared by every array that asks for it.
 """
 
 from __future__ import annotations
@@ -16,14 +23,19 @@ import concurrent.futures.thread
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["at_exit_before_pools", "available_cpus", "cpu_pool", "io_pool", "run_cpu", "run_io"]
+__all__ = ["Concurrency", "at_exit_before_pools", "available_cpus", "cpu_pool", "io_pool", "run_cpu", "run_in",
+           "run_io"]
 
 T = TypeVar("T")
 
-_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+_pools: dict[tuple[str, int], concurrent.futures.ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
+_default: Concurrency | None = None  # Concurrency.default(), once per process
+#: the least number of I/O threads (blocking calls mostly wait, they need no CPU)
+MIN_IO_THREADS = 32
 
 
 def available_cpus() -> int:
@@ -35,35 +47,70 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Concurrency:
+    """How many threads chunk work may use: ``cpu`` for codec work (encode,
+    decode, copies), ``io`` for blocking I/O calls. :meth:`default` derives both
+    from :func:`available_cpus`."""
+
+    cpu: int
+    io: int
+
+    @classmethod
+    def default(cls, cpu: int | None = None, io: int | None = None) -> Concurrency:
+        """The defaults (``cpu`` = usable CPUs, ``io`` = max(32, 4 x CPUs), taken
+        once per process), with ``cpu`` / ``io`` replacing them where given."""
+        global _default
+        base = _default
+        if base is None:
+            cpus = available_cpus()
+            base = _default = cls(cpu=cpus, io=max(MIN_IO_THREADS, 4 * cpus))
+        if cpu is None and io is None:
+            return base
+        return cls(cpu=max(1, cpu or base.cpu), io=max(1, io or base.io))
+
+    def cpu_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        return _pool("cpu", self.cpu)
+
+    def io_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        return _pool("io", self.io)
+
+
 def _pool(name: str, workers: int) -> concurrent.futures.ThreadPoolExecutor:
-    pool = _pools.get(name)
+    key = (name, workers)
+    pool = _pools.get(key)
     if pool is None:
         with _pools_lock:
-            pool = _pools.get(name)
+            pool = _pools.get(key)
             if pool is None:
                 pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"tsp-{name}")
-                _pools[name] = pool
+                _pools[key] = pool
     return pool
 
 
 def io_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """Threads for blocking I/O (file reads/writes, fsync)."""
-    return _pool("io", 32)
+    """The default pool for blocking I/O (file reads/writes, fsync)."""
+    return Concurrency.default().io_pool()
 
 
 def cpu_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """Threads for codec work (compressors release the GIL): one per usable CPU."""
-    return _pool("cpu", max(2, available_cpus()))
+    """The default pool for codec work (compressors release the GIL): one thread per usable CPU."""
+    return Concurrency.default().cpu_pool()
+
+
+async def run_in(pool: concurrent.futures.Executor, fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` on ``pool`` from the loop."""
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
 async def run_io(fn: Callable[..., T], *args: Any) -> T:
-    """Run blocking ``fn(*args)`` on the I/O pool from the loop."""
-    return await asyncio.get_running_loop().run_in_executor(io_pool(), fn, *args)
+    """Run blocking ``fn(*args)`` on the default I/O pool from the loop."""
+    return await run_in(io_pool(), fn, *args)
 
 
 async def run_cpu(fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn(*args)`` (GIL-releasing work) on the CPU pool from the loop."""
-    return await asyncio.get_running_loop().run_in_executor(cpu_pool(), fn, *args)
+    """Run ``fn(*args)`` (GIL-releasing work) on the default CPU pool from the loop."""
+    return await run_in(cpu_pool(), fn, *args)
 
 
 def at_exit_before_pools(fn: Callable[[], None]) -> None:
@@ -83,7 +130,8 @@ def at_exit_before_pools(fn: Callable[[], None]) -> None:
 
 
 def _reset_pools_after_fork() -> None:
-    global _pools_lock
+    global _pools_lock, _default
+    _default = None  # the child may run on other CPUs
     _pools.clear()  # the parent's worker threads do not exist in the child
     _pools_lock = threading.Lock()
 

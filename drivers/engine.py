@@ -37,7 +37,7 @@ from typing import Any, Protocol, Self
 import numpy as np
 
 import tensorstore_py.drivers.fastpath as fastpath
-from tensorstore_py.core.budget import DEFAULT_BYTES_IN_FLIGHT, MAX_TASKS, ByteBudget, run_bounded
+from tensorstore_py.core.budget import ByteBudget, default_bytes_in_flight, run_bounded
 from tensorstore_py.core.errors import (
     ConditionFailedError,
     InvalidArgumentError,
@@ -45,7 +45,7 @@ from tensorstore_py.core.errors import (
     NotFoundError,
     ReadOnlyError,
 )
-from tensorstore_py.core.pools import available_cpus, run_cpu, run_io
+from tensorstore_py.core.pools import run_in
 from tensorstore_py.drivers.base import ArrayDriver, Index
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.codecs.base import ChunkCodec
@@ -55,38 +55,27 @@ from tensorstore_py.drivers.dtypes import element_nbytes
 from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, dim_parts, out_shape
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
-from tensorstore_py.kvstore.base import BlockingRead, ByteRange, Generation, KvStore, ReadResult
+from tensorstore_py.drivers.shard_reads import ShardIndexCache, read_part, run_async
+from tensorstore_py.drivers.sizing import (
+    async_tasks,
+    blocking_read_tasks,
+    prepared_read_tasks,
+    write_tasks,
+)
+from tensorstore_py.kvstore.base import BlockingRead, Generation, KvStore, ReadResult
 
 __all__ = ["ChunkCodec", "ChunkedArray", "ParsedMetadata", "json_object"]
 
 # Chunks smaller than this are decoded on the loop thread: a thread hop costs
 # more than a memcpy or decompression of a few KiB.
 _INLINE_BYTES = 64 << 10
-# Inner chunks of one shard closer than this are fetched in one request; larger
-# gaps would download data nobody asked for (remote stores run requests concurrently).
-_SHARD_COALESCE_GAP = 16 << 10
-# Concurrent batches on stores with blocking I/O (see fastpath): enough to
-# overlap I/O waits with decoding on every core, few enough not to thrash.
-_SYNC_TASKS = 4
-# Writes wait on fsync: more of them in flight lets the file system batch
-# journal commits, so write batches are smaller and more numerous.
-_SYNC_WRITE_TASKS = 16
-# Raw chunks (no decoding) smaller than this are read by one batch at a time:
-# their per-chunk cost is Python work under the GIL, and threads handing the
-# GIL to each other around every syscall cost more than they overlap
-# (256 MiB float32, 64x64 chunks, page cache: 0.40 s with one batch in flight,
-# 0.55 s with two, 0.88 s with four). Up to _RAW_FEW_TASKS_BYTES two batches.
-_RAW_ONE_TASK_BYTES = 64 << 10
-_RAW_FEW_TASKS_BYTES = 1 << 20
+# How many batches run at once comes from drivers/sizing.py (threads per CPU).
 _WRITE_BATCH_BYTES = 256 << 10
 _WRITE_BATCH_PARTS = 8
 # Prepared reads (KvStore._prepare_read): chunk bytes resolved together (their
 # lookups share one probe of the newest version), and chunk bytes per pool call.
 _PREPARED_BATCH_BYTES = 16 << 20
 _PREPARED_CALL_BYTES = 1 << 20
-# Generic async path: chunk bytes in flight (see ChunkedArray._async_tasks).
-_ASYNC_READ_BYTES = 32 << 20
-_ASYNC_WRITE_BYTES = 64 << 20  # writes wait on fsync / uploads: more overlap helps
 #: the most bytes one chunk may take in memory for a write to allocate it (a
 #: missing or partially written chunk is materialised whole): a one-element
 #: write must not try to allocate 15 GiB because the chunks are huge
@@ -153,7 +142,8 @@ class ChunkedArray(ArrayDriver):
         self._dimension_names = parsed.dimension_names
         self._metadata_generation = metadata_generation
         self._cache = cache_pool
-        self._budget = budget or ByteBudget(DEFAULT_BYTES_IN_FLIGHT)
+        self._budget = budget or ByteBudget(default_bytes_in_flight())
+        self._threads = self._budget.concurrency
         # what the byte budget counts per chunk; for strings and bytes an estimate
         # (element_nbytes): their elements' sizes are unknown until decoded
         self._chunk_nbytes = int(np.prod(self._chunk_shape, dtype=np.int64)) * element_nbytes(dtype)
@@ -162,6 +152,11 @@ class ChunkedArray(ArrayDriver):
             codec.ab if isinstance(codec, CodecChain) and isinstance(codec.ab, ShardingCodec)
             and not codec.aa and not codec.bb else None
         )
+        # indexes of shards read in part, checked against the data's generation
+        self._shard_indexes = ShardIndexCache() if self._shard is not None else None
+        # a chunk being written holds a contiguous copy and its encoding; a shard
+        # gathers its inner chunks straight from the source: its encoding only
+        self._write_cost = self._chunk_nbytes * (1 if self._shard is not None else 2)
 
     # -- format hooks -----------------------------------------------------------
     metadata_key: str
@@ -301,7 +296,9 @@ class ChunkedArray(ArrayDriver):
         index = self._check_index(index)
         out = self._out(index, out)
         if out.size:  # every worker is busy on a CPU here (no loop to wait on): one per core
-            tasks = min(self._sync_read_tasks(), max(2, available_cpus()))
+            tasks = min(self._sync_read_tasks(), max(2, self._threads.cpu))
+            # within the byte budget: each worker holds one batch (or one whole chunk)
+            tasks = max(1, min(tasks, self._budget.limit // max(self._chunk_nbytes, fastpath.BATCH_BYTES)))
             fastpath.read_blocking(self, self.kvstore, index, out, tasks=tasks)
         return out
 
@@ -314,7 +311,7 @@ class ChunkedArray(ArrayDriver):
         kv = self.kvstore
         if self._cache is None and has_sync_io(kv):
             async def batch(b: list[ChunkPart]) -> None:
-                await run_io(fastpath.read_batch, self, kv, b, target)
+                await self._run_io(fastpath.read_batch, self, kv, b, target)
 
             await run_bounded(
                 fastpath.batches(chunk_parts(index, self._chunk_shape, self._shape), self._chunk_nbytes),
@@ -341,13 +338,13 @@ class ChunkedArray(ArrayDriver):
                 # one pool call per ~_PREPARED_CALL_BYTES: reading a chunk and
                 # decoding it back to back keeps it in cache
                 for c in fastpath.batches(ready, self._chunk_nbytes, target=_PREPARED_CALL_BYTES):
-                    await run_io(fastpath.read_prepared_batch, self, c, target)
+                    await self._run_io(fastpath.read_prepared_batch, self, c, target)
                 await asyncio.gather(*(self._read_part(p, target[p.out + (Ellipsis,)]) for p in rest))
 
             await run_bounded(
                 fastpath.batches(parts, self._chunk_nbytes, target=_PREPARED_BATCH_BYTES),
                 prepared, budget=self._budget, cost=lambda b: len(b) * self._chunk_nbytes,
-                max_tasks=_SYNC_TASKS,
+                max_tasks=prepared_read_tasks(self._threads),
             )
             return out
 
@@ -355,24 +352,21 @@ class ChunkedArray(ArrayDriver):
             await self._read_part(p, target[p.out + (Ellipsis,)])
 
         await run_bounded(parts, one, budget=self._budget, cost=self._chunk_nbytes,
-                          max_tasks=self._async_tasks(_ASYNC_READ_BYTES))
+                          max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=False))
         return out
 
     def _sync_read_tasks(self) -> int:
-        """Batches in flight on the blocking read path (see _RAW_ONE_TASK_BYTES)."""
-        if self._codec.raw and self._shard is None:
-            if self._chunk_nbytes < _RAW_ONE_TASK_BYTES:
-                return 1
-            if self._chunk_nbytes < _RAW_FEW_TASKS_BYTES:
-                return 2
-        return _SYNC_TASKS
+        """Batches in flight on the blocking read path (see drivers/sizing.py)."""
+        raw = self._codec.raw and self._shard is None
+        return blocking_read_tasks(self._threads, self._chunk_nbytes, raw=raw)
 
-    def _async_tasks(self, nbytes: int) -> int:
-        """Chunk operations in flight on the generic async path: enough to hide
-        remote latency, but no more than ~``nbytes`` of chunks (more only
-        thrashes caches and the pools: 64 x 4 MiB reads in flight were 1.6x
-        slower than 8 on the local file store)."""
-        return max(_SYNC_TASKS, min(MAX_TASKS, nbytes // max(1, self._chunk_nbytes)))
+    async def _run_io(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on this array's blocking-I/O threads."""
+        return await run_in(self._threads.io_pool(), fn, *args)
+
+    async def _run_cpu(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on this array's codec threads."""
+        return await run_in(self._threads.cpu_pool(), fn, *args)
 
     async def _prepare(self, p: ChunkPart) -> BlockingRead | None:
         """The store's prepared whole-value read of ``p``'s chunk, if it has one."""
@@ -412,7 +406,7 @@ class ChunkedArray(ArrayDriver):
         if self._chunk_nbytes <= _INLINE_BYTES:
             arr = self._decode_into(res.value, key, p, dest)
         else:
-            arr = await run_cpu(self._decode_into, res.value, key, p, dest)
+            arr = await self._run_cpu(self._decode_into, res.value, key, p, dest)
         if self._cache is not None and arr is not None:
             self._remember(key, res.generation, arr)
 
@@ -431,36 +425,10 @@ class ChunkedArray(ArrayDriver):
         return arr
 
     async def _read_sharded(self, key: str, p: ChunkPart, dest: np.ndarray) -> None:
-        """Read part of a shard: its index, then only the inner chunks needed."""
-        sh = self._shard
-        assert sh is not None
-        inner_parts = list(chunk_parts(p.chunk, sh.chunk_shape, sh.shard_shape))
-        for _attempt in range(5):
-            ires = await self.kvstore.read(key, byte_range=sh.index_range())
-            if ires.state == "missing":
-                dest[...] = self._fill_arr
-                return
-            present = sh.present_parts(sh.decode_index(ires.value, key=key), inner_parts, dest)
-            if not present:
-                return
-            rr = await self.kvstore.read_ranges(
-                key, [ByteRange(o, o + n) for _, o, n in present], coalesce_gap=_SHARD_COALESCE_GAP
-            )
-            if rr.state == "missing" or rr.generation != ires.generation:
-                continue  # the shard changed between the index and the data: again
-            if sum(n for _, _, n in present) <= _INLINE_BYTES:
-                self._decode_inner(key, present, rr.values, dest)
-            else:
-                await run_cpu(self._decode_inner, key, present, rr.values, dest)
-            return
-        raise ConditionFailedError(f"shard {key!r} kept changing while being read")
-
-    def _decode_inner(self, key: str, present: list[tuple[ChunkPart, int, int]],
-                      values: list[Any], dest: np.ndarray) -> None:
-        sh = self._shard
-        assert sh is not None
-        for (ip, o, n), v in zip(present, values):
-            dest[ip.out] = sh.decode_inner(v, ip, o, n, key=key)[ip.chunk]
+        """Read part of a shard with as few requests as possible (drivers/shard_reads.py)."""
+        assert self._shard is not None
+        await run_async(read_part(self._shard, key, p.chunk, dest, self._shard_indexes),
+                        self.kvstore, key, self._run_cpu)
 
     # -- writing -------------------------------------------------------------------
     async def write(self, index: Index, value: np.ndarray) -> None:
@@ -482,16 +450,16 @@ class ChunkedArray(ArrayDriver):
                 if all(p.full for p in b):
                     # encode on the CPU pool (one thread per core keeps the
                     # caches warm), write on the I/O pool (many fsyncs overlap)
-                    encoded = await run_cpu(fastpath.encode_batch, self, b, value)
-                    await run_io(fastpath.store_batch, self, kv, b, encoded)
+                    encoded = await self._run_cpu(fastpath.encode_batch, self, b, value)
+                    await self._run_io(fastpath.store_batch, self, kv, b, encoded)
                 else:
-                    await run_io(fastpath.write_batch, self, kv, b, value)
+                    await self._run_io(fastpath.write_batch, self, kv, b, value)
 
             await run_bounded(
                 fastpath.batches(chunk_parts(index, self._chunk_shape, self._shape), self._chunk_nbytes,
                                  target=_WRITE_BATCH_BYTES, max_parts=_WRITE_BATCH_PARTS),
-                batch, budget=self._budget, cost=lambda b: 2 * len(b) * self._chunk_nbytes,
-                max_tasks=_SYNC_WRITE_TASKS,
+                batch, budget=self._budget, cost=lambda b: len(b) * self._write_cost,
+                max_tasks=write_tasks(self._threads),
             )
             return
 
@@ -500,8 +468,8 @@ class ChunkedArray(ArrayDriver):
 
         await run_bounded(
             chunk_parts(index, self._chunk_shape, self._shape), one,
-            budget=self._budget, cost=2 * self._chunk_nbytes,
-            max_tasks=self._async_tasks(_ASYNC_WRITE_BYTES),
+            budget=self._budget, cost=self._write_cost,
+            max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=True),
         )
 
     def _check_write_allocation(self, index: Index) -> None:
@@ -533,7 +501,8 @@ class ChunkedArray(ArrayDriver):
     def _encode_full(self, p: ChunkPart, src: np.ndarray) -> Any:
         """Encode a chunk wholly given by ``src`` (out-of-bounds part = fill)."""
         if src.shape == self._chunk_shape:
-            arr = np.ascontiguousarray(src)
+            # a shard gathers its inner chunks from any strides: no copy first
+            arr = src if self._shard is not None else np.ascontiguousarray(src)
         else:
             arr = np.full(self._chunk_shape, self._fill_arr, dtype=self._dtype)
             arr[self._in_bounds(p.cell)] = src
@@ -561,7 +530,7 @@ class ChunkedArray(ArrayDriver):
     async def _write_part(self, p: ChunkPart, src: np.ndarray) -> None:
         key = self.chunk_key(p.cell)
         if p.full:
-            enc = await run_cpu(self._encode_full, p, src)
+            enc = await self._run_cpu(self._encode_full, p, src)
             if enc is None:
                 await self.kvstore.delete(key)
             else:
@@ -569,7 +538,7 @@ class ChunkedArray(ArrayDriver):
             return
         for attempt in range(1, RMW_RETRY.max_attempts + 1):
             res = await self.kvstore.read(key)
-            enc = await run_cpu(self._modify, res, key, p, src)
+            enc = await self._run_cpu(self._modify, res, key, p, src)
             try:
                 if enc is None:
                     if not res.generation.is_no_value:

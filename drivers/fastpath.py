@@ -29,7 +29,8 @@ from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
-from tensorstore_py.kvstore.base import ByteRange, KvStore, ReadResult
+from tensorstore_py.drivers.shard_reads import ShardIndexCache, read_part, run_blocking
+from tensorstore_py.kvstore.base import KvStore, ReadResult
 
 __all__ = ["ChunkOps", "batches", "has_sync_io", "read_batch", "read_blocking", "read_prepared_batch", "write_batch"]
 
@@ -46,6 +47,7 @@ class ChunkOps(Protocol):
 
     _codec: ChunkCodec
     _shard: ShardingCodec | None  # the array's codec is sharding_indexed alone
+    _shard_indexes: ShardIndexCache | None  # see drivers/shard_reads.py
     _chunk_shape: tuple[int, ...]
     _shape: tuple[int, ...]
     _chunk_nbytes: int
@@ -157,29 +159,33 @@ def _read_raw_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndar
     key_of = arr.chunk_key
     cs = arr._chunk_shape
     nbytes = arr._chunk_nbytes
-    fill = arr._fill_arr
     raw = aligned_empty(nbytes)
     chunk = raw.view(arr._dtype).reshape(cs)
+    copyto = np.copyto
     # a whole chunk can be contiguous in ``out`` only if it spans out's rows
     maybe_direct = out.flags.c_contiguous and cs[1:] == out.shape[1:]
+    ell = (Ellipsis,)
+    fill = arr._fill_arr
     for p in parts:
-        dest = out[p.out + (Ellipsis,)]  # a view even for 0-d arrays
-        whole = dest.shape == cs
-        if whole and maybe_direct and dest.flags.c_contiguous:
-            size = read_into(prefix + key_of(p.cell), dest.reshape(-1).view(np.uint8))
-            if size == nbytes:
-                continue
+        dest = out[p.out + ell]  # a view even for 0-d arrays
+        if p.full and dest.shape == cs:
+            if maybe_direct and dest.flags.c_contiguous:
+                size = read_into(prefix + key_of(p.cell), dest.reshape(-1).view(np.uint8))
+                if size == nbytes:
+                    continue
+            else:
+                size = read_into(prefix + key_of(p.cell), raw)
+                if size == nbytes:
+                    copyto(dest, chunk)
+                    continue
         else:
             size = read_into(prefix + key_of(p.cell), raw)
             if size == nbytes:
-                if whole:
-                    np.copyto(dest, chunk)
-                else:
-                    dest[...] = chunk[p.chunk]
+                copyto(dest, chunk[p.chunk])
                 continue
         if size < 0:
-            dest[...] = fill
-        else:  # wrong size (or a changed value): the general path decides
+            copyto(dest, fill)
+        else:  # a value of another size (corrupt, or changed): the general path decides
             read_batch_general(arr, kv, [p], out)
 
 
@@ -196,25 +202,8 @@ def read_prepared_batch(arr: ChunkOps, prepared: list[tuple[ChunkPart, Any]], ou
 
 
 def _read_sharded(arr: ChunkOps, kv: Any, key: str, full: str, p: ChunkPart, dest: np.ndarray) -> None:
-    sh = arr._shard
-    assert sh is not None
-    inner = list(chunk_parts(p.chunk, sh.chunk_shape, sh.shard_shape))
-    for _attempt in range(5):
-        ires = kv._read_blocking(full, sh.index_range(), None)
-        if ires.state == "missing":
-            dest[...] = arr._fill_arr
-            return
-        present = sh.present_parts(sh.decode_index(ires.value, key=key), inner, dest)
-        changed = False
-        for ip, off, n in present:
-            res = kv._read_blocking(full, ByteRange(off, off + n), None)
-            if res.state == "missing" or res.generation != ires.generation:
-                changed = True  # rewritten between the index and the data: again
-                break
-            dest[ip.out] = sh.decode_inner(res.value, ip, off, n, key=key)[ip.chunk]
-        if not changed:
-            return
-    raise ConditionFailedError(f"shard {key!r} kept changing while being read")
+    assert arr._shard is not None
+    run_blocking(read_part(arr._shard, key, p.chunk, dest, arr._shard_indexes), kv, full)
 
 
 def encode_batch(arr: ChunkOps, parts: list[ChunkPart], value: np.ndarray) -> list[Any]:

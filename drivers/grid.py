@@ -10,6 +10,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["ChunkPart", "DimPart", "chunk_parts", "default_chunks", "dim_parts", "out_shape"]
 
@@ -24,9 +25,10 @@ class DimPart:
     full: bool  # the chunk slice covers the whole chunk (within ``extent``)
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkPart:
-    """One chunk's share of a request."""
+class ChunkPart(NamedTuple):
+    """One chunk's share of a request (a named tuple: a request of many small
+    chunks makes one per chunk, and a tuple is built 7x faster than a frozen
+    dataclass)."""
 
     cell: tuple[int, ...]
     chunk: tuple[slice, ...]
@@ -83,15 +85,22 @@ def chunk_parts(
     index: tuple[slice, ...], chunk_shape: tuple[int, ...], shape: tuple[int, ...]
 ) -> Iterator[ChunkPart]:
     """Every chunk the request touches, in C order of the chunk grid."""
-    # plain tuples transposed by zip(): small chunks make this a hot loop
-    per_dim = [[(p.cell, p.chunk, p.out, p.full) for p in dim_parts(s, c, e)]
-               for s, c, e in zip(index, chunk_shape, shape)]
+    per_dim = [dim_parts(s, c, e) for s, c, e in zip(index, chunk_shape, shape)]
     if not per_dim:  # a 0-d array: one chunk
         yield ChunkPart((), (), (), True)
         return
-    for combo in itertools.product(*per_dim):
-        cell, chunk, out, full = zip(*combo)
-        yield ChunkPart(cell, chunk, out, all(full))
+    # one itertools.product per field, walked in lockstep: the tuples are built
+    # in C (small chunks make this a hot loop)
+    prod = itertools.product
+    fields = zip(
+        prod(*[[p.cell for p in d] for d in per_dim]),
+        prod(*[[p.chunk for p in d] for d in per_dim]),
+        prod(*[[p.out for p in d] for d in per_dim]),
+        prod(*[[p.full for p in d] for d in per_dim]),
+    )
+    new = tuple.__new__  # ChunkPart(...) without its Python-level __new__
+    for cell, chunk, out, full in fields:
+        yield new(ChunkPart, (cell, chunk, out, False not in full))
 
 
 def count_chunks(index: tuple[slice, ...], chunk_shape: tuple[int, ...], shape: tuple[int, ...]) -> int:

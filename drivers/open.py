@@ -22,13 +22,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from tensorstore_py.core.budget import DEFAULT_BYTES_IN_FLIGHT, ByteBudget
+from tensorstore_py.core.budget import ByteBudget, default_bytes_in_flight
 from tensorstore_py.core.errors import (
     ConditionFailedError,
     InvalidArgumentError,
     InvalidSpecError,
     NotFoundError,
 )
+from tensorstore_py.core.pools import Concurrency
 from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.documents import url_of
@@ -73,6 +74,7 @@ async def open_driver(
     delete_existing: bool = False,
     cache_pool: CachePool | None = None,
     bytes_in_flight: int | None = None,
+    concurrency: Concurrency | None = None,
 ) -> ArrayDriver:
     """Open (and/or create) the array described by ``spec``.
 
@@ -81,7 +83,8 @@ async def open_driver(
     ``open=False`` with ``create=True``: it must not exist yet.
     ``delete_existing=True``: delete everything under the array's path first.
     Given metadata fields must match the stored ones (InvalidSpecError naming
-    the field otherwise).
+    the field otherwise). ``bytes_in_flight`` / ``concurrency``: the array's
+    byte budget and threads (defaults from the usable CPUs, see core/budget.py).
     """
     if not isinstance(spec, Mapping):
         raise InvalidSpecError(f"array spec must be a dict, got {type(spec).__name__}")
@@ -99,7 +102,7 @@ async def open_driver(
     options = OpenOptions(
         create=create, open=(not delete_existing) if open is None else open,
         delete_existing=delete_existing, cache_pool=cache_pool,
-        budget=ByteBudget(bytes_in_flight or DEFAULT_BYTES_IN_FLIGHT))
+        budget=ByteBudget(bytes_in_flight or default_bytes_in_flight(), concurrency=concurrency))
     return await fmt.open(spec, kv, options)
 
 

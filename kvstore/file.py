@@ -178,14 +178,14 @@ class FileKvStore(KvStore):
         """Read the whole value at ``path`` into ``dest`` when it has exactly
         ``dest.nbytes`` bytes (a lean whole-value ``_read_blocking`` for callers
         that know the size, e.g. raw array chunks: no buffer allocation, no
-        generation object).
+        generation object, three system calls: open, one read, close).
 
         Returns the value's size, or -1 when the key is missing (absent, or a
         directory, as in ``_read_sync``). ``dest`` (a C-contiguous uint8 array:
-        ml_dtypes arrays export no buffer) is written
-        only when the size matches; the caller handles any other size (e.g.
-        with ``_read_blocking``). Raises StorageError if the file shrinks while
-        being read, like ``_read_sync``.
+        ml_dtypes arrays export no buffer) holds the value only when the size
+        matches; its contents are unspecified otherwise, and the caller handles
+        any other size (e.g. with ``_read_blocking``). Raises StorageError if
+        the file shrinks while being read, like ``_read_sync``.
         """
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -194,23 +194,25 @@ class FileKvStore(KvStore):
         except OSError as e:
             raise StorageError(f"file kvstore: reading {path!r}: {e}") from e
         try:
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                return -1
-            n = st.st_size
-            if n != dest.nbytes:
+            n = dest.nbytes
+            # one byte more than expected: a full read proves the size without fstat
+            got = os.preadv(fd, (dest, bytearray(1)), 0)
+            if got == n:
                 return n
-            got = os.preadv(fd, (dest,), 0)
-            if got != n:  # a short read: go on until EOF, as _read_sync does
-                mv = memoryview(dest).cast("B")
-                while 0 < got < n:
-                    k = os.preadv(fd, (mv[got:],), got)
-                    if k == 0:
-                        break
-                    got += k
-                if got != n:
-                    raise StorageError(f"file kvstore: {path!r} shrank while being read")
+            size = os.fstat(fd).st_size  # another size (or a short read): look
+            if size != n:
+                return size
+            mv = memoryview(dest).cast("B")
+            while 0 < got < n:  # a short read: go on until EOF, as _read_sync does
+                k = os.preadv(fd, (mv[got:],), got)
+                if k == 0:
+                    break
+                got += k
+            if got != n:
+                raise StorageError(f"file kvstore: {path!r} shrank while being read")
             return n
+        except IsADirectoryError:  # open(O_RDONLY) succeeds on directories
+            return -1
         finally:
             os.close(fd)
 

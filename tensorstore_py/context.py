@@ -1,4 +1,4 @@
-"""Shared resources of opened arrays: the chunk cache pool, the I/O byte budget, memory stores.
+"""Shared resources of opened arrays: the chunk cache pool, the I/O byte budget and threads, memory stores.
 
 A :class:`Context` is passed to :func:`tensorstore_py.open` (``context=``) or
 named in a spec (``"context": {...}``). Every array opened with the *same*
@@ -15,7 +15,14 @@ context per open.
 JSON form (every field optional)::
 
     {"cache_pool": {"total_bytes_limit": 0},      # bytes; 0 = no cache (default)
-     "bytes_in_flight": {"limit": null}}          # bytes; null = the driver default
+     "bytes_in_flight": {"limit": null},          # bytes; null = max(256 MiB, 16 MiB x CPUs)
+     "data_copy_concurrency": {"limit": null},    # codec threads; null = CPUs
+     "file_io_concurrency": {"limit": null}}      # blocking I/O threads; null = max(32, 4 x CPUs)
+
+"CPUs" are those this process may run on (``os.sched_getaffinity``: a
+container's or ``taskset``'s limit, not the machine's core count). The names of
+the two thread limits are TensorStore's. Arrays whose Contexts ask for the same
+thread count share one pool of that size.
 
 The cache is off by default: a cache only helps repeated reads of the same
 chunks, and it holds memory. Turn it on for interactive slicing of a volume.
@@ -36,18 +43,28 @@ from collections.abc import Mapping
 from typing import Any
 
 from tensorstore_py.core.errors import InvalidSpecError
+from tensorstore_py.core.pools import Concurrency
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.kvstore.registry import spec_from_url
 
 __all__ = ["Context"]
 
-_KNOWN = {"cache_pool": {"total_bytes_limit"}, "bytes_in_flight": {"limit"}}
+_KNOWN = {"cache_pool": {"total_bytes_limit"}, "bytes_in_flight": {"limit"},
+          "data_copy_concurrency": {"limit"}, "file_io_concurrency": {"limit"}}
 
 
 def _nonneg_int(value: Any, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidSpecError(f"context: {field} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _positive_or_none(value: Any, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidSpecError(f"context: {field} must be a positive integer (or null), got {value!r}")
     return value
 
 
@@ -60,8 +77,8 @@ class Context:
     created on first use and lives as long as the Context or an array using it.
     """
 
-    __slots__ = ("__weakref__", "_bytes_in_flight", "_cache_limit", "_lock", "_memory", "_pool",
-                 "_token")
+    __slots__ = ("__weakref__", "_bytes_in_flight", "_cache_limit", "_copy_threads", "_io_threads",
+                 "_lock", "_memory", "_pool", "_token")
 
     def __init__(
         self,
@@ -91,6 +108,10 @@ class Context:
         self._bytes_in_flight = None if bif is None else _nonneg_int(bif, "bytes_in_flight.limit")
         if self._bytes_in_flight == 0:
             raise InvalidSpecError("context: bytes_in_flight.limit must be > 0 (or null)")
+        self._copy_threads = _positive_or_none(
+            spec.get("data_copy_concurrency", {}).get("limit"), "data_copy_concurrency.limit")
+        self._io_threads = _positive_or_none(
+            spec.get("file_io_concurrency", {}).get("limit"), "file_io_concurrency.limit")
         self._pool: Any = None
         self._memory: MemoryKvStore | None = None
         self._lock = threading.Lock()
@@ -113,6 +134,13 @@ class Context:
     def bytes_in_flight(self) -> int | None:
         """The byte budget for concurrent chunk I/O (None = driver default)."""
         return self._bytes_in_flight
+
+    @property
+    def concurrency(self) -> Concurrency:
+        """The threads the arrays of this Context use for codec work (``cpu``) and
+        blocking I/O (``io``): the given limits, else the defaults derived from
+        the CPUs this process may use."""
+        return Concurrency.default(cpu=self._copy_threads, io=self._io_threads)
 
     @property
     def cache_pool(self) -> CachePool | None:
@@ -159,6 +187,8 @@ class Context:
         return {
             "cache_pool": {"total_bytes_limit": self._cache_limit},
             "bytes_in_flight": {"limit": self._bytes_in_flight},
+            "data_copy_concurrency": {"limit": self._copy_threads},
+            "file_io_concurrency": {"limit": self._io_threads},
         }
 
     def __repr__(self) -> str:

@@ -191,7 +191,8 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
             built.update(meta)  # explicit metadata fields win
             spec["metadata"] = built
     drv = await open_driver(spec, create=create, open=open_, delete_existing=delete_existing,
-                            cache_pool=context.cache_pool, bytes_in_flight=context.bytes_in_flight)
+                            cache_pool=context.cache_pool, bytes_in_flight=context.bytes_in_flight,
+                            concurrency=context.concurrency)
     if not create and given:
         _check_matches(drv, given, spec["kvstore"])
     if transaction is not None:

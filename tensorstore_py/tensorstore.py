@@ -500,8 +500,8 @@ def _unpickle_view(spec: dict[str, Any], transform: dict[str, Any] | None,
         if hit is not None and hit[0] is ctx:
             _REOPENED.move_to_end(key)
     if hit is None or hit[0] is not ctx:
-        drv = spawn(open_driver(spec, cache_pool=ctx.cache_pool,
-                                bytes_in_flight=ctx.bytes_in_flight)).result()
+        drv = spawn(open_driver(spec, cache_pool=ctx.cache_pool, bytes_in_flight=ctx.bytes_in_flight,
+                                concurrency=ctx.concurrency)).result()
         base = TensorStore(drv, None, ctx)
         with _reopened_lock:
             _REOPENED[key] = (ctx, base)

@@ -154,3 +154,23 @@ def test_raw_fast_path_wrong_size_chunk_is_corruption_naming_the_key(tmp_path):
     path.write_bytes(path.read_bytes()[:-4])  # truncated raw chunk
     with pytest.raises(DataCorruptionError, match="c/0/1"):
         a.read().result(T)
+
+
+def test_raw_fast_path_longer_chunk_is_corruption_and_a_folder_is_missing(tmp_path):
+    """Raw chunks are read with one read of one byte more than expected (no
+    fstat): a longer value is still caught, and a folder where a chunk would be
+    reads as missing."""
+    a, x, root = _raw_array(tmp_path)
+    longer = root / "c" / "1" / "2"
+    longer.write_bytes(longer.read_bytes() + b"\0")
+    with pytest.raises(DataCorruptionError, match="c/1/2"):
+        a.read().result(T)
+    os.remove(longer)
+    os.mkdir(longer)
+    got = a.read().result(T)
+    want = x.copy()
+    want[4:8, 8:12] = -1.0
+    np.testing.assert_array_equal(got, want)
+    kv = FileKvStore(path=str(root))
+    assert kv._read_into_blocking(str(longer), np.empty(64, np.uint8)) == -1
+    assert kv._read_into_blocking(str(root / "c" / "0" / "0"), np.empty(63, np.uint8)) == 64

@@ -7,6 +7,10 @@ bytes + crc32c), stored at the start or the end of the shard. An entry of
 chunks are written in C order of their grid positions, as TensorStore does.
 Every entry is validated against the shard before use: a truncated shard or
 index is a DataCorruptionError naming the key, never garbage.
+
+Inner chunks stored raw (``bytes`` alone) are equal-sized records: whole
+shards are encoded and decoded, and many inner chunks read, with a few
+vectorised numpy copies (``_cells.py``) instead of one step per inner chunk.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidSpecError
+from tensorstore_py.drivers.codecs._cells import MISSING, gather_cells, place_cells
 from tensorstore_py.drivers.codecs.base import ArrayBytesCodec, ChunkSpec
 from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.codecs.registry import register_codec
@@ -25,7 +30,8 @@ from tensorstore_py.drivers.dtypes import is_variable_length
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.kvstore.base import Buffer, ByteRange
 
-MISSING = np.uint64(2**64 - 1)
+#: region reads of at most this many raw inner chunks copy them one by one (no scratch box)
+FEW_PARTS = 8
 # An index larger than this (16 bytes per entry) is refused before any read.
 MAX_INNER_CHUNKS = 1 << 22
 
@@ -43,7 +49,8 @@ def is_fill(a: np.ndarray, fill: np.ndarray) -> bool:
         # most chunks with data differ at their first element: O(1) answer
         if a[(slice(0, 1),) * a.ndim].view(u).reshape(-1)[0] != fv:
             return False
-        return bool((np.ascontiguousarray(a).view(u) == fv).all())
+        au = a.view(u)  # any strides: no contiguous copy first
+        return not au.any() if fv == 0 else not (au != fv).any()
     if size % 8 == 0:
         u8 = np.ascontiguousarray(a).reshape(-1).view(np.uint64).reshape(-1, size // 8)
         return bool((u8 == fill.reshape(1).view(np.uint64)).all())
@@ -74,6 +81,8 @@ class ShardingCodec(ArrayBytesCodec):
                 "(bytes and crc32c only)"
             )
         self.index_nbytes = int(size)
+        # inner chunks are the array's native bytes: moved as records (see _cells.py)
+        self.raw_inner = bool(inner.raw)
         # (cell, slices) of every inner chunk in C order, computed once
         self.cells = [
             (cell, tuple(slice(i * c, (i + 1) * c) for i, c in zip(cell, chunk_shape)))
@@ -178,6 +187,59 @@ class ShardingCodec(ArrayBytesCodec):
                 present.append((ip, int(off), int(n)))
         return present
 
+    def whole_index(self, buf: Buffer, *, key: str) -> np.ndarray:
+        """The validated index of the whole stored shard ``buf``."""
+        mv = memoryview(buf).cast("B")
+        if len(mv) < self.index_nbytes:
+            raise DataCorruptionError(
+                f"shard {key!r}: {len(mv)} bytes, shorter than its {self.index_nbytes}-byte index"
+            )
+        return self.decode_index(self.index_range().apply(mv), key=key, shard_size=len(mv))
+
+    def decode_present(self, key: str, present: list[tuple[ChunkPart, int, int]],
+                       values: list[Buffer], dest: np.ndarray) -> None:
+        """Decode the inner chunks ``present`` (as from :meth:`present_parts`),
+        read as ``values``, into their parts of ``dest``."""
+        for (ip, off, n), v in zip(present, values):
+            dest[ip.out] = self.decode_inner(v, ip, off, n, key=key)[ip.chunk]
+
+    def read_region(self, buf: Buffer, idx: np.ndarray, region: tuple[slice, ...],
+                    parts: list[ChunkPart], dest: np.ndarray, key: str, base: int = 0) -> None:
+        """Fill ``dest`` with ``region`` of the stored shard whose bytes from
+        ``base`` on are ``buf`` (the whole shard when 0; its index ``idx``, every
+        inner chunk the region needs inside ``buf``; ``parts``: the region's
+        inner chunk parts)."""
+        mv = memoryview(buf).cast("B")
+        if base:
+            idx = idx.copy()
+            offsets = idx[..., 0]
+            offsets[offsets != MISSING] -= np.uint64(base)
+        if self.raw_inner and len(parts) > FEW_PARTS and self._place_region(mv, idx, region, dest):
+            return
+        present = self.present_parts(idx, parts, dest)
+        self.decode_present(key, present, [mv[o: o + n] for _, o, n in present], dest)
+
+    def _place_region(self, mv: memoryview, idx: np.ndarray, region: tuple[slice, ...],
+                      dest: np.ndarray) -> bool:
+        """``read_region`` of raw inner chunks, vectorised: the box of cells the
+        region touches lands in ``dest`` directly when the region is that box,
+        else in a scratch box that is then sliced once."""
+        cells, lo, rel = [], [], []
+        for s, c in zip(region, self.chunk_shape):
+            last = s.start + (len(range(s.start, s.stop, s.step)) - 1) * s.step
+            a, b = s.start // c, last // c + 1
+            cells.append(slice(a, b))
+            lo.append(a * c)
+            rel.append(slice(s.start - a * c, s.stop - a * c, s.step))
+        box = tuple((sl.stop - sl.start) * c for sl, c in zip(cells, self.chunk_shape))
+        aligned = all(r.step == 1 and r.start == 0 and r.stop == n for r, n in zip(rel, box))
+        target = dest if aligned else np.empty(box, dtype=dest.dtype)
+        if not place_cells(mv, idx[tuple(cells)], target, self.chunk_shape, self.fill):
+            return False
+        if target is not dest:
+            dest[...] = target[tuple(rel)]
+        return True
+
     def decode_inner(self, buf: Buffer, ip: ChunkPart, off: int, n: int, *, key: str) -> np.ndarray:
         """Decode inner chunk ``ip.cell``, read from bytes ``[off, off + n)`` of
         shard ``key``; a short read is a DataCorruptionError."""
@@ -195,12 +257,38 @@ class ShardingCodec(ArrayBytesCodec):
 
         Returns an empty buffer when every inner chunk is missing.
         """
+        if self.raw_inner:
+            return self._encode_raw(a)
         encoded: list[tuple[int, Buffer]] = []
         for i, (_cell, sl) in enumerate(self.cells):
             chunk = np.ascontiguousarray(a[sl])
             if not is_fill(chunk, self.fill):
                 encoded.append((i, memoryview(self.inner.encode(chunk)).cast("B")))
         return self._assemble(encoded)
+
+    def _encode_raw(self, a: np.ndarray) -> Buffer:
+        """``encode`` of raw inner chunks: the cells gathered in C order straight
+        into the shard's buffer (one strided copy), fill cells dropped, the
+        index computed for all cells at once."""
+        ncells = len(self.cells)
+        nbytes = self.inner.nbytes
+        start = self.index_nbytes if self.index_location == "start" else 0
+        buf = np.empty(ncells * nbytes + self.index_nbytes, dtype=np.uint8)
+        cells = buf[start: start + ncells * nbytes].view(a.dtype).reshape((ncells,) + self.chunk_shape)
+        keep = gather_cells(a, self.chunk_shape, self.fill, cells)
+        kept = int(np.count_nonzero(keep))
+        if kept == 0:
+            return b""
+        if kept < ncells:
+            cells[:kept] = cells[keep]  # fill cells are not stored: close the gaps
+        idx = np.full(self.cps + (2,), MISSING, dtype=np.uint64)
+        flat = idx.reshape(-1, 2)
+        flat[keep, 0] = start + nbytes * np.arange(kept, dtype=np.uint64)
+        flat[keep, 1] = nbytes
+        end = start + kept * nbytes
+        at = 0 if self.index_location == "start" else end
+        buf[at: at + self.index_nbytes] = np.frombuffer(self.index.encode(idx), np.uint8)
+        return memoryview(buf)[: end + (0 if start else self.index_nbytes)]
 
     def _assemble(self, encoded: list[tuple[int, Buffer]]) -> Buffer:
         """The shard bytes for encoded inner chunks ``(cell number, bytes)`` in
@@ -233,12 +321,7 @@ class ShardingCodec(ArrayBytesCodec):
         idx: list[list[int]] | None = None
         mv = memoryview(old).cast("B") if old is not None else None
         if mv is not None:
-            if len(mv) < self.index_nbytes:
-                raise DataCorruptionError(
-                    f"shard {key!r}: {len(mv)} bytes, shorter than its {self.index_nbytes}-byte index"
-                )
-            idx = self.decode_index(self.index_range().apply(mv), key=key,
-                                    shard_size=len(mv)).reshape(-1, 2).tolist()
+            idx = self.whole_index(mv, key=key).reshape(-1, 2).tolist()
         touched = {ip.cell: ip for ip in chunk_parts(region, self.chunk_shape, self.shard_shape)}
         missing = int(MISSING)
         encoded: list[tuple[int, Buffer]] = []
@@ -267,13 +350,10 @@ class ShardingCodec(ArrayBytesCodec):
     def decode(self, buf: Buffer, shape: tuple[int, ...], dtype: np.dtype, *, key: str,
                out: np.ndarray | None = None) -> np.ndarray:
         mv = memoryview(buf).cast("B")
-        if len(mv) < self.index_nbytes:
-            raise DataCorruptionError(
-                f"shard {key!r}: {len(mv)} bytes, shorter than its {self.index_nbytes}-byte index"
-            )
-        ir = self.index_range()
-        idx = self.decode_index(ir.apply(mv), key=key, shard_size=len(mv))
+        idx = self.whole_index(mv, key=key)
         res = out if out is not None else np.empty(shape, dtype=dtype)
+        if self.raw_inner and place_cells(mv, idx, res, self.chunk_shape, self.fill):
+            return res
         missing = int(MISSING)
         for (cell, sl), (off, n) in zip(self.cells, idx.reshape(-1, 2).tolist()):
             if off == missing:

@@ -1,0 +1,270 @@
+"""Reading part of a shard with as few requests as its needed inner chunks allow.
+
+One algorithm, two I/O paths: :func:`read_part` is a generator that yields
+what it needs (:class:`WholeShard`, :class:`IndexBytes`, :class:`InnerRanges`,
+:class:`Work`) and receives the answers, so the async engine
+(:func:`run_async`: any kvstore, requests concurrent) and the blocking path of
+local files (:func:`run_blocking`, called on a pool thread) share every
+decision and check.
+
+Requests per partial shard read:
+
+* **Most of the shard needed** (at least :data:`WHOLE_FRACTION` of its inner
+  chunks): ONE read of the whole shard; its own index locates the inner chunks.
+* Otherwise the index (or a cached one, see below), then the present inner
+  chunks needed by byte range, ranges closer than :data:`COALESCE_GAP` merged
+  into one request (requests run concurrently); more than :data:`FEW_PARTS`
+  raw inner chunks come in ONE span when it holds at most
+  :data:`SPAN_OVERREAD` times their bytes (then placed as records). A few
+  chunks keep one request per run of neighbours: the 2 x 2 x 2 inner chunks
+  of a 64^3 crop fetched as 2 spans of 1.5x the bytes instead of 4 runs were
+  20 % slower over loopback HTTP.
+
+**Index cache**: the decoded index of a shard is kept (:class:`ShardIndexCache`,
+a few MiB per array) with the generation it was read at. A later read uses it
+only together with data ranges read at that SAME generation (every range
+request returns the shard's generation and is compared), so a cached index
+never locates bytes of another version of the shard: on a mismatch the index
+is read again. A read that would need no data request (every needed inner
+chunk missing per the cached index) reads the index again, so a chunk
+written since is never missed.
+
+Assembly: many raw inner chunks (a whole shard, or one span) land with
+vectorised numpy copies (``codecs/_cells.py``); others are decoded one by one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tensorstore_py.core.errors import ConditionFailedError
+from tensorstore_py.core.ranges import coalesce
+from tensorstore_py.drivers.codecs.sharding import FEW_PARTS, ShardingCodec
+from tensorstore_py.drivers.grid import chunk_parts
+from tensorstore_py.kvstore.base import ByteRange, Generation, RangesResult, ReadResult
+
+__all__ = [
+    "COALESCE_GAP",
+    "WHOLE_FRACTION",
+    "IndexBytes",
+    "InnerRanges",
+    "ShardIndexCache",
+    "WholeShard",
+    "Work",
+    "read_part",
+    "run_async",
+    "run_blocking",
+]
+
+#: read the whole shard in one request when at least this share of its inner chunks is needed
+WHOLE_FRACTION = 0.5
+#: inner chunks of one shard closer than this are fetched in one request; larger
+#: gaps would download data nobody asked for (remote stores run requests concurrently)
+COALESCE_GAP = 16 << 10
+#: decoding work (bytes of output or of compressed input) done where the answer
+#: arrived rather than on a pool: a thread hop costs more (a 64^3 uint8 crop)
+INLINE_BYTES = 256 << 10
+_ATTEMPTS = 5
+#: more raw inner chunks than FEW_PARTS come in one span when it holds at most
+#: this many times the bytes they need
+SPAN_OVERREAD = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class WholeShard:
+    """Read the whole shard (answer: a ReadResult)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexBytes:
+    """Read ``range`` of the shard, its index (answer: a ReadResult)."""
+
+    range: ByteRange
+
+
+@dataclass(frozen=True, slots=True)
+class InnerRanges:
+    """Read these ranges of the shard at one generation (answer: a RangesResult)."""
+
+    ranges: list[ByteRange]
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """Run ``fn(*args)`` (GIL-releasing decoding and copies; ~``cost`` bytes of work)."""
+
+    fn: Callable[..., None]
+    args: tuple[Any, ...]
+    cost: int
+
+
+Request = WholeShard | IndexBytes | InnerRanges | Work
+
+
+class ShardIndexCache:
+    """Decoded shard indexes with their generations, at most ``limit`` bytes
+    (LRU; an index larger than an eighth of that is not kept). Thread-safe."""
+
+    def __init__(self, limit: int = 8 << 20) -> None:
+        self.limit = limit
+        self._items: OrderedDict[str, tuple[Generation, np.ndarray]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> tuple[Generation, np.ndarray] | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: str, generation: Generation, index: np.ndarray) -> None:
+        if index.nbytes * 8 > self.limit:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1].nbytes
+            self._items[key] = (generation, index)
+            self._bytes += index.nbytes
+            while self._bytes > self.limit:
+                _k, (_g, idx) = self._items.popitem(last=False)
+                self._bytes -= idx.nbytes
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1].nbytes
+
+
+def read_part(sh: ShardingCodec, key: str, region: tuple[slice, ...], dest: np.ndarray,
+              cache: ShardIndexCache | None) -> Generator[Request, Any, None]:
+    """Fill ``dest`` with ``region`` (normalised slices inside the shard) of the
+    shard stored at ``key``; a missing shard or inner chunk reads as the fill
+    value. Drive it with :func:`run_async` or :func:`run_blocking`."""
+    parts = list(chunk_parts(region, sh.chunk_shape, sh.shard_shape))
+    if len(parts) >= WHOLE_FRACTION * len(sh.cells):
+        res: ReadResult = yield WholeShard()
+        if res.state == "missing":
+            dest[...] = sh.fill
+            return
+        idx = sh.whole_index(res.value, key=key)
+        if cache is not None:
+            cache.put(key, res.generation, idx)
+        yield Work(sh.read_region, (res.value, idx, region, parts, dest, key), _cost(sh, dest, parts))
+        return
+    for _attempt in range(_ATTEMPTS):
+        hit = cache.get(key) if cache is not None else None
+        if hit is not None:
+            gen, idx = hit
+        else:
+            ires: ReadResult = yield IndexBytes(sh.index_range())
+            if ires.state == "missing":
+                dest[...] = sh.fill
+                return
+            gen, idx = ires.generation, sh.decode_index(ires.value, key=key)
+        present = sh.present_parts(idx, parts, dest)
+        if not present:
+            if hit is None:
+                return
+            cache.drop(key)  # type: ignore[union-attr]  # no data read confirms it: look again
+            continue
+        span = _one_span(sh, parts, present)
+        ranges = [ByteRange(o, o + n) for _, o, n in present] if span is None else [span]
+        rr: RangesResult = yield InnerRanges(ranges)
+        if rr.state == "missing" or rr.generation != gen:
+            if cache is not None:
+                cache.drop(key)
+            continue  # the shard changed since its index was read: again
+        if hit is None and cache is not None:
+            cache.put(key, gen, idx)
+        if span is None:
+            yield Work(sh.decode_present, (key, present, rr.values, dest), _cost(sh, dest, present))
+        else:  # many raw inner chunks in one span: placed as records, not one by one
+            yield Work(sh.read_region, (rr.values[0], idx, region, parts, dest, key, span.start),
+                       _cost(sh, dest, present))
+        return
+    raise ConditionFailedError(f"shard {key!r} kept changing while being read")
+
+
+def _one_span(sh: ShardingCodec, parts: list[Any], present: list[tuple[Any, int, int]]) -> ByteRange | None:
+    """One range holding every present inner chunk needed, when they are many
+    raw ones and it reads at most :data:`SPAN_OVERREAD` times their bytes."""
+    if not sh.raw_inner or len(parts) <= FEW_PARTS:
+        return None
+    lo = min(o for _, o, _n in present)
+    hi = max(o + n for _, o, n in present)
+    return ByteRange(lo, hi) if hi - lo <= SPAN_OVERREAD * sum(n for _, _, n in present) else None
+
+
+def _cost(sh: ShardingCodec, dest: np.ndarray, parts: list[Any]) -> int:
+    # raw inner chunks cost a copy of the output; others decompress whole chunks
+    return dest.nbytes if sh.raw_inner else len(parts) * sh.inner.nbytes
+
+
+def _step(reader: Generator[Request, Any, None], answer: Any) -> Request | None:
+    """The reader's next request after ``answer`` (None: it is done)."""
+    try:
+        return reader.send(answer)
+    except StopIteration:
+        return None
+
+
+async def run_async(reader: Generator[Request, Any, None], kv: Any, key: str,
+                    offload: Callable[..., Awaitable[Any]]) -> None:
+    """Drive ``reader`` through ``kv``'s async API; :class:`Work` larger than
+    :data:`INLINE_BYTES` runs through ``offload(fn, *args)`` (a pool)."""
+    req = _step(reader, None)
+    while req is not None:
+        if isinstance(req, Work):
+            answer = req.fn(*req.args) if req.cost <= INLINE_BYTES else await offload(req.fn, *req.args)
+        elif isinstance(req, InnerRanges):
+            answer = await kv.read_ranges(key, req.ranges, coalesce_gap=COALESCE_GAP)
+        elif isinstance(req, IndexBytes):
+            answer = await kv.read(key, byte_range=req.range)
+        else:
+            answer = await kv.read(key)
+        req = _step(reader, answer)
+
+
+def run_blocking(reader: Generator[Request, Any, None], kv: Any, full: str) -> None:
+    """Drive ``reader`` through ``kv``'s blocking I/O hooks (``full``: the
+    shard's full path), on the calling thread."""
+    req = _step(reader, None)
+    while req is not None:
+        if isinstance(req, Work):
+            answer = req.fn(*req.args)
+        elif isinstance(req, InnerRanges):
+            answer = _ranges_blocking(kv, full, req.ranges)
+        elif isinstance(req, IndexBytes):
+            answer = kv._read_blocking(full, req.range, None)
+        else:
+            answer = kv._read_blocking(full, None, None)
+        req = _step(reader, answer)
+
+
+def _ranges_blocking(kv: Any, full: str, ranges: list[ByteRange]) -> RangesResult:
+    """The ranges, coalesced as ``KvStore.read_ranges`` does; a shard that
+    changed between the requests answers with NO_VALUE as its generation (the
+    reader then starts again)."""
+    values: list[Any] = [b""] * len(ranges)
+    gen: Generation | None = None
+    for g, members in coalesce(ranges, COALESCE_GAP):
+        res = kv._read_blocking(full, g, None)
+        if res.state == "missing":
+            return RangesResult("missing", [], Generation.NO_VALUE)
+        if gen is not None and res.generation != gen:
+            return RangesResult("value", values, Generation.NO_VALUE)
+        gen = res.generation
+        mv = memoryview(res.value)
+        for i in members:
+            r = ranges[i]
+            values[i] = mv[r.start - g.start: r.stop - g.start]  # type: ignore[operator]
+    return RangesResult("value", values, gen or Generation.NO_VALUE)

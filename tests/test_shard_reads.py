@@ -1,0 +1,194 @@
+"""Partial shard reads (drivers/shard_reads.py) and the vectorised raw inner
+chunk paths (drivers/codecs/_cells.py), on both I/O paths: the async one
+(memory store, wrappers) and the blocking one (local files)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_driver_helpers import CountingKvStore, open_sync, read, write
+
+from tensorstore_py.drivers.codecs._cells import MISSING
+from tensorstore_py.drivers.open import build_metadata
+from tensorstore_py.errors import DataCorruptionError
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
+
+SHAPE = (40, 36, 20)
+INNER = (4, 6, 5)
+SHARD = (20, 18, 10)  # 5 x 3 x 2 = 30 inner chunks
+
+
+class CountingFileKvStore(FileKvStore):
+    """The file store (blocking path) recording every read as (key, byte_range)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.reads = []
+
+    def _read_blocking(self, key, byte_range, if_not_equal):
+        self.reads.append((key[len(self.path):], byte_range))
+        return super()._read_blocking(key, byte_range, if_not_equal)
+
+
+def _stores(tmp_path):
+    mem = MemoryKvStore()
+    return {"async": (mem, CountingKvStore(mem)),
+            "blocking": (FileKvStore(path=str(tmp_path)), CountingFileKvStore(path=str(tmp_path)))}
+
+
+def _meta(compression=None, loc="end", dtype="int16"):
+    m = build_metadata("zarr3", shape=SHAPE, dtype=dtype, chunks=INNER, shards=SHARD, compression=compression)
+    m["codecs"][0]["configuration"]["index_location"] = loc
+    return m
+
+
+def _data(seed=0):
+    x = np.random.default_rng(seed).integers(1, 30000, SHAPE).astype(np.int16)
+    x[:4, :6, :5] = 0  # inner chunk (0, 0, 0) of shard c/0/0/0 is all fill: not stored
+    return x
+
+
+@pytest.mark.parametrize("path", ["async", "blocking"])
+@pytest.mark.parametrize("loc", ["end", "start"])
+def test_regions_of_raw_shards_match_numpy(tmp_path, path, loc):
+    base, _counting = _stores(tmp_path)[path]
+    a = open_sync({"driver": "zarr3", "kvstore": base, "metadata": _meta(loc=loc)}, create=True)
+    x = _data()
+    write(a, x)
+    assert np.array_equal(read(a), x)
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        index = []
+        for n in SHAPE:
+            lo = int(rng.integers(0, n))
+            hi = int(rng.integers(lo + 1, n + 1))
+            index.append(slice(lo, hi, int(rng.choice([1, 1, 2, 3]))))
+        assert np.array_equal(read(a, tuple(index)), x[tuple(index)]), index
+    # aligned boxes of many inner chunks land in place; unaligned ones through a scratch box
+    for index in [(slice(0, 20), slice(0, 18), slice(0, 10)), (slice(4, 16), slice(6, 18), slice(0, 10)),
+                  (slice(1, 19), slice(2, 17), slice(1, 9))]:
+        assert np.array_equal(read(a, index), x[index])
+
+
+@pytest.mark.parametrize("path", ["async", "blocking"])
+def test_most_of_a_shard_is_one_whole_read_and_a_little_is_index_plus_ranges(tmp_path, path):
+    base, counting = _stores(tmp_path)[path]
+    write(open_sync({"driver": "zarr3", "kvstore": base, "metadata": _meta()}, create=True), _data())
+    a = open_sync({"driver": "zarr3", "kvstore": counting})
+    x = _data()
+    counting.reads.clear()
+    region = (slice(1, 19), slice(0, 18), slice(0, 10))  # 30 of 30 inner chunks, not the whole shard
+    assert np.array_equal(read(a, region), x[region])
+    assert counting.reads == [("c/0/0/0", None)]  # ONE request: the shard with its index
+    counting.reads.clear()
+    region = (slice(20, 23), slice(18, 20), slice(10, 12))  # one inner chunk of another shard
+    assert np.array_equal(read(a, region), x[region])
+    keys = [k for k, _ in counting.reads]
+    assert keys == ["c/1/1/1", "c/1/1/1"]  # its index, then that inner chunk
+    assert counting.reads[1][1].stop - counting.reads[1][1].start == 4 * 6 * 5 * 2
+
+
+@pytest.mark.parametrize("path", ["async", "blocking"])
+def test_a_cached_index_never_serves_another_version(tmp_path, path):
+    base, counting = _stores(tmp_path)[path]
+    meta = _meta(compression="zstd")  # inner chunks move when the shard is rewritten
+    writer = open_sync({"driver": "zarr3", "kvstore": base, "metadata": meta}, create=True)
+    x = _data()
+    write(writer, x)
+    a = open_sync({"driver": "zarr3", "kvstore": counting})
+    region = (slice(5, 9), slice(7, 11), slice(2, 4))
+    assert np.array_equal(read(a, region), x[region])  # index now cached
+    counting.reads.clear()
+    assert np.array_equal(read(a, region), x[region])
+    assert len(counting.reads) == 1  # the cached index and one data range
+    # another handle rewrites the shard: offsets and sizes change
+    y = np.random.default_rng(7).integers(1, 5, SHAPE).astype(np.int16)
+    write(writer, y)
+    assert np.array_equal(read(a, region), y[region])
+    # an inner chunk missing in the cached index, written since: seen, not filled
+    write(writer, np.zeros(SHAPE, np.int16))
+    write(writer, np.full((1, 1, 1), 9, np.int16), (slice(10, 11), slice(12, 13), slice(0, 1)))
+    assert read(a, (slice(10, 11), slice(12, 13), slice(0, 1)))[0, 0, 0] == 9
+    assert (read(a, (slice(0, 4), slice(0, 6), slice(0, 5))) == 0).all()  # cache: that chunk missing
+    write(writer, np.full((1, 1, 1), 5, np.int16), (slice(1, 2), slice(1, 2), slice(1, 2)))
+    assert read(a, (slice(1, 2), slice(1, 2), slice(1, 2)))[0, 0, 0] == 5
+    # the shard deleted: fill values, not the cached index's chunks
+    base.delete("c/0/0/0").result(60)
+    assert (read(a, region) == 0).all()
+
+
+def test_inner_chunks_out_of_grid_order_and_bad_entries(tmp_path):
+    """Shards from other writers may store inner chunks in any order: the
+    vectorised path places them by their offsets; an entry that is not a whole
+    raw chunk is decoded chunk by chunk, which names the key."""
+    kv = MemoryKvStore()
+    meta = _meta()
+    a = open_sync({"driver": "zarr3", "kvstore": kv, "metadata": meta}, create=True)
+    x = _data()
+    write(a, x)
+    sh = a._shard
+    raw = bytes(kv.read("c/1/0/1").result(60).value)
+    idx = sh.whole_index(raw, key="k").reshape(-1, 2).copy()
+    # rebuild the shard with its inner chunks in reverse order
+    order = [i for i in range(len(idx)) if idx[i, 0] != MISSING][::-1]
+    parts, new = [], np.full_like(idx, MISSING)
+    at = 0
+    for i in order:
+        off, n = int(idx[i, 0]), int(idx[i, 1])
+        parts.append(raw[off: off + n])
+        new[i] = (at, n)
+        at += n
+    body = b"".join(parts) + bytes(memoryview(sh.index.encode(new.reshape(sh.cps + (2,)))).cast("B"))
+    kv.write("c/1/0/1", body).result(60)
+    region = (slice(20, 40), slice(0, 18), slice(10, 20))
+    assert np.array_equal(read(a, region), x[region])  # the whole shard
+    assert np.array_equal(read(a, (slice(21, 39), slice(1, 17), slice(11, 19))), x[21:39, 1:17, 11:19])
+    # an entry one byte short: a corrupt shard, named
+    new[order[0], 1] -= 1
+    body = b"".join(parts) + bytes(memoryview(sh.index.encode(new.reshape(sh.cps + (2,)))).cast("B"))
+    kv.write("c/1/0/1", body).result(60)
+    with pytest.raises(DataCorruptionError, match="c/1/0/1"):
+        read(a, region)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "bool", "complex128"])
+def test_raw_shards_skip_fill_inner_chunks_like_tensorstore(tmp_path, dtype):
+    import tensorstore as ts
+
+    meta = _meta(dtype=dtype)
+    meta["fill_value"] = {"uint8": 7, "float32": -0.0, "bool": False, "complex128": [0.0, 0.0]}[dtype]
+    x = np.random.default_rng(3).integers(0, 3, SHAPE) > 0
+    x = x.astype(dtype) if dtype == "bool" else (x * 5).astype(dtype)
+    x[:4, :6, :5] = np.array(meta["fill_value"] if dtype != "complex128" else 0, dtype=dtype)
+    x[4:8, :6, :5] = 0 if dtype != "float32" else 0.0  # +0.0 differs bitwise from a -0.0 fill: stored
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    write(open_sync({"driver": "zarr3", "kvstore": "file://" + str(ours), "metadata": meta}, create=True), x)
+    ts.open({"driver": "zarr3", "kvstore": "file://" + str(theirs), "metadata": meta},
+            create=True).result().write(x).result()
+    for key in ("c/0/0/0", "c/1/1/1"):
+        assert (ours / key).read_bytes() == (theirs / key).read_bytes(), key
+    assert np.array_equal(read(open_sync({"driver": "zarr3", "kvstore": "file://" + str(theirs)})), x)
+
+
+@pytest.mark.parametrize("path", ["async", "blocking"])
+def test_many_raw_inner_chunks_come_in_one_span(tmp_path, path):
+    """Under half of a shard but more than a few raw inner chunks: the index and
+    ONE data request, the chunks placed as records (also with gaps of missing
+    inner chunks, and with steps)."""
+    base, counting = _stores(tmp_path)[path]
+    x = _data()
+    write(open_sync({"driver": "zarr3", "kvstore": base, "metadata": _meta()}, create=True), x)
+    a = open_sync({"driver": "zarr3", "kvstore": counting})
+
+    def one_by_one(*args):
+        raise AssertionError("raw inner chunks decoded one by one")
+
+    a._shard.decode_present = one_by_one
+    for region in [(slice(0, 8), slice(0, 18), slice(0, 10)),      # 2 x 3 x 2 = 12 of 30 inner chunks
+                   (slice(1, 7), slice(1, 17), slice(1, 9)),       # the same cells, unaligned
+                   (slice(20, 28, 3), slice(18, 36, 2), slice(10, 20))]:
+        counting.reads.clear()
+        assert np.array_equal(read(a, region), x[region]), region
+        data = [r for _, r in counting.reads if r is not None and r.start >= 0]
+        assert len(data) == 1, counting.reads
