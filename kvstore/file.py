@@ -33,8 +33,10 @@ Where no token can be stored (a filesystem without user extended attributes)
 *and* the filesystem's timestamps are coarser than a nanosecond (probed once
 per filesystem by setting an mtime with nanosecond digits on a scratch file in
 ``.__tsp__`` and reading it back), generations can repeat, so compare-and-swap
-writes and deletes and ``read(if_not_equal=...)`` raise UnsupportedError
-naming the path instead of answering wrongly. Create-only writes stay exact
+writes and deletes raise UnsupportedError naming the path instead of
+answering wrongly, and ``read(if_not_equal=...)`` always returns the value
+(never "unchanged": a cache of decoded chunks or shard indexes re-reads
+rather than serving data of an earlier write). Create-only writes stay exact
 (``link`` fails on an existing key whatever the generations), and plain
 overwrites and reads work everywhere.
 
@@ -242,10 +244,15 @@ class FileKvStore(KvStore):
             return Generation.NO_VALUE, None
         return generation(st, token), token
 
+    def _is_exact(self, path: str) -> bool:
+        """Whether stat stamps alone tell writes of ``path`` apart (nanosecond
+        timestamps), where no token can be stored."""
+        return self._fine_mtime(os.path.join(os.path.dirname(path), META_DIR))
+
     def _check_exact(self, path: str, op: str) -> None:
         """Refuse ``op`` where generations can repeat: no token can be stored
         and the timestamps are coarse (see the module docstring)."""
-        if not self._fine_mtime(os.path.join(os.path.dirname(path), META_DIR)):
+        if not self._is_exact(path):
             raise UnsupportedError(
                 f"file kvstore: {op} of {path!r} is not supported here: the filesystem stores no "
                 f"extended attribute {TOKEN_XATTR!r} and its timestamps are coarser than 1 ns, so "
@@ -276,11 +283,11 @@ class FileKvStore(KvStore):
                 return ReadResult.missing()
             token = self._token(fd)
             gen = generation(st, token)
-            if if_not_equal is not None and not if_not_equal.is_no_value:
-                if token is NO_XATTRS:
-                    self._check_exact(path, "read(if_not_equal=...)")
-                if if_not_equal == gen:
-                    return ReadResult("unchanged", b"", gen)
+            # "unchanged" only where generations are exact; elsewhere the value
+            # is returned (always a correct answer: caches above re-read instead)
+            if (if_not_equal is not None and not if_not_equal.is_no_value and if_not_equal == gen
+                    and (token is not NO_XATTRS or self._is_exact(path))):
+                return ReadResult("unchanged", b"", gen)
             size = st.st_size
             start, stop = (0, size) if byte_range is None else byte_range.clip(size)
             n = stop - start

@@ -7,10 +7,14 @@ import multiprocessing
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+from test_driver_helpers import open_sync, read, write
 
 import tensorstore_py as tsp
 import tensorstore_py.kvstore._files as file_mod
+from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.open import build_metadata
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.file import META_DIR, FileKvStore
 from tensorstore_py.testing.kvstore import KvStoreConformance, cas_increment_worker
@@ -265,9 +269,10 @@ def test_same_stamp_rewrite_fails_compare_and_swap(tmp_path: Path) -> None:
 
 def test_coarse_filesystem_without_xattrs_refuses_conditions(tmp_path: Path) -> None:
     """Where no token can be stored and timestamps are coarse, generations can
-    repeat: compare-and-swap, conditional deletes and if_not_equal raise
-    UnsupportedError naming the path instead of passing against changed data;
-    create-only writes (link) and plain writes and reads still work."""
+    repeat: compare-and-swap and conditional deletes raise UnsupportedError
+    naming the path instead of passing against changed data, if_not_equal
+    returns the value (never "unchanged"); create-only writes (link) and plain
+    writes and reads still work."""
     kv = _CoarseNoXattrStore(path=str(tmp_path))
     g1 = kv.write("k", b"orig").result()
     st1 = os.stat(tmp_path / "k")
@@ -276,17 +281,35 @@ def test_coarse_filesystem_without_xattrs_refuses_conditions(tmp_path: Path) -> 
     # the stamps are equal: without the refusal this CAS would pass (it did on main)
     assert kv.read("k").result().generation == g1
     for call in (lambda: kv.write("k", b"lost", if_equal=g1),
-                 lambda: kv.delete("k", if_equal=g1),
-                 lambda: kv.read("k", if_not_equal=g1)):
+                 lambda: kv.delete("k", if_equal=g1)):
         with pytest.raises(tsp.UnsupportedError, match=str(tmp_path / "k")):
             call().result()
     assert (tmp_path / "k").read_bytes() == changed
+    r = kv.read("k", if_not_equal=g1).result()
+    assert r.state == "value" and bytes(r.value) == changed
     kv.write("new", b"1", if_equal=tsp.Generation.NO_VALUE).result()
     with pytest.raises(tsp.ConditionFailedError):
         kv.write("new", b"2", if_equal=tsp.Generation.NO_VALUE).result()
     kv.write("k", b"plain").result()
     assert bytes(kv.read("k").result().value) == b"plain"
     assert kv.read("absent", if_not_equal=g1).result().state == "missing"
+
+
+def test_chunk_cache_on_a_coarse_filesystem_without_xattrs_reads_the_new_bytes(tmp_path: Path) -> None:
+    """An array with a cache of decoded chunks on such a filesystem: a chunk
+    rewritten with the same stat stamp is read anew (the cache can not be
+    told "unchanged"), neither served stale nor refused."""
+    kv = _CoarseNoXattrStore(path=str(tmp_path / "arr"))
+    m = build_metadata("zarr3", shape=[1], dtype="float32", chunks=[1])
+    a = open_sync({"driver": "zarr3", "kvstore": kv, "metadata": m}, create=True,
+                  cache_pool=CachePool(1 << 20))
+    write(a, np.array([1.5], np.float32))
+    assert read(a).tolist() == [1.5]  # now in the cache
+    st1 = os.stat(tmp_path / "arr" / "c" / "0")
+    _same_stamp_rewrite(kv, tmp_path / "arr", "c/0", st1)
+    new = np.frombuffer((tmp_path / "arr" / "c" / "0").read_bytes(), np.float32)
+    assert new.tolist() != [1.5]
+    assert read(a).tobytes() == new.tobytes()
 
 
 def test_mtime_probe_on_this_filesystem(tmp_path: Path) -> None:
