@@ -379,6 +379,34 @@ def test_a_commit_whose_old_data_vanished_is_refused(tmp_path: Any, monkeypatch:
     assert verify(kv).result(T) == []
 
 
+def test_a_multi_writer_commit_whose_participants_data_vanished_is_refused(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Process 0 checks the other participants' data objects too: a participant
+    that delivered its fragment no longer protects them (its lease is gone)."""
+    from tensorstore_py.kvstore.versioned.leases import LeaseKeeper
+
+    monkeypatch.setattr(LeaseKeeper, "check_after", 0.0)  # every transaction counts as long open
+    base = FileKvStore(path=str(tmp_path))
+    kv = VersionedKvStore(base)
+    kv.write("a", b"1").result(T)
+    txns = [tsp.Transaction(txn_id="gone", process_index=i, process_count=3, timeout=30) for i in range(3)]
+    kv.with_transaction(txns[0]).write("p0", b"0").result(T)
+    fut0 = txns[0].commit()  # process 0 first: fragments belong to its attempt
+    big = os.urandom(300_000)
+    kv.with_transaction(txns[1]).write("p1", big).result(T)
+    assert txns[1].commit(wait=False).result(T).version is None  # delivered; participant 2 holds the merge
+    (victim,) = base.list("data/").result(T)
+    base.delete(victim).result(T)  # a collector that no lease stopped
+    kv.with_transaction(txns[2]).write("p2", b"2").result(T)
+    fut2 = txns[2].commit()
+    with pytest.raises(DataCorruptionError, match="of other participants.*nothing was committed"):
+        fut0.result(T)
+    with pytest.raises(tsp.TensorStoreError):
+        fut2.result(T)
+    assert kv.newest_version().result(T) == 1  # nothing visible
+    assert kv.read("p1").result(T).state == "missing" and kv.read("p0").result(T).state == "missing"
+
+
 def test_expired_leases_are_deleted_and_protect_nothing(tmp_path: Any) -> None:
     from tensorstore_py.kvstore.versioned.format import frame
     from tensorstore_py.kvstore.versioned.leases import MAGIC_LEASE, TTL

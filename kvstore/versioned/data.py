@@ -138,6 +138,19 @@ async def missing_objects(base: KvStore, names: list[str]) -> list[str]:
     return [n for n, f in zip(names, flags) if f]
 
 
+async def require_present(base: KvStore, names: list[str], txn: str, whose: str) -> None:
+    """Raise DataCorruptionError (nothing committed) if any data object of
+    ``names`` (written by ``whose``) is gone: the pre-commit check that garbage
+    collection did not delete what the commit is about to reference."""
+    gone = await missing_objects(base, names) if names else []
+    if gone:
+        raise DataCorruptionError(
+            f"{txn}: {len(gone)} data object(s) {whose} are gone (e.g. {gone[0]!r}; deleted by "
+            f"garbage collection while the transaction was open?); nothing was committed: "
+            f"retry the transaction"
+        )
+
+
 def staged_generation(staged: Staged) -> Generation:
     return Generation.NO_VALUE if staged is None else Generation(staged.stamp)
 

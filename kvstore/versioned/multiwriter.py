@@ -43,7 +43,7 @@ from tensorstore_py.core.pools import run_io
 from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.create import create_object
-from tensorstore_py.kvstore.versioned.data import missing_objects
+from tensorstore_py.kvstore.versioned.data import require_present
 from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, crc32c, new_write_id
 from tensorstore_py.kvstore.versioned.fragments import (
     Attempt,
@@ -131,13 +131,7 @@ class MultiWriterParticipant(VersionedParticipant):
         if time.monotonic() - started <= self.root.leases.check_after:
             return
         names = sorted({e.object for f in others for _, e in f.changes if isinstance(e, RefEntry)})
-        gone = await missing_objects(self.root.base, names) if names else []
-        if gone:
-            raise DataCorruptionError(
-                f"{self.name}: {len(gone)} data object(s) of other participants are gone (e.g. "
-                f"{gone[0]!r}; deleted by garbage collection while the transaction was open?); "
-                f"nothing was committed: retry the transaction"
-            )
+        await require_present(self.root.base, names, self.name, "of other participants")
 
 
 # -- what happened to a transaction id ----------------------------------------------

@@ -27,9 +27,9 @@ from tensorstore_py.kvstore.versioned.data import (
     Staged,
     blocking_reader,
     make_entry,
-    missing_objects,
     pack,
     read_entry,
+    require_present,
     staged_generation,
 )
 from tensorstore_py.kvstore.versioned.format import CommitRecord, RefEntry
@@ -333,13 +333,7 @@ class VersionedParticipant(Participant):
             e.object for _, e in changes
             if isinstance(e, RefEntry) and self._written.get(e.object, cutoff + 1) <= cutoff
         })
-        gone = await missing_objects(self.root.base, old) if old else []
-        if gone:
-            raise DataCorruptionError(
-                f"{self.name}: {len(gone)} data object(s) this transaction wrote are gone "
-                f"(e.g. {gone[0]!r}; deleted by garbage collection while the transaction was open?); "
-                f"nothing was committed: retry the transaction"
-            )
+        await require_present(self.root.base, old, self.name, "this transaction wrote")
 
     def abort(self) -> None:
         self.writes.clear()
