@@ -86,7 +86,10 @@ def test_interop_with_zarr_python_both_ways(tmp_path: Path, name: str, dtype: st
     b[1:, :7] = v[1:, :7]
     assert np.array_equal(zarr.open_array(str(tmp_path / "t"), mode="r")[:], z[:])
     for key in ("c/0/0", "c/1/1"):
-        assert (tmp_path / "t" / key).read_bytes() == (tmp_path / "z" / key).read_bytes(), key
+        ours, theirs = (tmp_path / "t" / key).read_bytes(), (tmp_path / "z" / key).read_bytes()
+        if name == "gzip":  # numcodecs stamps the gzip header's MTIME (bytes 4-7) with the clock
+            ours, theirs = ours[:4] + ours[8:], theirs[:4] + theirs[8:]
+        assert ours == theirs, key
 
 
 def test_every_compressor_decodes_through_a_checked_decoder() -> None:
