@@ -308,3 +308,21 @@ def test_verify_checks_chunks_against_the_manifest(ckpt: str) -> None:
     assert shape.expected == 64 * 32 * 4 and shape.found == 10
     only = run(checks.verify(ckpt, step=3))
     assert only.ok and only.steps == [3]
+
+
+def test_a_root_holding_only_an_attempt_of_a_multi_writer_save_is_a_versioned_store(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A first multi-writer save whose process 0 died after opening its attempt
+    (format 2: ``txns/<id>/attempts/<k>``; small values travel inline, so no
+    ``data/``) and whose lease expired and was collected: gc and verify still
+    see a versioned store with orphans, not a folder."""
+    from tensorstore_py.kvstore.versioned.fragments import Attempt, attempt_name, encode_attempt
+
+    nonce = "ab" * 16
+    name = attempt_name("step-1", 1)
+    (tmp_path / name).parent.mkdir(parents=True)
+    (tmp_path / name).write_bytes(encode_attempt(Attempt("step-1", 1, nonce, 2, 0)))
+    url = f"file://{tmp_path}/"
+    assert cli_json(capsys, "verify", url)["kind"] == "versioned"
+    dry = cli_json(capsys, "gc", url, "--grace", "0s")
+    assert dry["kind"] == "versioned" and name in dry["objects"]

@@ -83,6 +83,7 @@ from tensorstore_py.kvstore.versioned.format import (
 )
 from tensorstore_py.kvstore.versioned.leases import Leases, read_leases, store_now
 from tensorstore_py.kvstore.versioned.reclaim import (
+    WATERMARK,
     Reclaim,
     find_reclaimable,
     read_watermark,
@@ -92,7 +93,8 @@ from tensorstore_py.kvstore.versioned.reclaim import (
 from tensorstore_py.kvstore.versioned.root import VersionedRoot, base_of, get_root
 from tensorstore_py.kvstore.versioned.tree import walk
 
-__all__ = ["DEFAULT_GRACE", "DEFAULT_READ_GRACE", "DEFAULT_SWEEP_INTERVAL", "GcReport", "gc", "reclaim"]
+__all__ = ["DEFAULT_GRACE", "DEFAULT_READ_GRACE", "DEFAULT_SWEEP_INTERVAL", "GcReport", "gc", "is_layout_object",
+           "reclaim"]
 
 #: default grace period: six hours (longer than any commit should take)
 DEFAULT_GRACE = 6 * 3600.0
@@ -113,6 +115,19 @@ _TXN_RE = re.compile(
 )
 _COMMIT_RE = re.compile(r"commits/([0-9]{20})\Z")
 _CLOCK_RE = re.compile(r"gc/clock-[0-9a-f]{32}\Z")
+_LEASE_RE = re.compile(r"leases/[0-9a-f]{32}\Z")
+
+
+def is_layout_object(name: str) -> bool:
+    """Whether ``name`` is an object only a versioned store's layout uses
+    (docs/FORMAT.md §2): a commit record, node, data, changes, multi-writer
+    (formats 1 and 2), lease, clock probe or watermark object. One match among
+    a folder's keys marks it as a versioned store, even one whose first commit
+    never landed."""
+    return bool(_COMMIT_RE.match(name) or _OBJECT_RE.match(name) or _TXN_RE.match(name)
+                or _LEASE_RE.match(name) or _CLOCK_RE.match(name) or name == WATERMARK)
+
+
 #: deletion order: data before the nodes that reference them (see the module doc)
 _ORDER = {"data": 0, "nodes": 1, "txns": 2, "changes": 3, "gc": 4, "leases": 5}
 

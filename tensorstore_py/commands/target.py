@@ -42,6 +42,7 @@ from tensorstore_py.core.errors import (
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned.gc import is_layout_object
 from tensorstore_py.kvstore.versioned.root import read_hint
 
 __all__ = [
@@ -60,11 +61,6 @@ Kind = Literal["checkpoint", "versioned", "array", "folder"]
 #: format strings of checkpoint step records / manifests are ``<prefix><int>``
 CHECKPOINT_FORMAT_PREFIX = "tensorstore_py.checkpoint"
 _FIRST_COMMIT = "commits/00000000000000000001"
-#: object names only the versioned store's layout uses (docs/FORMAT.md §2)
-_LAYOUT = re.compile(
-    r"(commits/[0-9]{20}|(nodes|data|changes|leases)/[0-9a-f]{32}|gc/reclaimed"
-    r"|txns/[A-Za-z0-9_.\-]{1,128}/([0-9]{6}|result))\Z"
-)
 
 
 def step_prefix(step: int) -> str:
@@ -170,7 +166,7 @@ async def _plain_target(url: str, base: KvStore, version: int | None) -> Target:
         ) from None
     if not keys:
         raise NotFoundError(f"{url}: nothing stored here (no keys); check the URL")
-    if any(_LAYOUT.match(k) for k in keys):
+    if any(is_layout_object(k) for k in keys):
         return await _versioned_target(url, base, VersionedKvStore(base), version)
     return Target(url, "folder", base, base)
 
