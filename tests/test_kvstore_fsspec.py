@@ -110,3 +110,20 @@ def test_other_fsspec_urls_open_through_it() -> None:
 def test_bad_specs(spec: dict) -> None:
     with pytest.raises(InvalidSpecError):
         tsp.KvStore.open(spec).result()
+
+
+def test_a_versioned_store_over_fsspec_refuses_writes_before_any_data_lands(tmp_path: Path) -> None:
+    """A commit needs create-only writes: a write (large enough for a data
+    object), a delete and a transaction are refused with the stores that can,
+    and the folder stays empty; reading such a store still works."""
+    base = tsp.KvStore.open({"driver": "fsspec", "url": f"file://{tmp_path}/"}).result()
+    kv = tsp.KvStore.open({"driver": "versioned", "base": base.spec()}).result()
+    for call in (lambda: kv.write("big", b"x" * (1 << 20)), lambda: kv.delete("k"),
+                 lambda: kv.delete_range("p/")):
+        with pytest.raises(UnsupportedError, match="versioned store .*file://"):
+            call().result()
+    with pytest.raises(UnsupportedError, match="versioned store transaction"):
+        with tsp.Transaction() as txn:
+            kv.with_transaction(txn).write("a", b"1").result()
+    assert list(tmp_path.iterdir()) == []
+    assert kv.list().result() == [] and kv.read("a").result().state == "missing"

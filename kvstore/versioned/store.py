@@ -59,7 +59,7 @@ from tensorstore_py.kvstore.base import (
     ReadResult,
     rebuild,
 )
-from tensorstore_py.kvstore.registry import open_kvstore, register_kvstore
+from tensorstore_py.kvstore.registry import open_kvstore, register_kvstore, require_conditional_writes
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.data import (
     INLINE_MAX,
@@ -348,7 +348,14 @@ class VersionedKvStore(KvStore, RootView):
         return await self._at(None, op)
 
     # -- writes (group commit) -------------------------------------------------------------
+    def _require_commits(self, what: str) -> None:
+        """A commit needs create-only writes of the base store: refuse, before any
+        data object is written, a base that can not do them (a generic fsspec
+        filesystem); reading such a store stays possible."""
+        require_conditional_writes(self.base, f"versioned store {what}")
+
     async def _write(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
+        self._require_commits(f"write of {key!r}")
         if len(memoryview(value).cast("B")) <= INLINE_MAX:
             entry = await make_entry(self._root, value)  # writes nothing before the commit
             await self._submit("put", key, entry, if_equal)
@@ -359,9 +366,11 @@ class VersionedKvStore(KvStore, RootView):
         return Generation(entry.stamp)
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
+        self._require_commits(f"delete of {key!r}")
         await self._submit("delete", key, None, if_equal)
 
     async def _delete_range(self, prefix: str) -> None:
+        self._require_commits(f"delete_range of {prefix!r}")
         await self._submit("delete_prefix", prefix, None, None)
 
     async def _submit(self, kind: str, key: str, value: Any, if_equal: Generation | None) -> Any:
@@ -373,6 +382,8 @@ class VersionedKvStore(KvStore, RootView):
                 f"{self!r}: open a tag snapshot with KvStore.open (which resolves the tag) "
                 f"before using it in a transaction"
             )
+        if not self.read_only:
+            self._require_commits("transaction")
         cls = MultiWriterParticipant if txn.multi_writer else VersionedParticipant
         return cls(self._root, self.version, txn)
 
