@@ -213,12 +213,17 @@ def encode_batch(arr: ChunkOps, parts: list[ChunkPart], value: np.ndarray) -> li
 
 def store_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], encoded: list[Any]) -> None:
     """Write (or delete) encoded whole chunks unconditionally (blocking I/O)."""
+    writes = []
     for p, enc in zip(parts, encoded):
         full = kv.path + arr.chunk_key(p.cell)
         if enc is None:
             kv._delete_blocking(full, None)
         else:
-            kv._write_blocking(full, enc, None)
+            writes.append((full, enc))
+    if len(writes) == 1:
+        kv._write_blocking(writes[0][0], writes[0][1], None)
+    elif writes:
+        kv._write_many_blocking(writes)
 
 
 def write_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], value: np.ndarray) -> None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import struct
 import threading
 import time
 import uuid
 
+from tensorstore_py.core.errors import StorageError
 from tensorstore_py.core.ranges import Buffer
 from tensorstore_py.kvstore.base import Generation
 
@@ -32,6 +34,7 @@ __all__ = [
     "makedirs",
     "probe_fine_mtime",
     "set_token",
+    "sweep_temporaries_under",
     "write_all",
 ]
 
@@ -189,3 +192,37 @@ class DirLock:
         os.close(self.fd)
 
 
+
+
+def sweep_temporaries_under(root: str, changed_before: float, dry_run: bool) -> list[str]:
+    """The temporary files (``*.tmp``) in the ``.__tsp__`` folders under ``root``
+    last changed before ``changed_before`` (a ctime), relative to ``root`` and
+    sorted; removed unless ``dry_run`` (see ``FileKvStore.sweep_temporaries``)."""
+    found: list[str] = []
+    for dirpath, dirnames, _files in os.walk(root):
+        if META_DIR not in dirnames:
+            continue
+        dirnames.remove(META_DIR)
+        meta = os.path.join(dirpath, META_DIR)
+        try:
+            entries = list(os.scandir(meta))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for e in entries:
+            if not e.name.endswith(TMP_SUFFIX):
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # finished meanwhile
+            if not stat.S_ISREG(st.st_mode) or st.st_ctime > changed_before:
+                continue
+            found.append(os.path.relpath(e.path, root))
+            if not dry_run:
+                try:
+                    os.unlink(e.path)
+                except FileNotFoundError:
+                    pass
+                except OSError as err:
+                    raise StorageError(f"file kvstore: removing {e.path!r}: {err}") from err
+    return sorted(found)

@@ -420,6 +420,14 @@ class KvStore(ABC):
     def _delete_blocking(self, key: str, if_equal: Generation | None) -> None:
         raise UnsupportedError(f"{self.driver} store: no blocking delete")
 
+    def _write_many_blocking(self, items: list[tuple[str, Buffer]]) -> None:
+        """Unconditional writes of several values (full keys), each with the
+        semantics of ``_write_blocking(key, value, None)``; a store may share
+        work between them (the file store: one lock and one directory fsync per
+        folder). On an error, the values before it may have been written."""
+        for key, value in items:
+            self._write_blocking(key, value, None)
+
     async def _prepare_read(self, key: str) -> BlockingRead | None:
         """Resolve everything a whole-value read of full ``key`` needs on the
         event loop, and return a blocking callable doing the rest (data I/O,

@@ -84,6 +84,7 @@ from tensorstore_py.kvstore._files import (
     get_token,
     makedirs,
     set_token,
+    sweep_temporaries_under,
     write_all,
 )
 from tensorstore_py.kvstore.base import (
@@ -375,23 +376,82 @@ class FileKvStore(KvStore):
     ) -> Generation:
         """Overwrite or compare-and-swap: check and rename under the directory lock."""
         with DirLock(meta, self.sync):
-            try:
-                cur_st: os.stat_result | None = os.stat(path)
-            except (FileNotFoundError, NotADirectoryError):
-                cur_st = None
-            if cur_st is not None and stat.S_ISDIR(cur_st.st_mode):
-                raise StorageError(f"file kvstore: {path!r} is a directory, not a key")
-            if if_equal is not None:
-                cur = Generation.NO_VALUE if cur_st is None else generation(cur_st, self._token(path))
-                if cur != if_equal:
-                    raise condition_failed(self, path[len(self.path):], if_equal, cur)
-            now = time.time_ns()
-            if cur_st is not None and now <= cur_st.st_mtime_ns:
-                now = cur_st.st_mtime_ns + 1
-            os.utime(fd, ns=(now, now))
-            new = generation(os.fstat(fd), token)
-            os.rename(tmp, path)
+            return self._swap_in(fd, tmp, path, if_equal, token)
+
+    def _swap_in(self, fd: int, tmp: str, path: str, if_equal: Generation | None, token: bytes) -> Generation:
+        """Check ``if_equal`` and rename ``tmp`` onto ``path`` (the caller holds the directory lock)."""
+        try:
+            cur_st: os.stat_result | None = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            cur_st = None
+        if cur_st is not None and stat.S_ISDIR(cur_st.st_mode):
+            raise StorageError(f"file kvstore: {path!r} is a directory, not a key")
+        if if_equal is not None:
+            cur = Generation.NO_VALUE if cur_st is None else generation(cur_st, self._token(path))
+            if cur != if_equal:
+                raise condition_failed(self, path[len(self.path):], if_equal, cur)
+        now = time.time_ns()
+        if cur_st is not None and now <= cur_st.st_mtime_ns:
+            now = cur_st.st_mtime_ns + 1
+        os.utime(fd, ns=(now, now))
+        new = generation(os.fstat(fd), token)
+        os.rename(tmp, path)
         return new
+
+    def _write_many_blocking(self, items: list[tuple[str, Buffer]]) -> None:
+        """Unconditional writes, each as atomic and durable as ``_write_blocking``
+        (its own temporary file, fsync'ed, renamed onto the key under the folder's
+        lock, the folder fsync'ed before this returns), with the values of one
+        folder renamed under ONE hold of its lock and made durable by ONE folder
+        fsync: small chunks pay one lock and one directory fsync per batch, not
+        per chunk."""
+        groups: dict[str, list[tuple[str, Buffer]]] = {}
+        for path, value in items:
+            groups.setdefault(os.path.dirname(path), []).append((path, value))
+        for d, group in groups.items():
+            if len(group) > 1:
+                try:
+                    self._write_group(d, group)
+                    continue
+                except FileNotFoundError:
+                    pass  # a concurrent delete_range removed the folder: one by one, with retries
+                except StorageError:
+                    raise
+                except OSError as e:
+                    raise StorageError(f"file kvstore: writing {len(group)} keys in {d!r}: {e}") from e
+            for path, value in group:
+                self._write_sync(path, value, None)
+
+    def _write_group(self, d: str, group: list[tuple[str, Buffer]]) -> None:
+        meta = os.path.join(d, META_DIR)
+        makedirs(meta, self.sync)
+        staged: list[tuple[int, str, str, bytes]] = []  # (fd, temporary, key path, token)
+        renamed = 0
+        try:
+            for path, value in group:  # data first, outside the lock
+                tmp = os.path.join(meta, f"{os.path.basename(path)}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                token = os.urandom(TOKEN_LEN)
+                staged.append((fd, tmp, path, token))
+                write_all(fd, value)
+                if not self._store_token(fd, token):
+                    staged[-1] = (fd, tmp, path, b"")
+                if self.sync:
+                    os.fsync(fd)
+            with DirLock(meta, self.sync):
+                for fd, tmp, path, token in staged:
+                    self._swap_in(fd, tmp, path, None, token)
+                    renamed += 1
+        finally:
+            for i, (fd, tmp, _, _) in enumerate(staged):
+                os.close(fd)
+                if i >= renamed:
+                    try:
+                        os.unlink(tmp)
+                    except FileNotFoundError:
+                        pass  # swept meanwhile
+        if self.sync:
+            fsync_dir(d)
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
         await run_io(self._delete_sync, key, if_equal)
@@ -452,35 +512,7 @@ class FileKvStore(KvStore):
     def _sweep_sync(self, older_than: float, dry_run: bool) -> list[str]:
         if not os.path.isdir(self.path):
             return []
-        now = self._store_now()
-        found: list[str] = []
-        for dirpath, dirnames, _files in os.walk(self.path):
-            if META_DIR not in dirnames:
-                continue
-            dirnames.remove(META_DIR)
-            meta = os.path.join(dirpath, META_DIR)
-            try:
-                entries = list(os.scandir(meta))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            for e in entries:
-                if not e.name.endswith(TMP_SUFFIX):
-                    continue
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # finished meanwhile
-                if not stat.S_ISREG(st.st_mode) or now - st.st_ctime < older_than:
-                    continue
-                found.append(os.path.relpath(e.path, self.path))
-                if not dry_run:
-                    try:
-                        os.unlink(e.path)
-                    except FileNotFoundError:
-                        pass
-                    except OSError as err:
-                        raise StorageError(f"file kvstore: removing {e.path!r}: {err}") from err
-        return sorted(found)
+        return sweep_temporaries_under(self.path, self._store_now() - older_than, dry_run)
 
     def _store_now(self) -> float:
         """The filesystem's clock: the change time of a fresh scratch file in

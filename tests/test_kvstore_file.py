@@ -397,3 +397,88 @@ def test_sweep_temporaries_arguments(tmp_path: Path) -> None:
             kv.sweep_temporaries(bad)  # type: ignore[arg-type]
     with pytest.raises(tsp.errors.InvalidArgumentError, match="dry_run"):
         kv.sweep_temporaries(1, dry_run="no")  # type: ignore[arg-type]
+
+
+# -- batched unconditional writes (many small chunks) -----------------------------------
+def test_write_many_lands_every_value_with_a_generation_of_its_own(tmp_path: Path) -> None:
+    kv = FileKvStore(path=str(tmp_path))
+    first = {f"d/{i}": bytes([i]) * 100 for i in range(8)} | {"e/x": b"e"}
+    kv._write_many_blocking([(kv.path + k, v) for k, v in first.items()])
+    got = {k: kv.read(k).result() for k in first}
+    assert {k: bytes(r.value) for k, r in got.items()} == first
+    assert len({r.generation for r in got.values()}) == len(first)
+    assert sorted(os.listdir(tmp_path / "d" / META_DIR)) == ["lock"]  # no temporary left
+    kv._write_many_blocking([(kv.path + k, v + b"!") for k, v in first.items()])  # overwrite
+    for k, r in got.items():
+        assert bytes(kv.read(k).result().value) == first[k] + b"!"
+        with pytest.raises(tsp.ConditionFailedError):  # a new generation for every key
+            kv.write(k, b"lost", if_equal=r.generation).result()
+
+
+def test_write_many_stops_at_a_folder_where_a_key_should_be(tmp_path: Path) -> None:
+    kv = FileKvStore(path=str(tmp_path))
+    (tmp_path / "d" / "3").mkdir(parents=True)
+    with pytest.raises(tsp.StorageError, match="'.*d/3' is a directory"):
+        kv._write_many_blocking([(kv.path + f"d/{i}", b"v%d" % i) for i in range(6)])
+    assert [(tmp_path / "d" / str(i)).read_bytes() for i in range(3)] == [b"v0", b"v1", b"v2"]
+    assert not (tmp_path / "d" / "4").exists() and not (tmp_path / "d" / "5").exists()
+    assert sorted(os.listdir(tmp_path / "d" / META_DIR)) == ["lock"]  # the unrenamed ones removed
+
+
+class _FolderVanishesOnce(FileKvStore):
+    """A concurrent delete_range removes the folder during the first batch."""
+
+    vanished = False
+
+    def _write_group(self, d: str, group: list) -> None:
+        if not self.vanished:
+            type(self).vanished = True
+            raise FileNotFoundError(2, "No such file or directory", d)
+        super()._write_group(d, group)
+
+
+def test_write_many_falls_back_to_one_by_one_when_the_folder_vanishes(tmp_path: Path) -> None:
+    kv = _FolderVanishesOnce(path=str(tmp_path))
+    kv._write_many_blocking([(kv.path + f"d/{i}", b"v%d" % i) for i in range(4)])
+    assert kv.vanished and [bytes(kv.read(f"d/{i}").result().value) for i in range(4)] == [
+        b"v0", b"v1", b"v2", b"v3"]
+
+
+_BATCH_WRITER = """
+import sys, numpy as np, tensorstore_py as tsp
+a = tsp.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": sys.argv[1], "sync": False}},
+             create=True, dtype="uint32", shape=(512, 512), chunks=(32, 32)).result()
+print("ready", flush=True)
+r = 1
+while True:
+    a.write(np.full((512, 512), r, np.uint32)).result()
+    r += 1
+"""
+
+
+def test_a_writer_killed_during_batched_writes_leaves_only_whole_chunks(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
+
+    p = subprocess.Popen([sys.executable, "-c", _BATCH_WRITER, str(tmp_path) + "/"], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        time.sleep(1.5)
+        p.send_signal(signal.SIGKILL)
+    finally:
+        p.wait(timeout=60)
+    chunks = [f for f in (tmp_path / "c").rglob("*") if f.is_file() and META_DIR not in f.parts]
+    assert len(chunks) == 256
+    rounds = set()
+    for f in chunks:
+        v = np.frombuffer(f.read_bytes(), np.uint32)
+        assert v.size == 32 * 32 and (v == v[0]).all(), f  # every chunk whole, from one round
+        rounds.add(int(v[0]))
+    assert len(rounds) <= 2 and min(rounds) >= 1  # the round in flight and the one before
+    kv = FileKvStore(path=str(tmp_path))
+    kv.sweep_temporaries(0, dry_run=False).result()
+    assert not [f for f in (tmp_path / "c").rglob("*.tmp")]
