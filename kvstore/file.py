@@ -325,21 +325,15 @@ class FileKvStore(KvStore):
         raise AssertionError("unreachable")
 
     def _write_once(self, path: str, value: Buffer, if_equal: Generation | None) -> Generation:
-        d, name = os.path.split(path)
+        d = os.path.dirname(path)
         meta = os.path.join(d, META_DIR)
         makedirs(meta, self.sync)
         # Data first, outside any lock: the critical section stays tiny.
-        tmp = os.path.join(meta, f"{name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd, tmp = self._open_temporary(meta, path)
         try:
-            write_all(fd, value)
-            token = os.urandom(TOKEN_LEN)
-            if not self._store_token(fd, token):
-                token = b""
-                if if_equal is not None and not if_equal.is_no_value:
-                    self._check_exact(path, "compare-and-swap write")
-            if self.sync:
-                os.fsync(fd)
+            token = self._fill(fd, value)
+            if not token and if_equal is not None and not if_equal.is_no_value:
+                self._check_exact(path, "compare-and-swap write")
             # the generation comes from ``fd``, never from the name ``tmp``:
             # sweep_temporaries may unlink that name at any time
             if if_equal is not None and if_equal.is_no_value:
@@ -355,6 +349,23 @@ class FileKvStore(KvStore):
         if self.sync:
             fsync_dir(d)
         return new
+
+    @staticmethod
+    def _open_temporary(meta: str, path: str) -> tuple[int, str]:
+        """A new temporary file for the value of ``path``: (fd, its name)."""
+        tmp = os.path.join(meta, f"{os.path.basename(path)}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), tmp
+
+    def _fill(self, fd: int, value: Buffer) -> bytes:
+        """Write ``value`` and a fresh token to the temporary ``fd`` (fsync'ed
+        unless ``sync=False``); the token, or b"" where none can be stored."""
+        write_all(fd, value)
+        token = os.urandom(TOKEN_LEN)
+        if not self._store_token(fd, token):
+            token = b""
+        if self.sync:
+            os.fsync(fd)
+        return token
 
     def _link_create(self, fd: int, tmp: str, path: str, token: bytes) -> Generation:
         """Create-only: ``link`` fails atomically if the key exists."""
@@ -429,15 +440,9 @@ class FileKvStore(KvStore):
         renamed = 0
         try:
             for path, value in group:  # data first, outside the lock
-                tmp = os.path.join(meta, f"{os.path.basename(path)}.{uuid.uuid4().hex}{TMP_SUFFIX}")
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                token = os.urandom(TOKEN_LEN)
-                staged.append((fd, tmp, path, token))
-                write_all(fd, value)
-                if not self._store_token(fd, token):
-                    staged[-1] = (fd, tmp, path, b"")
-                if self.sync:
-                    os.fsync(fd)
+                fd, tmp = self._open_temporary(meta, path)
+                staged.append((fd, tmp, path, b""))  # tracked first: a failing fill is cleaned up
+                staged[-1] = (fd, tmp, path, self._fill(fd, value))
             with DirLock(meta, self.sync):
                 for fd, tmp, path, token in staged:
                     self._swap_in(fd, tmp, path, None, token)
