@@ -220,9 +220,7 @@ def store_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], encoded: list[An
             kv._delete_blocking(full, None)
         else:
             writes.append((full, enc))
-    if len(writes) == 1:
-        kv._write_blocking(writes[0][0], writes[0][1], None)
-    elif writes:
+    if writes:
         kv._write_many_blocking(writes)
 
 
