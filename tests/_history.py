@@ -213,7 +213,8 @@ def check(h: History) -> list[str]:
                                f"{'nothing' if got_b.value is None else bytes(got_b.value[:40])!r}")
             arr = tsp.open(f"versioned+file://{h.root}/@{v}").result(T).read().result(T)
             if not np.array_equal(arr, np.full(ARRAY_SHAPE, cnt, np.int64)):
-                out.append(f"wrong bytes: version {v}: the array should be {cnt} everywhere (increments committed), read {arr.tolist()}")
+                kind = "lost update (array)" if (arr < cnt).all() else "wrong bytes"
+                out.append(f"{kind}: version {v}: the array should be {cnt} everywhere (increments committed), read {arr.tolist()}")
             snap.close()
         except Exception as e:  # an acknowledged or retained version that does not read
             out.append(f"unreadable: version {v} (retained) does not read: {type(e).__name__}: {e}")
@@ -233,7 +234,8 @@ def check(h: History) -> list[str]:
             want = {str(c): w for c, w in cells.items()} | {"array": cnt}
             bad = {k: (r[k], want.get(k)) for k in r if r[k] != want.get(k)}
             if bad:
-                out.append(f"reader wrong bytes: op {o.id} at version {o.pinned} read {bad} (read, expected)")
+                kind = "reader wrong bytes" + (" (array)" if set(bad) == {"array"} else "")
+                out.append(f"{kind}: op {o.id} at version {o.pinned} read {bad} (read, expected)")
 
     problems = verify(kv).result(T)
     for p in problems:

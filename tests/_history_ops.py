@@ -54,6 +54,9 @@ LEASE_TTL = 2.0
 LEASE_REFRESH = 0.5
 #: weights of the operation kinds
 KINDS = {"rmw": 5, "multi": 2, "staged": 2, "dask": 2, "gc": 3, "retain": 2, "reader": 3}
+#: parts of the workload switched off, to tell anomalies apart: operation kinds and
+#: "rerun" (same txn_id again), "pickle" (readers' hand-off), "kill", "stop"
+OFF = set(filter(None, os.environ.get("TSP_HISTORY_OFF", "").split(",")))
 
 
 class _SigKill(BaseException):
@@ -200,7 +203,9 @@ def op_dask(root: str, res: Path, op: int, rng: random.Random, spec: dict[str, A
     ts = tsp.open(f"versioned+file://{root}/").result(T)
     src = (tspd.to_dask(ts) + 1).map_blocks(_slow, spec["ingest"] / 4, dtype=np.int64)
     save_json(res / f"{op}.intent.json", {"writes": {}, "inc": True})
-    with dask.config.set(scheduler="threads", num_workers=2):
+    # Dask's process scheduler, its pool forked from this process: every stage task
+    # runs in a process of its own that unpickled the view
+    with dask.config.set({"scheduler": "processes", "num_workers": 2, "multiprocessing.context": "fork"}):
         info = tspd.store(src, ts, txn_id=f"h{op}", metadata={"op": op})
         out: dict[str, Any] = {"status": "ok", "version": info.version}
         if spec.get("rerun"):
@@ -253,12 +258,14 @@ def op_reader(root: str, res: Path, op: int, rng: random.Random, spec: dict[str,
     out: dict[str, Any] = {"status": "ok", "pinned": v, "reads": [_read_state(ts)]}
     try:
         time.sleep(spec["hold"])
-        _wait([_fork(_pickled_reader, pickle.dumps(ts), res, op)])
+        if spec["pickle"]:
+            _wait([_fork(_pickled_reader, pickle.dumps(ts), res, op)])
         out["reads"].append(_read_state(ts))
-        child = json.loads((res / f"{op}.child.json").read_text())
-        if "error" in child:
-            return {**out, "status": "fail", "error": "pickled view: " + child["error"]}
-        out["reads"].append(child["reads"])
+        if spec["pickle"]:
+            child = json.loads((res / f"{op}.child.json").read_text())
+            if "error" in child:
+                return {**out, "status": "fail", "error": "pickled view: " + child["error"]}
+            out["reads"].append(child["reads"])
     except TensorStoreError as e:
         return {**out, **_outcome(e)}
     return out
@@ -300,20 +307,22 @@ def setup_store(root: str) -> int:
 def plan(seed: int, dask_ok: bool) -> list[tuple[Op, float, dict[str, Any]]]:
     """The operations of history ``seed``: (op, start offset in seconds, its parameters)."""
     rng = random.Random(seed)
-    kinds = [k for k in KINDS if dask_ok or k != "dask"]
+    kinds = [k for k in KINDS if (dask_ok or k != "dask") and k not in OFF]
     out = []
     for i in range(1, rng.randint(6, 11) + 1):
         kind = rng.choices(kinds, [KINDS[k] for k in kinds])[0]
         spec: dict[str, Any] = {
             "seed": rng.randrange(1 << 30),
             "ingest": rng.choice([0.0, 0.3, 1.2]),
-            "rerun": rng.random() < 0.3,
+            "rerun": rng.random() < 0.3 and "rerun" not in OFF,
             "grace": rng.choice([0.0, 0.2, 1.0]),
             "hold": rng.uniform(0.3, 1.5),
-            "kill_after": rng.uniform(0.05, 1.5) if rng.random() < 0.2 else None,
-            "stop": rng.uniform(LEASE_TTL + 0.5, LEASE_TTL + 1.5) if rng.random() < 0.1 else None,
+            "kill_after": rng.uniform(0.05, 1.5) if rng.random() < 0.2 and "kill" not in OFF else None,
+            "stop": (rng.uniform(LEASE_TTL + 0.5, LEASE_TTL + 1.5)
+                     if rng.random() < 0.1 and "stop" not in OFF else None),
+            "pickle": "pickle" not in OFF,
         }
-        if kind == "rmw" and rng.random() < 0.2:
+        if kind == "rmw" and rng.random() < 0.2 and "kill" not in OFF:
             spec["kill_at"], spec["after"] = rng.randint(1, 8), rng.random() < 0.5
         out.append((Op(i, kind), rng.uniform(0, 1.5), spec))
     return out
