@@ -164,6 +164,8 @@ def check(h: History) -> list[str]:
             what = f"op {recs[o.version].metadata.get('op')}" if o.version in recs else "missing"
             out.append(f"ack mismatch: op {o.id} ({o.kind}) acknowledged version {o.version}, "
                        f"but that version is {what}")
+        if o.status == "fail" and not o.error.startswith("ConflictError") and not o.paused:
+            out.append(f"writer error: op {o.id} ({o.kind}) failed with {o.error}")
         if o.status == "fail" and got is not None:
             out.append(f"failed but present: op {o.id} ({o.kind}) failed with {o.error} but is present at version {got}")
         if got is not None and not o.writes and not o.inc:
