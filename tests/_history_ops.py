@@ -50,8 +50,8 @@ from tensorstore_py.kvstore.versioned.staging import commit_staged, stage
 
 T = 60
 #: lease TTL and refresh in the operation processes (short, so stops expire leases)
-LEASE_TTL = 2.0
-LEASE_REFRESH = 0.5
+LEASE_TTL = 1.5
+LEASE_REFRESH = 0.4
 #: weights of the operation kinds
 KINDS = {"rmw": 5, "multi": 2, "staged": 2, "dask": 2, "gc": 3, "retain": 2, "reader": 3}
 #: parts of the workload switched off, to tell anomalies apart: operation kinds and
@@ -316,15 +316,15 @@ def plan(seed: int, dask_ok: bool) -> list[tuple[Op, float, dict[str, Any]]]:
             "ingest": rng.choice([0.0, 0.3, 1.2]),
             "rerun": rng.random() < 0.3 and "rerun" not in OFF,
             "grace": rng.choice([0.0, 0.2, 1.0]),
-            "hold": rng.uniform(0.3, 1.5),
+            "hold": rng.uniform(0.3, 1.0),
             "kill_after": rng.uniform(0.05, 1.5) if rng.random() < 0.2 and "kill" not in OFF else None,
-            "stop": (rng.uniform(LEASE_TTL + 0.5, LEASE_TTL + 1.5)
-                     if rng.random() < 0.1 and "stop" not in OFF else None),
+            "stop": (rng.uniform(LEASE_TTL + 0.3, LEASE_TTL + 1.0)
+                     if rng.random() < 0.06 and "stop" not in OFF else None),
             "pickle": "pickle" not in OFF,
         }
         if kind == "rmw" and rng.random() < 0.2 and "kill" not in OFF:
             spec["kill_at"], spec["after"] = rng.randint(1, 8), rng.random() < 0.5
-        out.append((Op(i, kind), rng.uniform(0, 1.5), spec))
+        out.append((Op(i, kind), rng.uniform(0, 1.2), spec))
     return out
 
 
