@@ -219,9 +219,8 @@ def check(h: History) -> list[str]:
                 out.append(f"{kind}: version {v}: the array should be {cnt} everywhere (increments committed), read {arr.tolist()}")
             snap.close()
         except Exception as e:  # an acknowledged or retained version that does not read
-            first = min((w for w, _ in order if w <= v), default=v)
             made = [f"op {oid} ({ops[oid].kind})" for w, oid in order if w == v and oid in ops]
-            out.append(f"unreadable: version {v} ({', '.join(made) or 'no op'}; data versions from {first}) "
+            out.append(f"unreadable: version {v} ({', '.join(made) or 'no operation'}) "
                        f"does not read: {type(e).__name__}: {e}")
 
     # readers holding a lease: no spurious error, and they read their version's state
