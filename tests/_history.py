@@ -164,6 +164,10 @@ def check(h: History) -> list[str]:
             what = f"op {recs[o.version].metadata.get('op')}" if o.version in recs else "missing"
             out.append(f"ack mismatch: op {o.id} ({o.kind}) acknowledged version {o.version}, "
                        f"but that version is {what}")
+        again = o.extra.get("rerun_version")
+        if o.status == "ok" and again is not None and again != o.version:
+            out.append(f"applied twice: op {o.id} ({o.kind}) re-run with its txn_id returned version "
+                       f"{again}, not {o.version}")
         if o.status == "fail" and not o.error.startswith("ConflictError") and not o.paused:
             out.append(f"writer error: op {o.id} ({o.kind}) failed with {o.error}")
         if o.status == "fail" and got is not None:
