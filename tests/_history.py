@@ -232,7 +232,7 @@ def check(h: History) -> list[str]:
         if o.kind != "reader":
             continue
         if o.status != "ok" and not (o.paused and "SnapshotExpired" in o.error):
-            if o.status == "fail":
+            if o.status == "fail" and o.pinned is not None:  # before its lease, NotFound is fair
                 out.append(f"reader error: op {o.id} holding a lease on version {o.pinned} failed: {o.error}")
             continue
         if o.pinned is None or o.pinned not in model or o.pinned >= tainted:

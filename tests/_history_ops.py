@@ -113,7 +113,7 @@ def op_rmw(root: str, res: Path, op: int, rng: random.Random, spec: dict[str, An
 
 def _participant(root: str, res: Path, op: int, p: int, n: int, cells: list[int], seed: int) -> dict[str, Any]:
     kv = VersionedKvStore(FileKvStore(path=root))
-    txn = Transaction(txn_id=f"h{op}", process_index=p, process_count=n, timeout=6, metadata={"op": op})
+    txn = Transaction(txn_id=f"h{op}", process_index=p, process_count=n, timeout=15, metadata={"op": op})
     view = kv.with_transaction(txn)
     writes = _rmw_cells(view, op, cells, random.Random(seed))
     _write_cells(view, op, writes)
