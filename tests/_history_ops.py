@@ -20,6 +20,8 @@ import os
 import pickle
 import random
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -53,7 +55,7 @@ T = 60
 LEASE_TTL = 1.5
 LEASE_REFRESH = 0.4
 #: weights of the operation kinds
-KINDS = {"rmw": 5, "multi": 2, "staged": 2, "dask": 2, "gc": 3, "retain": 2, "reader": 3}
+KINDS = {"rmw": 5, "multi": 2, "staged": 2, "dask": 2, "cluster": 2, "gc": 3, "retain": 2, "reader": 3}
 #: parts of the workload switched off, to tell anomalies apart: operation kinds and
 #: "rerun" (same txn_id again), "pickle" (readers' hand-off), "kill", "stop"
 OFF = set(filter(None, os.environ.get("TSP_HISTORY_OFF", "").split(",")))
@@ -214,6 +216,51 @@ def op_dask(root: str, res: Path, op: int, rng: random.Random, spec: dict[str, A
     return out
 
 
+def op_cluster(root: str, res: Path, op: int, rng: random.Random, spec: dict[str, Any]) -> dict[str, Any]:
+    """The in-place increment on the run's LocalCluster; a worker may be killed mid-graph
+    (Dask recomputes what it lost); a run that failed is re-run with its txn_id, as a user
+    would after KilledWorker."""
+    import distributed  # optional dependency of the dask edge
+
+    import tensorstore_py.dask as tspd
+
+    ts = tsp.open(f"versioned+file://{root}/").result(T)
+    save_json(res / f"{op}.intent.json", {"writes": {}, "inc": True})
+    with distributed.Client(spec["cluster"], timeout=30, set_as_default=True) as client:
+        src = (tspd.to_dask(ts) + 1).map_blocks(_slow, spec["ingest"] / 4, dtype=np.int64)
+        fut = client.compute(tspd.store(src, ts, txn_id=f"h{op}", metadata={"op": op}, compute=False))
+        if spec["kill_worker"] is not None:
+            time.sleep(spec["kill_worker"])
+            # no worker to kill while the cluster restarts one killed earlier
+            with contextlib.suppress(Exception):
+                os.kill(rng.choice(sorted(client.run(os.getpid).values())), signal.SIGKILL)
+        try:
+            info = fut.result(timeout=40)
+            out: dict[str, Any] = {"status": "ok", "version": info.version}
+        except Exception as e:
+            if isinstance(e, TensorStoreError):
+                raise
+            again = tspd.store(tspd.to_dask(ts) + 1, ts, txn_id=f"h{op}", metadata={"op": op})
+            return {"status": "ok", "version": again.version, "extra": {"first_run": repr(e)[:200]}}
+        if spec.get("rerun"):
+            again = tspd.store(tspd.to_dask(ts) + 1, ts, txn_id=f"h{op}", metadata={"op": op})
+            out["extra"] = {"rerun_version": again.version}
+    return out
+
+
+def start_cluster() -> tuple[subprocess.Popen[str], str]:
+    """A LocalCluster (2 worker processes) in a process of its own, for a whole run:
+    returns the process (it lives until its stdin closes) and the scheduler's address."""
+    code = ("import sys; from distributed import LocalCluster; "
+            "c = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None); "
+            "print(c.scheduler_address, flush=True); sys.stdin.read(); c.close()")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
 def op_gc(root: str, res: Path, op: int, rng: random.Random, spec: dict[str, Any]) -> dict[str, Any]:
     kv = VersionedKvStore(FileKvStore(path=root))
     rep = kv.gc(grace=spec["grace"], dry_run=False, reclaim_deleted=rng.random() < 0.7).result(T)
@@ -271,7 +318,7 @@ def op_reader(root: str, res: Path, op: int, rng: random.Random, spec: dict[str,
     return out
 
 
-OPS = {"rmw": op_rmw, "multi": op_multi, "staged": op_staged, "dask": op_dask,
+OPS = {"rmw": op_rmw, "multi": op_multi, "staged": op_staged, "dask": op_dask, "cluster": op_cluster,
        "gc": op_gc, "retain": op_retain, "reader": op_reader}
 
 
@@ -304,10 +351,11 @@ def setup_store(root: str) -> int:
     return kv.newest_version().result(T)
 
 
-def plan(seed: int, dask_ok: bool) -> list[tuple[Op, float, dict[str, Any]]]:
-    """The operations of history ``seed``: (op, start offset in seconds, its parameters)."""
+def plan(seed: int, dask_ok: bool, cluster: str | None = None) -> list[tuple[Op, float, dict[str, Any]]]:
+    """The operations of history ``seed``: (op, start offset in seconds, its parameters);
+    ``cluster``: the address of the run's LocalCluster (none: no operations on it)."""
     rng = random.Random(seed)
-    kinds = [k for k in KINDS if (dask_ok or k != "dask") and k not in OFF]
+    kinds = [k for k in KINDS if k not in OFF and (dask_ok or k != "dask") and (cluster or k != "cluster")]
     out = []
     for i in range(1, rng.randint(6, 11) + 1):
         kind = rng.choices(kinds, [KINDS[k] for k in kinds])[0]
@@ -321,6 +369,8 @@ def plan(seed: int, dask_ok: bool) -> list[tuple[Op, float, dict[str, Any]]]:
             "stop": (rng.uniform(LEASE_TTL + 0.3, LEASE_TTL + 1.0)
                      if rng.random() < 0.06 and "stop" not in OFF else None),
             "pickle": "pickle" not in OFF,
+            "cluster": cluster,
+            "kill_worker": rng.uniform(0.1, 1.0) if rng.random() < 0.5 and "kill" not in OFF else None,
         }
         if kind == "rmw" and rng.random() < 0.2 and "kill" not in OFF:
             spec["kill_at"], spec["after"] = rng.randint(1, 8), rng.random() < 0.5
@@ -328,14 +378,15 @@ def plan(seed: int, dask_ok: bool) -> list[tuple[Op, float, dict[str, Any]]]:
     return out
 
 
-def run_history(seed: int, root: Path, *, dask_ok: bool = True, deadline: float = 20.0) -> History:
+def run_history(seed: int, root: Path, *, dask_ok: bool = True, cluster: str | None = None,
+                deadline: float = 30.0) -> History:
     """Run history ``seed`` on a fresh store at ``root`` and collect it (not yet checked)."""
     root.mkdir(parents=True)
     res = root.parent / (root.name + "-res")
     res.mkdir()
     h = History(seed, str(root))
     h.setup_versions = setup_store(str(root))
-    steps = plan(seed, dask_ok)
+    steps = plan(seed, dask_ok, cluster)
     h.ops = [o for o, _, _ in steps]
     t0 = time.monotonic()
     pending = sorted(steps, key=lambda s: s[1])

@@ -17,7 +17,9 @@ operation of unknown outcome fully present or fully absent.
 
 Default run: the first histories that fit in about 45 s. The long form:
 ``TSP_HISTORIES=500 pytest -m slow tests/test_history_random.py`` (one test per
-seed; ``TSP_HISTORY_SEED0`` shifts the seeds). A failing seed reproduces with
+seed; ``TSP_HISTORY_SEED0`` shifts the seeds; ``TSP_HISTORY_CLUSTER=1`` adds
+increments on one LocalCluster for the run, whose workers are killed mid-graph,
+re-run with their txn_id when they fail). A failing seed reproduces with
 ``-k 'seed_long[<seed>]'``; its history is written next to the store.
 """
 
@@ -25,13 +27,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from _history import category, check
-from _history_ops import run_history
+from _history_ops import run_history, start_cluster
 
 DASK = importlib.util.find_spec("dask") is not None
 if DASK:
@@ -44,8 +48,28 @@ SEED0 = int(os.environ.get("TSP_HISTORY_SEED0", "0"))
 LONG = range(SEED0, SEED0 + int(os.environ.get("TSP_HISTORIES", "500")))
 
 
-def _run_and_check(seed: int, tmp_path: Path) -> list[str]:
-    h = run_history(seed, tmp_path / f"h{seed}", dask_ok=DASK)
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str | None]:
+    """The run's ONE LocalCluster (``TSP_HISTORY_CLUSTER=1``; it costs seconds per
+    operation on it), else None."""
+    if not DASK or os.environ.get("TSP_HISTORY_CLUSTER") != "1":
+        yield None
+        return
+    pytest.importorskip("distributed")
+    proc, address = start_cluster()
+    try:
+        yield address
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _run_and_check(seed: int, tmp_path: Path, cluster: str | None = None) -> list[str]:
+    h = run_history(seed, tmp_path / f"h{seed}", dask_ok=DASK, cluster=cluster)
     anomalies = check(h)
     if anomalies:
         (tmp_path / f"h{seed}.history.json").write_text(h.to_json())
@@ -70,6 +94,6 @@ def test_random_histories_default_subset(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", LONG)
-def test_random_history_seed_long(seed: int, tmp_path: Path) -> None:
-    anomalies = _run_and_check(seed, tmp_path)
+def test_random_history_seed_long(seed: int, tmp_path: Path, cluster: str | None) -> None:
+    anomalies = _run_and_check(seed, tmp_path, cluster)
     assert not anomalies, f"seed {seed}: {len(anomalies)} anomalies: {anomalies[:8]}"
