@@ -21,10 +21,17 @@ when nothing is left. A lease whose owner is a process of this very machine
 that has exited counts as dead at once (same host name, boot id and pid
 namespace; the pid is gone, a zombie, or another process now).
 
-A lease is best effort for its owner: a store that refuses the write (read
-only) simply gets none. The backstop for writers is the commit's own check
-(``txn.py``): data objects it wrote more than :data:`CHECK_AFTER` seconds
-before its commit must still exist, or the commit is refused.
+Registration (:meth:`LeaseKeeper.pin`, :meth:`LeaseKeeper.write_hold`) returns
+only once the lease object on the store says what the caller needs: a lease
+write that fails raises :class:`~tensorstore_py.errors.StorageError` (the
+writer or reader does not start), and a release never races a registration
+(while the lease object is being deleted or rewritten to claim less, nothing
+counts as durable, so a registration in that window waits and writes it
+again). A store that refuses the write as such (read only, or no overwrites)
+gets no lease: nothing can be written there either. The backstop for writers
+is the commit's own check (``txn.py``): every data object the commit is about
+to reference for the first time must still exist right before its commit
+record, or the commit is refused.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.versioned.format import FORMAT, frame, new_name, unframe
 
 __all__ = [
-    "CHECK_AFTER", "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL",
+    "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL",
     "Hold", "LeaseKeeper", "Leases", "read_leases", "store_now",
 ]
 
@@ -69,9 +76,8 @@ REFRESH = 60.0
 LINGER = 1.0
 #: seconds subtracted from a writer's start: write latency and clock granularity
 SLACK = 60.0
-#: a transaction's data objects written this many seconds before its commit are
-#: checked to still exist right before the commit record is written
-CHECK_AFTER = 60.0
+#: seconds between two tries of a refresh that failed
+RETRY = 5.0
 
 _IO_ERRORS = (StorageError, OSError, TimeoutError)
 
@@ -177,13 +183,12 @@ class LeaseKeeper:
     """This process's lease on one versioned store (one per ``VersionedRoot``).
 
     :meth:`pin` and :meth:`write_hold` register a need and return once the
-    lease object says so (written now unless a fresh write already covers it);
-    releases are written lazily (after :data:`LINGER`).
+    lease object says so (written now unless a fresh write already covers it),
+    or raise StorageError; releases are written lazily (after :data:`LINGER`).
+    ``_durable`` is what the lease object is guaranteed to claim: while a write
+    that claims less, or the delete, is in flight, the store may hold either
+    content, so it is the lesser of the two (None during a delete).
     """
-
-    #: a transaction checks that its data objects older than this still exist
-    #: right before its commit record (see the module doc)
-    check_after: float = CHECK_AFTER
 
     def __init__(self, base: KvStore) -> None:
         self.base = base
@@ -200,6 +205,7 @@ class LeaseKeeper:
         self._lock: asyncio.Lock | None = None
         self._refresher: asyncio.Future[None] | None = None
         self._sync_armed = False
+        self._retry = False  # the last refresh failed: the next comes after RETRY
         self.disabled = False  # the store refused a lease write (read-only)
 
     def __repr__(self) -> str:
@@ -281,9 +287,9 @@ class LeaseKeeper:
             self._lock = asyncio.Lock()
         async with self._lock:
             d = self._durable
-            if self._fresh(d) and covered(d):  # type: ignore[arg-type]
+            if self.disabled or (self._fresh(d) and covered(d)):  # type: ignore[arg-type]
                 return
-            await self._write()
+            await self._write(strict=True)
 
     def _body(self) -> tuple[dict[str, Any], frozenset[int], bool]:
         versions = frozenset(self.pinned())
@@ -295,17 +301,32 @@ class LeaseKeeper:
         }
         return body, versions, since is not None
 
-    async def _write(self) -> None:
+    async def _write(self, *, strict: bool) -> None:
+        """Write the lease as the needs are now. ``strict``: a failed write
+        raises StorageError (a registration must not return without its lease);
+        otherwise (a refresh) it is logged and retried after :data:`RETRY`."""
         t0 = time.monotonic()
         body, versions, writing = self._body()
+        d = self._durable
+        if d is not None:
+            # in flight, the store holds the old content or the new: claim only both
+            self._durable = _Durable(d.versions & versions, d.writing and writing, d.at)
         try:
             await self.base.write(self.name, frame(MAGIC_LEASE, body))
         except (ReadOnlyError, UnsupportedError):
-            self.disabled = True
+            self.disabled = True  # nothing can be written here: no writer to protect
             return
         except _IO_ERRORS as e:
-            log.warning("could not write lease %s on %r: %s", self.name, self.base, e)
+            if strict:
+                raise StorageError(
+                    f"could not write lease {self.name!r} on {self.base!r} (garbage collection "
+                    f"would not know this process needs its objects): {e}"
+                ) from e
+            log.warning("could not write lease %s on %r (retrying in %g s): %s",
+                        self.name, self.base, RETRY, e)
+            self._retry = True
             return
+        self._retry = False
         self._durable = _Durable(versions, writing, t0)
         if self._refresher is None:
             self._refresher = asyncio.ensure_future(self._refresh())
@@ -330,21 +351,22 @@ class LeaseKeeper:
                 return
             versions, writing = frozenset(self.pinned()), self.writing_since() is not None
             if not versions and not writing:
+                # nothing counts as durable from here on: a registration arriving
+                # while the delete is in flight waits for the lock and writes anew
+                self._durable = None
                 try:
                     await self.base.delete(self.name)
                 except _IO_ERRORS as e:
                     # harmless: a lease nobody refreshes expires after its TTL
                     log.debug("could not delete lease %s on %r (it expires in %g s): %s",
                               self.name, self.base, TTL, e)
-                    return
-                self._durable = None
             elif refresh or versions != d.versions or writing != d.writing:
-                await self._write()
+                await self._write(strict=False)
 
     async def _refresh(self) -> None:
         try:
             while self._durable is not None:
-                await asyncio.sleep(REFRESH)
+                await asyncio.sleep(RETRY if self._retry else REFRESH)
                 await self._sync(refresh=True)
         finally:
             self._refresher = None
@@ -416,6 +438,13 @@ class Leases:
     protect_from: float | None = None
     live: int = 0
     expired: tuple[str, ...] = ()
+
+    def merge(self, later: Leases) -> Leases:
+        """What two reads of the leases protect together (the expired leases
+        are the later read's: one refreshed in between is live)."""
+        starts = [s for s in (self.protect_from, later.protect_from) if s is not None]
+        return Leases(self.pinned | later.pinned, min(starts) if starts else None,
+                      max(self.live, later.live), later.expired)
 
     def protects(self, mtime: float | None) -> bool:
         """Whether an unreferenced object modified at ``mtime`` belongs to a live writer."""
