@@ -434,7 +434,12 @@ class _Gc:
         self.marked: set[str] = set()
 
     async def run(self) -> GcReport:
+        # The order is the proof of FORMAT.md §9.5: now, the writers' leases,
+        # the listing, the newest version and what it keeps, the readers'
+        # leases, marking, the newest version again; then deletes.
         now, clock = await store_now(self.base)
+        own = get_root(self.base).leases
+        writers = await read_leases(self.base, now, own)
         # list BEFORE finding the newest version: an object written after the
         # listing is never a candidate, whatever commits meanwhile
         listed: dict[str, KeyInfo] = {}
@@ -456,10 +461,12 @@ class _Gc:
                 f"the newest reachable version {newest} (version {newest + 1} is missing); "
                 f"refusing to collect"
             )
-        records = await self._records(newest)
+        records = await self._records(1, newest)
         head = records.get(newest)
         deleted_ranges = head.deleted if head is not None else []
-        leases = await read_leases(self.base, now, get_root(self.base).leases)
+        # readers: their lease, then their check of the retention state; ours:
+        # the retention state, then the leases (one of the two sees the other)
+        leases = writers.merge(await read_leases(self.base, now, own))
         gone = [v for v in sorted(records) if ranges_contain(deleted_ranges, v)]
         pinned = set(leases.pinned) | await _young_successors(
             self.base, gone, now, self.read_grace, commits)
@@ -471,6 +478,19 @@ class _Gc:
         nodes: set[str] = set()
         for rec in kept:  # shared subtrees are walked once (nodes is shared)
             await walk(self.root.load_node, rec.root, nodes, self._mark_entry)
+
+        rules = _Rules(now, self.grace, leases)
+        txn_delete, in_flight = _txns(listed, rules)
+        await asyncio.gather(*(self._mark_fragment(n) for n in in_flight))
+        # versions committed since the newest was read: a fragment found gone
+        # above was merged into one of them, a writer whose lease we read first
+        # may have published its objects there (§9.5)
+        later = await self.root.newest()
+        if later > newest:
+            for rec in (await self._records(newest + 1, later)).values():
+                if rec.changes_ref is not None:
+                    self.marked.add(rec.changes_ref)
+                await walk(self.root.load_node, rec.root, nodes, self._mark_entry)
         self.marked |= nodes
 
         found = Reclaim()
@@ -480,11 +500,7 @@ class _Gc:
                 self.base, self.root, self.root.read_record, head, wm.reclaimed, pinned,
                 kept_nodes=nodes, kept_objects=self.marked,
             )
-        reclaimed = {n for n in found.objects if n in listed}
-
-        rules = _Rules(now, self.grace, leases)
-        txn_delete, in_flight = _txns(listed, rules)
-        await asyncio.gather(*(self._mark_fragment(n) for n in in_flight))
+        reclaimed = {n for n in found.objects if n in listed and n not in self.marked}
 
         to_delete: set[str] = set(reclaimed) | txn_delete
         kept_young: list[str] = []
@@ -549,8 +565,8 @@ class _Gc:
         if isinstance(entry, RefEntry):
             self.marked.add(entry.object)
 
-    async def _records(self, newest: int) -> dict[int, CommitRecord]:
-        """Every commit record; a missing one aborts the collection."""
+    async def _records(self, first: int, last: int) -> dict[int, CommitRecord]:
+        """The commit records ``first..last``; a missing one aborts the collection."""
 
         async def one(v: int) -> CommitRecord:
             async with self.sem:
@@ -558,11 +574,11 @@ class _Gc:
             if rec is None:
                 raise DataCorruptionError(
                     f"gc of versioned store over {self.base!r}: commit record of version {v} "
-                    f"is missing (newest is {newest}); refusing to collect"
+                    f"is missing (newest is {last}); refusing to collect"
                 )
             return rec
 
-        recs = await asyncio.gather(*(one(v) for v in range(1, newest + 1)))
+        recs = await asyncio.gather(*(one(v) for v in range(first, last + 1)))
         return {r.version: r for r in recs}
 
     async def _mark_fragment(self, name: str) -> None:
