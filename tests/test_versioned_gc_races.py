@@ -290,3 +290,49 @@ def test_file_stamps_come_from_the_filesystem_clock(tmp_path: Path, monkeypatch:
     infos = {i.key: i.mtime for i in base.list_info().result(T)}
     assert set(infos) == {"k", "o"}
     assert all(m is not None and abs(now - m) < 60 for m in infos.values()), infos
+
+
+# -- siblings: writes outside a transaction, expired leases refreshed late ---------------------
+def test_a_single_write_whose_data_vanished_before_its_record_is_refused(tmp_path: Path) -> None:
+    inner = FileKvStore(path=str(tmp_path))
+    base = Paused(inner)
+    kv = VersionedKvStore(base)
+    kv.write("a", b"1").result(T)
+
+    async def collector_without_lease() -> None:
+        for name in await inner.list("data/"):
+            await inner.delete(name)
+
+    base.pause("write", "nodes/*", collector_without_lease)  # data written, record not yet
+    with pytest.raises(DataCorruptionError, match="this batch wrote are gone.*nothing was committed"):
+        kv.write("big", os.urandom(300_000)).result(T)
+    assert base.fired
+    assert kv.newest_version().result(T) == 1
+    assert kv.read("big").result(T).state == "missing"
+    assert verify(kv).result(T) == []
+
+
+def test_an_expired_lease_refreshed_while_gc_reads_it_is_not_deleted(tmp_path: Path) -> None:
+    from tensorstore_py.kvstore.versioned.format import frame
+    from tensorstore_py.kvstore.versioned.leases import TTL
+
+    inner = FileKvStore(path=str(tmp_path))
+    kv = VersionedKvStore(inner)
+    kv.write("a", b"1").result(T)
+    name = "leases/" + "78" * 16  # a writer elsewhere whose refresh came late
+    body = {"format": 2, "host": "elsewhere", "pid": 1, "ttl": TTL, "versions": [], "writing": True,
+            "writing_for": 5.0}
+    inner.write(name, frame(MAGIC_LEASE, body)).result(T)
+    old = time.time() - TTL - 60
+    os.utime(tmp_path / name, (old, old))
+
+    async def refresh() -> None:
+        await inner.write(name, frame(MAGIC_LEASE, {**body, "writing_for": 400.0}))
+
+    collector = Paused(FileKvStore(path=str(tmp_path)))
+    # between the listing and the read of its body, the last time the collector reads the leases
+    collector.pause("read", name, refresh, after="read commits/*")
+    rep = gc(collector, grace=0, dry_run=False).result(T)
+    assert collector.fired
+    assert inner.read(name).result(T).state == "value", rep
+    assert rep.expired_leases == () and rep.leases >= 1  # live again

@@ -81,7 +81,7 @@ from tensorstore_py.kvstore.versioned.format import (
     ranges_contain,
     unframe,
 )
-from tensorstore_py.kvstore.versioned.leases import Leases, read_leases, store_now
+from tensorstore_py.kvstore.versioned.leases import Leases, delete_expired, read_leases, store_now
 from tensorstore_py.kvstore.versioned.reclaim import (
     WATERMARK,
     Reclaim,
@@ -384,7 +384,8 @@ async def _reclaim(base: KvStore, grace: float, read_grace: float, sweep_interva
     txns = {i.key: i for i in await base.list_info("txns/") if _TXN_RE.match(i.key)}
     txn_delete, _live = _txns(txns, rules)
     names = set(found.objects) | txn_delete
-    await _delete(base, _order(names) + list(leases.expired))
+    await _delete(base, _order(names))
+    await delete_expired(base, leases)
     if found.versions:
         await update_watermark(base, found.versions)
     sizes = {**{n: txns[n].size for n in txn_delete}, **found.objects}
@@ -523,7 +524,8 @@ class _Gc:
         temporaries = await self._temporaries(now, leases)
         order = _order(to_delete)
         if not self.dry_run:
-            await _delete(self.base, order + stale + list(leases.expired), self.on_delete)
+            await _delete(self.base, order + stale, self.on_delete)
+            await delete_expired(self.base, leases)
             await update_watermark(self.base, found.versions, swept=now)
         return GcReport(
             dry_run=self.dry_run,

@@ -51,15 +51,21 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tensorstore_py.core.errors import DataCorruptionError, ReadOnlyError, StorageError, UnsupportedError
+from tensorstore_py.core.errors import (
+    ConditionFailedError,
+    DataCorruptionError,
+    ReadOnlyError,
+    StorageError,
+    UnsupportedError,
+)
 from tensorstore_py.core.future import get_loop, in_loop_thread, run_sync
 from tensorstore_py.core.pools import at_exit_before_pools
-from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.base import Generation, KeyInfo, KvStore
 from tensorstore_py.kvstore.versioned.format import FORMAT, frame, new_name, unframe
 
 __all__ = [
     "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL",
-    "Hold", "LeaseKeeper", "Leases", "read_leases", "store_now",
+    "Hold", "LeaseKeeper", "Leases", "delete_expired", "read_leases", "store_now",
 ]
 
 log = logging.getLogger("tensorstore_py.kvstore.versioned")
@@ -438,13 +444,15 @@ class Leases:
     protect_from: float | None = None
     live: int = 0
     expired: tuple[str, ...] = ()
+    #: the generation of each expired lease as read (deleted only if unchanged)
+    expired_generations: tuple[Generation, ...] = ()
 
     def merge(self, later: Leases) -> Leases:
         """What two reads of the leases protect together (the expired leases
         are the later read's: one refreshed in between is live)."""
         starts = [s for s in (self.protect_from, later.protect_from) if s is not None]
         return Leases(self.pinned | later.pinned, min(starts) if starts else None,
-                      max(self.live, later.live), later.expired)
+                      max(self.live, later.live), later.expired, later.expired_generations)
 
     def protects(self, mtime: float | None) -> bool:
         """Whether an unreferenced object modified at ``mtime`` belongs to a live writer."""
@@ -475,21 +483,31 @@ async def read_leases(base: KvStore, now: float, own: LeaseKeeper | None) -> Lea
         if i.key != (own.name if own is not None else None) and len(i.key) == len(LEASES_PREFIX) + 32
     ]
 
-    async def body(name: str) -> tuple[bool, dict[str, Any] | None]:
+    async def body(name: str) -> tuple[Generation | None, dict[str, Any] | None]:
         res = await base.read(name)
-        return res.state == "value", _decode(res.value, name) if res.state == "value" else None
+        if res.state != "value":
+            return None, None
+        return res.generation, _decode(res.value, name)
+
+    async def still(info: KeyInfo) -> bool:
+        """Whether ``info`` (listed before its body was read) is still the lease's
+        state now, after the read: then the generation read is the expired one."""
+        again = [i for i in await base.list_info(info.key) if i.key == info.key]
+        return bool(again) and again[0].mtime == info.mtime
 
     live = 0
-    expired: list[str] = []
-    for info, (exists, b) in zip(infos, await asyncio.gather(*(body(i.key) for i in infos))):
-        if not exists:
+    expired: list[tuple[str, Generation]] = []
+    for info, (gen, b) in zip(infos, await asyncio.gather(*(body(i.key) for i in infos))):
+        if gen is None:
             continue  # released meanwhile
         age = None if info.mtime is None else now - info.mtime
         ttl = b.get("ttl") if b is not None else None
         ttl = float(ttl) if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) else TTL
         if age is not None and age > ttl:
-            expired.append(info.key)  # not refreshed in time: the owner is gone
-            continue
+            if await still(info):
+                expired.append((info.key, gen))  # not refreshed in time: the owner is gone
+                continue
+            b = None  # refreshed while we read it: live, content unknown
         if b is not None and owner_gone(b):
             continue  # ignored; the object ages out like any other lease
         live += 1
@@ -501,4 +519,21 @@ async def read_leases(base: KvStore, now: float, own: LeaseKeeper | None) -> Lea
             wf = b.get("writing_for")
             wf = float(wf) if isinstance(wf, (int, float)) else float("inf")
             starts.append(float("-inf") if info.mtime is None else info.mtime - wf - SLACK)
-    return Leases(frozenset(pinned), min(starts) if starts else None, live, tuple(expired))
+    return Leases(frozenset(pinned), min(starts) if starts else None, live,
+                  tuple(n for n, _ in expired), tuple(g for _, g in expired))
+
+
+async def delete_expired(base: KvStore, leases: Leases) -> None:
+    """Delete the expired leases ``leases`` found, each only if unchanged since
+    it was read (an owner that refreshed it late keeps it); stores without
+    conditional deletes delete it anyway (it protected nothing any more)."""
+
+    async def one(name: str, gen: Generation) -> None:
+        try:
+            await base.delete(name, if_equal=gen)
+        except ConditionFailedError:
+            pass  # rewritten by its owner since: live again
+        except UnsupportedError:
+            await base.delete(name)
+
+    await asyncio.gather(*(one(n, g) for n, g in zip(leases.expired, leases.expired_generations)))
