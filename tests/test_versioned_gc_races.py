@@ -336,3 +336,15 @@ def test_an_expired_lease_refreshed_while_gc_reads_it_is_not_deleted(tmp_path: P
     assert collector.fired
     assert inner.read(name).result(T).state == "value", rep
     assert rep.expired_leases == () and rep.leases >= 1  # live again
+
+
+def test_a_reader_whose_lease_can_not_be_written_reads_on(tmp_path: Path) -> None:
+    """Read-only credentials: a pinned snapshot works without a lease."""
+    inner = FileKvStore(path=str(tmp_path))
+    VersionedKvStore(inner).write("a", b"1").result(T)
+    asyncio.run_coroutine_threadsafe(_no_leases(inner), get_loop()).result(T)
+    base = FaultKvStore(inner)
+    base.inject(op="write", key_pattern="leases/*", error=StorageError)
+    snap = VersionedKvStore(base).snapshot(1)
+    assert bytes(snap.read("a").result(T).value) == b"1"
+    assert inner.list("leases/").result(T) == []

@@ -21,14 +21,16 @@ when nothing is left. A lease whose owner is a process of this very machine
 that has exited counts as dead at once (same host name, boot id and pid
 namespace; the pid is gone, a zombie, or another process now).
 
-Registration (:meth:`LeaseKeeper.pin`, :meth:`LeaseKeeper.write_hold`) returns
-only once the lease object on the store says what the caller needs: a lease
-write that fails raises :class:`~tensorstore_py.errors.StorageError` (the
-writer or reader does not start), and a release never races a registration
-(while the lease object is being deleted or rewritten to claim less, nothing
-counts as durable, so a registration in that window waits and writes it
-again). A store that refuses the write as such (read only, or no overwrites)
-gets no lease: nothing can be written there either. The backstop for writers
+A writer's registration (:meth:`LeaseKeeper.write_hold`) returns only once the
+lease object on the store says ``writing``: a lease write that fails raises
+:class:`~tensorstore_py.errors.StorageError` (the writer does not start). A
+release never races a registration: while the lease object is being deleted
+or rewritten to claim less, nothing counts as durable, so a writer or reader
+registering in that window waits and writes it again. A reader's pin
+(:meth:`LeaseKeeper.pin`) is best effort where the write fails (read-only
+credentials are common for readers): it reads on without a lease, and a read
+of a version reclaimed meanwhile raises SnapshotExpiredError, never wrong
+bytes. A store that refuses the write as such (read only) gets no lease. The backstop for writers
 is the commit's own check (``txn.py``): every data object the commit is about
 to reference for the first time must still exist right before its commit
 record, or the commit is refused.
@@ -189,8 +191,9 @@ class LeaseKeeper:
     """This process's lease on one versioned store (one per ``VersionedRoot``).
 
     :meth:`pin` and :meth:`write_hold` register a need and return once the
-    lease object says so (written now unless a fresh write already covers it),
-    or raise StorageError; releases are written lazily (after :data:`LINGER`).
+    lease object says so (written now unless a fresh write already covers it);
+    ``write_hold`` raises StorageError when it can not be written (``pin``
+    logs it and reads on: see the module doc); releases are written lazily (after :data:`LINGER`).
     ``_durable`` is what the lease object is guaranteed to claim: while a write
     that claims less, or the delete, is in flight, the store may hold either
     content, so it is the lesser of the two (None during a delete).
@@ -237,7 +240,7 @@ class LeaseKeeper:
             self._pins[version] += 1
         hold = Hold(self, "pin", version)
         try:
-            await self._ensure(lambda d: version in d.versions)
+            await self._ensure(lambda d: version in d.versions, strict=False)
         except BaseException:
             hold.release()
             raise
@@ -251,7 +254,7 @@ class LeaseKeeper:
             self._writers[key] = (time.monotonic(), alive)
         hold = Hold(self, "writer", key)
         try:
-            await self._ensure(lambda d: d.writing)
+            await self._ensure(lambda d: d.writing, strict=True)
         except BaseException:
             hold.release()
             raise
@@ -285,7 +288,7 @@ class LeaseKeeper:
     def _fresh(self, d: _Durable | None) -> bool:
         return d is not None and time.monotonic() - d.at < TTL / 2
 
-    async def _ensure(self, covered: Callable[[_Durable], bool]) -> None:
+    async def _ensure(self, covered: Callable[[_Durable], bool], *, strict: bool) -> None:
         d = self._durable
         if self.disabled or (self._fresh(d) and covered(d)):  # type: ignore[arg-type]
             return
@@ -295,7 +298,7 @@ class LeaseKeeper:
             d = self._durable
             if self.disabled or (self._fresh(d) and covered(d)):  # type: ignore[arg-type]
                 return
-            await self._write(strict=True)
+            await self._write(strict=strict)
 
     def _body(self) -> tuple[dict[str, Any], frozenset[int], bool]:
         versions = frozenset(self.pinned())
@@ -328,8 +331,7 @@ class LeaseKeeper:
                     f"could not write lease {self.name!r} on {self.base!r} (garbage collection "
                     f"would not know this process needs its objects): {e}"
                 ) from e
-            log.warning("could not write lease %s on %r (retrying in %g s): %s",
-                        self.name, self.base, RETRY, e)
+            log.warning("could not write lease %s on %r: %s", self.name, self.base, e)
             self._retry = True
             return
         self._retry = False
