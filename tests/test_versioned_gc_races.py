@@ -348,3 +348,30 @@ def test_a_reader_whose_lease_can_not_be_written_reads_on(tmp_path: Path) -> Non
     snap = VersionedKvStore(base).snapshot(1)
     assert bytes(snap.read("a").result(T).value) == b"1"
     assert inner.list("leases/").result(T) == []
+
+
+def test_a_coordinator_that_wrote_nothing_keeps_its_nodes_until_its_record(tmp_path: Path) -> None:
+    """Process 0 of a multi-writer transaction that only read writes the merged
+    tree's nodes, then its commit record: a collector running in between (grace
+    0) must not take the nodes (the commit holds a writer lease)."""
+    inner = FileKvStore(path=str(tmp_path))
+    base = Paused(inner)
+    kv = VersionedKvStore(base)
+    kv.write("a", b"1").result(T)
+    txns = [tsp.Transaction(txn_id="reader0", process_index=i, process_count=2, timeout=30) for i in range(2)]
+    assert bytes(kv.with_transaction(txns[0]).read("a").result(T).value) == b"1"
+    reports = []
+
+    async def collect_between_nodes_and_record() -> None:
+        await asyncio.sleep(1.5)  # participant 1's lease is released by now
+        reports.append(await gc(FileKvStore(path=str(tmp_path)), grace=0, dry_run=False))
+
+    base.pause("write", "commits/00000000000000000002", collect_between_nodes_and_record)
+    fut0 = txns[0].commit()
+    kv.with_transaction(txns[1]).write("p1", b"x" * 1000).result(T)
+    txns[1].commit(wait=False).result(T)
+    assert fut0.result(T).version == 2
+    assert reports, "the collector never ran"
+    assert not [n for n in reports[0].deleted if n.startswith("nodes/")], reports[0].summary()
+    assert bytes(kv.read("p1").result(T).value) == b"x" * 1000
+    assert verify(kv).result(T) == []
