@@ -30,10 +30,10 @@ registering in that window waits and writes it again. A reader's pin
 (:meth:`LeaseKeeper.pin`) is best effort where the write fails (read-only
 credentials are common for readers): it reads on without a lease, and a read
 of a version reclaimed meanwhile raises SnapshotExpiredError, never wrong
-bytes. A store that refuses the write as such (read only) gets no lease. The backstop for writers
-is the commit's own check (``txn.py``): every data object the commit is about
-to reference for the first time must still exist right before its commit
-record, or the commit is refused.
+bytes. A store that refuses the write as such (read only) gets no lease. The
+backstop for writers is the commit's own check (``txn.py``): every data object
+the commit is about to reference for the first time must still exist right
+before its commit record, or the commit is refused.
 """
 
 from __future__ import annotations
@@ -193,7 +193,8 @@ class LeaseKeeper:
     :meth:`pin` and :meth:`write_hold` register a need and return once the
     lease object says so (written now unless a fresh write already covers it);
     ``write_hold`` raises StorageError when it can not be written (``pin``
-    logs it and reads on: see the module doc); releases are written lazily (after :data:`LINGER`).
+    logs it and reads on: see the module doc); releases are written lazily
+    (after :data:`LINGER`).
     ``_durable`` is what the lease object is guaranteed to claim: while a write
     that claims less, or the delete, is in flight, the store may hold either
     content, so it is the lesser of the two (None during a delete).
