@@ -168,6 +168,9 @@ def check(h: History) -> list[str]:
         if o.status == "ok" and again is not None and again != o.version:
             out.append(f"applied twice: op {o.id} ({o.kind}) re-run with its txn_id returned version "
                        f"{again}, not {o.version}")
+        if o.status == "ok" and o.extra.get("rerun_error"):
+            out.append(f"txn_id re-run refused: op {o.id} ({o.kind}) re-run with its txn_id after it committed "
+                       f"version {o.version} failed: {o.extra['rerun_error']}")
         if o.status == "fail" and not o.error.startswith("ConflictError") and not o.paused:
             out.append(f"writer error: op {o.id} ({o.kind}) failed with {o.error}")
         if o.status == "fail" and got is not None:

@@ -151,6 +151,14 @@ def op_multi(root: str, res: Path, op: int, rng: random.Random, spec: dict[str, 
     return out
 
 
+def _rerun(fn: Any) -> dict[str, Any]:
+    """Run again what committed (same txn_id): the version it returns, or its error."""
+    try:
+        return {"rerun_version": fn().version}
+    except TensorStoreError as e:
+        return {"rerun_error": f"{type(e).__name__}: {e}"[:300]}
+
+
 def _stager(root: str, res: Path, op: int, p: int, cells: list[int], seed: int) -> None:
     kv = VersionedKvStore(FileKvStore(path=root))
     txn = Transaction()
@@ -186,8 +194,7 @@ def op_staged(root: str, res: Path, op: int, rng: random.Random, spec: dict[str,
     out: dict[str, Any] = {"status": "ok", "version": info.version}
     if spec.get("rerun"):
         parts, _ = _stage_all(root, res, op, rng, cells)
-        again = commit_staged(kv, parts, txn_id=f"h{op}", metadata={"op": op}).result(T)
-        out["extra"] = {"rerun_version": again.version}
+        out["extra"] = _rerun(lambda: commit_staged(kv, parts, txn_id=f"h{op}", metadata={"op": op}).result(T))
     return out
 
 
@@ -211,8 +218,8 @@ def op_dask(root: str, res: Path, op: int, rng: random.Random, spec: dict[str, A
         info = tspd.store(src, ts, txn_id=f"h{op}", metadata={"op": op})
         out: dict[str, Any] = {"status": "ok", "version": info.version}
         if spec.get("rerun"):
-            again = tspd.store(tspd.to_dask(ts) + 1, ts, txn_id=f"h{op}", metadata={"op": op})
-            out["extra"] = {"rerun_version": again.version}
+            out["extra"] = _rerun(lambda: tspd.store(tspd.to_dask(ts) + 1, ts, txn_id=f"h{op}",
+                                                     metadata={"op": op}))
     return out
 
 
@@ -243,8 +250,8 @@ def op_cluster(root: str, res: Path, op: int, rng: random.Random, spec: dict[str
             again = tspd.store(tspd.to_dask(ts) + 1, ts, txn_id=f"h{op}", metadata={"op": op})
             return {"status": "ok", "version": again.version, "extra": {"first_run": repr(e)[:200]}}
         if spec.get("rerun"):
-            again = tspd.store(tspd.to_dask(ts) + 1, ts, txn_id=f"h{op}", metadata={"op": op})
-            out["extra"] = {"rerun_version": again.version}
+            out["extra"] = _rerun(lambda: tspd.store(tspd.to_dask(ts) + 1, ts, txn_id=f"h{op}",
+                                                     metadata={"op": op}))
     return out
 
 
