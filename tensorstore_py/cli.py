@@ -10,7 +10,8 @@
     tensorstore-py gc URL [--grace DURATION] [--apply] [--json]
     tensorstore-py cat URL [ARRAY_PATH] [--index "[0:10, :, 5]"] [--out x.npy] [--step N] [--at N]
     tensorstore-py copy SRC DST [--json]
-    tensorstore-py export ROOT [--step N] DEST [--json]
+    tensorstore-py export ROOT [--step N] DEST [--format zarr3|safetensors] [--max-shard-size BYTES] [--json]
+    tensorstore-py convert ORBAX_RUN DEST [--json]
 
 Exit codes: 0 success; 1 a problem found (``verify``) or the command failed
 (nothing at the URL, a missing step, corrupt data, a store error); 2 a usage
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py import __version__
-from tensorstore_py.commands import checks, export, inspect, maintenance, printers
+from tensorstore_py.commands import checks, export, inspect, interop, maintenance, printers
 from tensorstore_py.commands.errors import describe
 from tensorstore_py.core.future import spawn
 from tensorstore_py.progress import Progress
@@ -151,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("root", help="checkpoint root URL")
     c.add_argument("dest", help="destination URL or folder: empty, or an interrupted export to resume")
     c.add_argument("--step", type=_int, metavar="N", help="checkpoint step (default: the latest)")
+    c.add_argument("--format", choices=("zarr3", "safetensors"), default="zarr3",
+                   help="zarr3 (default): one zarr v3 array per leaf; safetensors: Hugging Face files")
+    c.add_argument("--max-shard-size", type=_int, metavar="BYTES", default=5_000_000_000,
+                   help="safetensors: the most bytes per file (default 5000000000, as transformers)")
+    json_flag(c)
+
+    c = cmd("convert", "turn an Orbax run folder (or one Orbax step) into a checkpoint: one commit per step")
+    c.add_argument("src", help="Orbax run folder or step folder URL")
+    c.add_argument("dest", help="checkpoint root URL or folder (steps it already holds are skipped)")
     json_flag(c)
     return p
 
@@ -234,15 +244,26 @@ def _cmd_copy(a: argparse.Namespace) -> int:
 
 
 def _cmd_export(a: argparse.Namespace) -> int:
+    if a.format == "safetensors":
+        data = _run(interop.export_to_safetensors(a.root, a.step, a.dest, max_shard_bytes=a.max_shard_size))
+        _emit(printers.dump(data) if a.json else printers.export_safetensors(data))
+        return EXIT_OK
     with _progress(a, "export") as bar:
         data = _run(export.export_step(a.root, a.step, a.dest, progress=bar))
     _emit(printers.dump(data) if a.json else printers.export(data))
     return EXIT_OK
 
 
+def _cmd_convert(a: argparse.Namespace) -> int:
+    data = _run(interop.convert(a.src, a.dest))
+    _emit(printers.dump(data) if a.json else printers.convert(data))
+    return EXIT_OK
+
+
 _COMMANDS = {
     "ls": _cmd_ls, "info": _cmd_info, "history": _cmd_history, "diff": _cmd_diff,
     "verify": _cmd_verify, "gc": _cmd_gc, "cat": _cmd_cat, "copy": _cmd_copy, "export": _cmd_export,
+    "convert": _cmd_convert,
 }
 
 

@@ -214,3 +214,13 @@ def export(data: dict[str, Any]) -> str:
     return (f"exported step {data['step']} of {data['root']} -> {data['dest']}: {data['arrays']} zarr v3 "
             f"array(s), {data['scalars']} scalar(s) in the root group's attributes, "
             f"{data['objects']} object(s), {human_size(data['bytes'])}")
+
+
+def export_safetensors(data: dict[str, Any]) -> str:
+    return (f"exported step {data['step']} of {data['root']} -> {data['dest']}: {data['tensors']} tensor(s) "
+            f"in {len(data['files'])} file(s) ({', '.join(data['files'])}), {human_size(data['bytes'])}")
+
+
+def convert(data: dict[str, Any]) -> str:
+    line = f"converted {data['src']} -> {data['dest']}: step(s) {data['converted'] or 'none'}"
+    return line + (f"; already there: {data['skipped']}" if data["skipped"] else "")
