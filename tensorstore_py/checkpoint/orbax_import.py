@@ -248,6 +248,8 @@ def restore_orbax(
 def _restore_item(ts: Any, ctx: Any, item: OrbaxItem, target: Any, cast: bool,
                   max_bytes_in_flight: int, stats: ReadStats) -> Any:
     base = _ts_kvstore(item.kv, item.where)
+    counter = f"/tensorstore/kvstore/{base['driver']}/bytes_read"
+    before = _metric(ts, counter)  # OCDBT manifests, B-tree nodes and array metadata count too
     arrays = [leaf for leaf in item.leaves if leaf.value_type in _ARRAY_TYPES]
     futs = [
         ts.open({
@@ -285,8 +287,6 @@ def _restore_item(ts: Any, ctx: Any, item: OrbaxItem, target: Any, cast: bool,
                 pairs.append((leaf.keys, a.item() if leaf.value_type == "scalar" else a))
         return _tree(pairs)
 
-    counter = f"/tensorstore/kvstore/{base['driver']}/bytes_read"
-    before = _metric(ts, counter)
     out = restore_foreign(f"Orbax checkpoint {item.where}", leaves, read, target, lookup=lookup,
                           build=build, cast=cast)
     stats.bytes_read += _metric(ts, counter) - before

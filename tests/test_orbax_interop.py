@@ -1,0 +1,94 @@
+"""Orbax checkpoints written by orbax-checkpoint itself, restored by tensorstore_py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("orbax.checkpoint")
+pytest.importorskip("tensorstore")
+
+import tensorstore_py as tsp
+from tensorstore_py.cli import main
+from tensorstore_py.core.errors import UnsupportedError
+
+WORKER = str(Path(__file__).with_name("orbax_worker.py"))
+pytestmark = pytest.mark.timeout(300)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(n: int, root: Path) -> list[dict]:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    port = str(_free_port())
+    outs = [root / f"out-{i}.json" for i in range(n)]
+    procs = [subprocess.Popen([sys.executable, WORKER, str(i), str(n), port, str(root / "ckpt"), str(outs[i])],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(n)]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=240)[0].decode(errors="replace"))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, f"worker failed ({p.returncode}):\n{log[-4000:]}"
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def test_single_process_orbax_checkpoints_restore_bit_for_bit(tmp_path: Path) -> None:
+    (report,) = _run(1, tmp_path)
+    assert report["steps"] == [2, 3]  # CheckpointManager(max_to_keep=2) kept the newest two
+    assert report["bytes_needed"] == 16 * 8 * 4 + 8 * 16 * 2 + 24 * 6 * 4 + 9 * 8 + 8
+    # convert the run into a checkpoint root: one commit per step, resumable
+    ck = tmp_path / "ckpt"
+    assert main(["convert", str(ck / "run"), str(tmp_path / "tsp")]) == 0
+    mgr = tsp.CheckpointManager(f"file://{tmp_path}/tsp/")
+    assert mgr.all_steps() == [2, 3]
+    back = mgr.restore(2)
+    plain = tsp.checkpoint.restore(str(ck / "run"), step=2)
+    assert back["step"] == plain["step"] == 7
+    for a, b in ((back["params"]["w"], plain["params"]["w"]), (back["odd"], plain["odd"]),
+                 (back["params"]["e"], plain["params"]["e"])):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    assert main(["convert", str(ck / "run"), str(tmp_path / "tsp"), "--json"]) == 0
+
+
+@pytest.mark.slow
+def test_two_process_orbax_checkpoints_restore_in_another_sharding(tmp_path: Path) -> None:
+    reports = _run(2, tmp_path)
+    for r in reports:
+        assert r["devices"] == 8 and r["steps"] == [2, 3]
+        # rows split across the processes: each needs half of each sharded array
+        assert r["bytes_needed"] < 16 * 8 * 4 + 8 * 16 * 2 + 24 * 6 * 4 + 9 * 8 + 8
+
+
+def test_unsupported_orbax_items_are_named(tmp_path: Path) -> None:
+    step = tmp_path / "5"
+    step.mkdir()
+    (step / "_CHECKPOINT_METADATA").write_text(json.dumps(
+        {"item_handlers": {"state": "orbax.checkpoint._src.handlers.json_checkpoint_handler.JsonCheckpointHandler"}}))
+    with pytest.raises(UnsupportedError, match="item 'state' was written by JsonCheckpointHandler"):
+        tsp.checkpoint.restore(str(step))
+    with pytest.raises(UnsupportedError, match="JsonCheckpointHandler"):
+        tsp.CheckpointManager(str(tmp_path)).restore()
+    item = tmp_path / "item"
+    item.mkdir()
+    (item / "_METADATA").write_text(json.dumps({"tree_metadata": {"('x',)": {
+        "key_metadata": [{"key": "x", "key_type": 2}],
+        "value_metadata": {"value_type": "my.CustomThing", "skip_deserialize": False}}}, "use_ocdbt": True}))
+    with pytest.raises(UnsupportedError, match="leaf x was written by a custom Orbax type handler"):
+        tsp.checkpoint.restore(str(item))
+    assert np.int64(1) == 1
