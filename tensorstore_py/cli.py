@@ -38,6 +38,7 @@ import numpy as np
 from tensorstore_py import __version__
 from tensorstore_py.commands import checks, export, inspect, interop, maintenance, printers
 from tensorstore_py.commands.errors import describe
+from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import spawn
 from tensorstore_py.progress import Progress
 
@@ -174,14 +175,31 @@ def _emit(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+def _orbax_or(native: Any, orbax: Any) -> Any:
+    """The native command's data (``native()``); for a folder that is none of ours,
+    the Orbax view of it (``orbax()``) when it is an Orbax run or step."""
+    try:
+        data = _run(native())
+    except (NotFoundError, InvalidArgumentError) as e:  # not ours: a folder given --step, nothing
+        found = _run(orbax())
+        if found is None:
+            raise e from None
+        return found
+    if data.get("kind") != "folder" or data.get("arrays"):
+        return data
+    found = _run(orbax())
+    return data if found is None else found
+
+
 def _cmd_ls(a: argparse.Namespace) -> int:
-    data = _run(inspect.ls(a.url, version=a.at_version))
+    data = _orbax_or(lambda: inspect.ls(a.url, version=a.at_version), lambda: interop.orbax_ls(a.url))
     _emit(printers.dump(data) if a.json else printers.ls(data))
     return EXIT_OK
 
 
 def _cmd_info(a: argparse.Namespace) -> int:
-    data = _run(inspect.info(a.url, step=a.step, version=a.at_version))
+    data = _orbax_or(lambda: inspect.info(a.url, step=a.step, version=a.at_version),
+                     lambda: interop.orbax_info(a.url, a.step))
     _emit(printers.dump(data) if a.json else printers.info(data))
     return EXIT_OK
 
@@ -224,7 +242,12 @@ def _cmd_gc(a: argparse.Namespace) -> int:
 
 
 def _cmd_cat(a: argparse.Namespace) -> int:
-    arr = _run(export.cat(a.url, a.array, index=a.index, step=a.step, version=a.at_version))
+    try:
+        arr = _run(export.cat(a.url, a.array, index=a.index, step=a.step, version=a.at_version))
+    except NotFoundError as e:  # an Orbax step's array?
+        arr = _run(interop.orbax_cat(a.url, a.array, index=a.index, step=a.step))
+        if arr is None:
+            raise e from None
     if a.out:
         np.save(a.out, arr, allow_pickle=False)
         sys.stderr.write(f"wrote {a.out}: {arr.dtype} {list(arr.shape)}\n")

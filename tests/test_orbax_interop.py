@@ -92,3 +92,32 @@ def test_unsupported_orbax_items_are_named(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedError, match="leaf x was written by a custom Orbax type handler"):
         tsp.checkpoint.restore(str(item))
     assert np.int64(1) == 1
+
+
+def test_cli_lists_describes_and_prints_orbax_steps(tmp_path: Path, capsys) -> None:
+    (tmp_path / "x").mkdir()
+    script = (
+        "import numpy as np, orbax.checkpoint as ocp\n"
+        "tree = {'params': {'w': np.arange(12, dtype=np.float32).reshape(3, 4)}, 'n': np.arange(3)}\n"
+        f"m = ocp.CheckpointManager({str(tmp_path / 'run')!r})\n"
+        "for s in (4, 9):\n"
+        "    m.save(s, args=ocp.args.StandardSave(tree))\n"
+        "m.wait_until_finished(); m.close()\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True, timeout=240)
+    run = str(tmp_path / "run")
+    capsys.readouterr()
+    assert main(["ls", run, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kind"] == "orbax run" and [s["step"] for s in data["steps"]] == [4, 9]
+    assert all(s["items"] == ["default"] for s in data["steps"])
+    assert main(["info", run, "--step", "4", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["step"] == 4
+    assert {(a["path"], tuple(a["shape"]), a["dtype"]) for a in info["arrays"]} == {
+        ("['params']['w']", (3, 4), "float32"), ("['n']", (3,), "int64")}
+    assert main(["cat", run, "params.w", "--index", "[1:3, 2]", "--out", str(tmp_path / "x" / "w.npy")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "x" / "w.npy"), np.array([6.0, 10.0], np.float32))
+    assert main(["cat", run, "['params']['nope']"]) == 1
+    assert "no Orbax array" in capsys.readouterr().err

@@ -245,11 +245,11 @@ def restore_orbax(
     }
 
 
-def _restore_item(ts: Any, ctx: Any, item: OrbaxItem, target: Any, cast: bool,
-                  max_bytes_in_flight: int, stats: ReadStats) -> Any:
+def open_arrays(item: OrbaxItem, ctx: Any = None) -> list[tuple[OrbaxLeaf, Any]]:
+    """The array leaves of ``item`` opened (concurrently) as read-only TensorStore arrays."""
+    ts = _tensorstore()
+    ctx = ctx if ctx is not None else ts.Context({"cache_pool": {"total_bytes_limit": 64 << 20}})
     base = _ts_kvstore(item.kv, item.where)
-    counter = f"/tensorstore/kvstore/{base['driver']}/bytes_read"
-    before = _metric(ts, counter)  # OCDBT manifests, B-tree nodes and array metadata count too
     arrays = [leaf for leaf in item.leaves if leaf.value_type in _ARRAY_TYPES]
     futs = [
         ts.open({
@@ -262,9 +262,20 @@ def _restore_item(ts: Any, ctx: Any, item: OrbaxItem, target: Any, cast: bool,
     opened = []
     for leaf, fut in zip(arrays, futs):
         try:
-            opened.append(fut.result())
+            opened.append((leaf, fut.result()))
         except Exception as e:  # TensorStore raises ValueError for a missing or bad array
             raise DataCorruptionError(f"{item.where}: array {leaf.name!r} can not be opened: {e}") from None
+    return opened
+
+
+def _restore_item(ts: Any, ctx: Any, item: OrbaxItem, target: Any, cast: bool,
+                  max_bytes_in_flight: int, stats: ReadStats) -> Any:
+    base = _ts_kvstore(item.kv, item.where)
+    counter = f"/tensorstore/kvstore/{base['driver']}/bytes_read"
+    before = _metric(ts, counter)  # OCDBT manifests, B-tree nodes and array metadata count too
+    pairs = open_arrays(item, ctx)
+    arrays = [leaf for leaf, _a in pairs]
+    opened = [a for _leaf, a in pairs]
     leaves = [ForeignLeaf(leaf.name, tuple(a.shape), np.dtype(a.dtype.numpy_dtype)) for leaf, a in zip(arrays, opened)]
     by_path = {leaf.path: i for i, leaf in enumerate(arrays)}
     by_name = {leaf.name: i for i, leaf in enumerate(arrays)}

@@ -94,6 +94,12 @@ def ls(data: dict[str, Any]) -> str:
                  v["message"]] for v in data["versions"]]
         out.append(format_table(["VERSION", "TIME", "KIND", "KEYS", "WRITTEN", "WRITE-ID", "TAGS",
                                  "MESSAGE"], rows, right=[0, 3, 4]) if rows else "(no versions)")
+    elif data["kind"] == "orbax run":
+        rows = [[s["step"], human_time(s["time"]), ",".join(s["items"]) or "-", _metrics(s["metrics"])]
+                for s in data["steps"]]
+        out.append(format_table(["STEP", "TIME", "ITEMS", "METRICS"], rows, right=[0]))
+    elif data["kind"] == "orbax step":
+        out.append("items: " + (", ".join(i or "(the step itself)" for i in data["items"])))
     else:
         out.append(_arrays_table(data["arrays"], detail=False))
     return "\n".join(out)
