@@ -52,6 +52,7 @@ def test_single_process_orbax_checkpoints_restore_bit_for_bit(tmp_path: Path) ->
     (report,) = _run(1, tmp_path)
     assert report["steps"] == [2, 3]  # CheckpointManager(max_to_keep=2) kept the newest two
     assert report["bytes_needed"] == 16 * 8 * 4 + 8 * 16 * 2 + 24 * 6 * 4 + 9 * 8 + 8
+    assert report["st_bytes_read"] == report["st_bytes_needed"] == report["st_bytes_total"]
     # convert the run into a checkpoint root: one commit per step, resumable
     ck = tmp_path / "ckpt"
     assert main(["convert", str(ck / "run"), str(tmp_path / "tsp")]) == 0
@@ -73,6 +74,10 @@ def test_two_process_orbax_checkpoints_restore_in_another_sharding(tmp_path: Pat
         assert r["devices"] == 8 and r["steps"] == [2, 3]
         # rows split across the processes: each needs half of each sharded array
         assert r["bytes_needed"] < 16 * 8 * 4 + 8 * 16 * 2 + 24 * 6 * 4 + 9 * 8 + 8
+        # safetensors: each process needs, and reads, half of every tensor
+        assert r["st_bytes_needed"] * 2 == r["st_bytes_total"]
+        assert r["st_bytes_needed"] <= r["st_bytes_read"] <= 1.1 * r["st_bytes_needed"]
+    print(reports)
 
 
 def test_unsupported_orbax_items_are_named(tmp_path: Path) -> None:
