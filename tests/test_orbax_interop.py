@@ -126,3 +126,28 @@ def test_cli_lists_describes_and_prints_orbax_steps(tmp_path: Path, capsys) -> N
     np.testing.assert_array_equal(np.load(tmp_path / "x" / "w.npy"), np.array([6.0, 10.0], np.float32))
     assert main(["cat", run, "['params']['nope']"]) == 1
     assert "no Orbax array" in capsys.readouterr().err
+
+
+def test_orbax_step_on_s3(tmp_path: Path, s3_server) -> None:
+    script = (
+        "import numpy as np, orbax.checkpoint as ocp\n"
+        "c = ocp.StandardCheckpointer()\n"
+        f"c.save({str(tmp_path / 'std')!r}, {{'w': np.arange(6, dtype=np.float32), 'k': np.int32(3) * np.ones((2, 2), np.int32)}})\n"
+        "c.wait_until_finished()\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                   capture_output=True, timeout=240)
+    bucket = s3_server.create_bucket()
+    kv = tsp.KvStore.open(s3_server.spec(bucket, path="run/7/")).result()
+    for f in (tmp_path / "std").rglob("*"):
+        if f.is_file():
+            kv.write(str(f.relative_to(tmp_path / "std")), f.read_bytes()).result()
+    out = tsp.checkpoint.restore(kv)
+    assert out["w"].tobytes() == np.arange(6, dtype=np.float32).tobytes()
+    assert out["k"].dtype == np.int32 and out["k"].tolist() == [[3, 3], [3, 3]]
+    with pytest.raises(UnsupportedError, match="'memory' store"):
+        mem = tsp.KvStore.open("memory://orbax/").result()
+        for f in (tmp_path / "std").rglob("*"):
+            if f.is_file():
+                mem.write(str(f.relative_to(tmp_path / "std")), f.read_bytes()).result()
+        tsp.checkpoint.restore(mem)

@@ -152,3 +152,19 @@ def test_export_step_reads_back_with_load_file(tmp_path: Path, capsys) -> None:
     # refuses to overwrite an export
     assert main(["export", str(tmp_path / "ck"), str(tmp_path / "one"), "--format", "safetensors"]) != 0
     assert math.prod(one["params.w"].shape) == 64 * 48
+
+
+def test_s3_folder_and_file_restore_through_our_store(tmp_path: Path, s3_server) -> None:
+    ref = _hf_folder(tmp_path / "hf")
+    bucket = s3_server.create_bucket()
+    kv = tsp.KvStore.open(s3_server.spec(bucket, path="models/hf/")).result()
+    for f in (tmp_path / "hf").iterdir():
+        kv.write(f.name, f.read_bytes()).result()
+    out = tsp.checkpoint.restore(kv)
+    assert sorted(out) == sorted(ref)
+    for k in ref:
+        _same(out[k], ref[k])
+    stats = ReadStats()
+    part = tsp.checkpoint.restore_safetensors(kv, target={"ids": np.zeros((3, 4), np.int64)}, stats=stats)
+    _same(part["ids"], ref["ids"])
+    assert stats.bytes_read == stats.bytes_needed == ref["ids"].nbytes  # one tensor's bytes, nothing else

@@ -179,8 +179,8 @@ def _ts_kvstore(kv: KvStore, where: str) -> Any:
         return {"driver": "file", "path": spec.get("path", "")}
     if drv == "s3":
         out = {"driver": "s3", "bucket": spec["bucket"], "path": spec.get("path", "")}
-        if spec.get("endpoint"):
-            out["endpoint"] = spec["endpoint"]
+        if spec.get("endpoint_url"):
+            out["endpoint"] = spec["endpoint_url"]
         if spec.get("region"):
             out["aws_region"] = spec["region"]
         return out
