@@ -212,17 +212,19 @@ class CheckpointManager:
         """Restore ``step`` (default: the latest); see :func:`tensorstore_py.checkpoint.restore`
         (a target leaf of another dtype needs ``cast=True``). Over an Orbax run folder
         it reads the Orbax step (read-only)."""
-        if not run_sync(self._root.store.list_steps()):
+        try:
+            return self._root.restore(
+                step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
+                cast=cast, assemble=assemble,
+            )
+        except NotFoundError:  # no such native step: an Orbax run folder?
             found, tree = restore_foreign_root(
                 None, self._root.kv, step if step is not None else self.latest_step(), target,
                 cast=cast, max_bytes_in_flight=max_bytes_in_flight, stats=stats,
             )
-            if found:
-                return tree
-        return self._root.restore(
-            step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
-            cast=cast, assemble=assemble,
-        )
+            if not found:
+                raise
+            return tree
 
     def delete(self, step: int) -> None:
         """Delete ``step`` now: one commit unpublishes it, then its bytes are freed."""

@@ -49,8 +49,8 @@ async def export_safetensors(
     ``model-0000i-of-0000n.safetensors`` files plus ``model.safetensors.index.json``
     when it exceeds ``max_shard_bytes``. Tensor names are the leaves' dotted paths
     (``['params']['w']`` -> ``params.w``); Python scalars go to ``__metadata__`` as
-    JSON. Memory: one file at a time. Each file is one whole-value write (atomic on
-    every store); the index is written last, with create-only writes throughout, so
+    JSON. One file at a time: memory peaks near twice the largest file. Each file
+    is one whole-value write (atomic on every store); the index is written last, with create-only writes throughout, so
     an existing export is refused (ConditionFailedError) rather than mixed.
     """
     if max_shard_bytes < 1:
