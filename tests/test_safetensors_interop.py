@@ -168,3 +168,24 @@ def test_s3_folder_and_file_restore_through_our_store(tmp_path: Path, s3_server)
     part = tsp.checkpoint.restore_safetensors(kv, target={"ids": np.zeros((3, 4), np.int64)}, stats=stats)
     _same(part["ids"], ref["ids"])
     assert stats.bytes_read == stats.bytes_needed == ref["ids"].nbytes  # one tensor's bytes, nothing else
+
+
+def test_cut_or_inconsistent_files_are_data_corruption_naming_the_file(tmp_path: Path) -> None:
+    from tensorstore_py.core.errors import DataCorruptionError
+
+    ref = _tensors()
+    st.save_file(ref, str(tmp_path / "m.safetensors"))
+    raw = (tmp_path / "m.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(raw[:-10])  # the last tensor's bytes cut short
+    with pytest.raises(DataCorruptionError, match=r"cut.safetensors: tensor '.*' cut short \(read \d+ bytes of \d+\)"):
+        tsp.checkpoint.restore(str(tmp_path / "cut.safetensors"))
+    (tmp_path / "head.safetensors").write_bytes(raw[:20])
+    with pytest.raises(DataCorruptionError, match="head.safetensors: safetensors header of .* cut short"):
+        tsp.checkpoint.restore(str(tmp_path / "head.safetensors"))
+    hf = _hf_folder(tmp_path / "hf")
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    index["weight_map"]["ghost"] = "model-00001-of-00002.safetensors"
+    (tmp_path / "hf" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(DataCorruptionError, match="names 'ghost' in 'model-00001-of-00002.safetensors'"):
+        tsp.checkpoint.restore(str(tmp_path / "hf"))
+    assert hf
