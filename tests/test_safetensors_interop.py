@@ -154,10 +154,12 @@ def test_export_step_reads_back_with_load_file(tmp_path: Path, capsys) -> None:
     assert math.prod(one["params.w"].shape) == 64 * 48
 
 
-def test_s3_folder_and_file_restore_through_our_store(tmp_path: Path, s3_server) -> None:
+@pytest.mark.parametrize("server", ["s3_server", "gcs_emulator"])
+def test_object_store_folder_restores_through_our_store(tmp_path: Path, server: str, request) -> None:
     ref = _hf_folder(tmp_path / "hf")
-    bucket = s3_server.create_bucket()
-    kv = tsp.KvStore.open(s3_server.spec(bucket, path="models/hf/")).result()
+    srv = request.getfixturevalue(server)
+    bucket = srv.create_bucket()
+    kv = tsp.KvStore.open(srv.spec(bucket, path="models/hf/")).result()
     for f in (tmp_path / "hf").iterdir():
         kv.write(f.name, f.read_bytes()).result()
     out = tsp.checkpoint.restore(kv)
