@@ -26,7 +26,7 @@ import dask.array as da
 
 import tensorstore_py as tsp
 import tensorstore_py.dask as tspd
-from tensorstore_py.errors import ConflictError, DataCorruptionError
+from tensorstore_py.errors import ConflictError, DataCorruptionError, InvalidArgumentError
 from tensorstore_py.kvstore.versioned import staging
 from tensorstore_py.kvstore.versioned.format import commit_name
 from tensorstore_py.kvstore.versioned.leases import LINGER
@@ -259,3 +259,18 @@ def test_to_dask_of_a_live_view_leases_the_version_it_pins(cluster: Any, tmp_pat
     _retire(url, kv, v)
     np.testing.assert_array_equal(cluster.compute(arr).result(timeout=60), data)
     np.testing.assert_array_equal(arr.compute(scheduler="threads"), data)
+
+
+def test_a_txn_id_reused_for_other_keys_is_refused(tmp_path: Path) -> None:
+    kv = tsp.KvStore.open(f"versioned+file://{tmp_path}/").result()
+
+    def part(k: str) -> Any:
+        txn = tsp.Transaction()
+        kv.with_transaction(txn).write(k, b"v").result()
+        return stage(txn, kv).result()
+
+    first = commit_staged(kv, [part("a")], txn_id="job-1").result()
+    assert commit_staged(kv, [part("a")], txn_id="job-1").result().version == first.version
+    with pytest.raises(InvalidArgumentError, match="must not be reused"):
+        commit_staged(kv, [part("b")], txn_id="job-1").result()
+    assert kv.newest_version().result() == first.version and kv.list().result() == ["a"]

@@ -41,8 +41,9 @@ Guarantees:
 * With ``txn_id``, the id commits at most once, whatever the parts and their
   base versions: a later call with that id (a retried commit task, parts
   recomputed from a newer version, a job run again) commits nothing and
-  returns the version the id committed, and concurrent calls make one
-  version. This uses the transaction-id objects of multi-writer commits
+  returns the version the id committed, provided that version changed exactly
+  the keys the parts stage (else InvalidArgumentError: ids must not be
+  reused); concurrent calls make one version. This uses the transaction-id objects of multi-writer commits
   (``txns/<txn_id>/attempts/<k>`` before the commit, ``txns/<txn_id>/result``
   after it; docs/FORMAT.md §7), so one id is also shared with multi-writer
   transactions. An id is remembered until garbage collection ages out its
@@ -238,6 +239,19 @@ def _info(rec: CommitRecord, keys_changed: int = 0) -> CommitInfo:
                       keys_changed=keys_changed)
 
 
+async def _earlier(root: VersionedRoot, rec: CommitRecord, changes: list[Change], txn_id: str) -> CommitInfo:
+    """The info of ``rec``, the commit of ``txn_id``, if it committed the keys of ``changes``
+    (a recomputed job stages the same keys, with new data objects)."""
+    keys = sorted(await root.changed_keys(rec))
+    if keys != [k for k, _ in changes]:
+        raise InvalidArgumentError(
+            f"commit_staged: transaction id {txn_id!r} already committed version {rec.version} of "
+            f"{root.base!r}, with other keys ({len(keys)}, e.g. {keys[:3]}) than these parts stage "
+            f"({len(changes)}, e.g. {[k for k, _ in changes[:3]]}); transaction ids must not be reused"
+        )
+    return _info(rec)
+
+
 async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Transaction) -> CommitInfo:
     objects = sorted({e.object for _, e in changes if isinstance(e, RefEntry)})
 
@@ -255,7 +269,7 @@ async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Tr
     got = await open_attempt(root, txn)  # None of it committed: an attempt, else its commit
     if isinstance(got, CommitRecord):
         await _cleanup(root, txn.txn_id)
-        return _info(got)
+        return await _earlier(root, got, changes, txn.txn_id)
     try:
         # a version above the attempt's ``since`` (or the parts' base) that carries
         # the id is its commit: AlreadyCommitted instead of a second one
@@ -264,7 +278,7 @@ async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Tr
     except AlreadyCommitted as e:
         await _announce(root, txn, got, _success(e.rec))
         await _cleanup(root, txn.txn_id)
-        return _info(e.rec)
+        return await _earlier(root, e.rec, changes, txn.txn_id)
     except TensorStoreError as e:
         await _announce(root, txn, got, _failure(e))
         raise
