@@ -274,3 +274,19 @@ def test_a_txn_id_reused_for_other_keys_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="must not be reused"):
         commit_staged(kv, [part("b")], txn_id="job-1").result()
     assert kv.newest_version().result() == first.version and kv.list().result() == ["a"]
+
+
+def test_an_open_array_view_of_a_checkpoint_reads_in_worker_processes(tmp_path: Path) -> None:
+    from tensorstore_py.checkpoint.api import leaf_paths, open_array, save
+
+    url = f"versioned+file://{tmp_path}/"
+    w = np.arange(64.0).reshape(8, 8)
+    save(url, {"w": w}, step=1).result()
+    view = open_array(url, leaf_paths(url).result()[0]).result()  # leased, described by the manifest
+    save(url, {"w": w * 0}, step=2).result()
+    kv = tsp.KvStore.open(url).result()
+    _retire(url, kv, view.kvstore.version)
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=spawn) as pool:
+        np.testing.assert_array_equal(tspd.to_dask(view[::-1]).compute(scheduler="processes", pool=pool),
+                                      w[::-1])
