@@ -6,11 +6,14 @@ versioned store, then :func:`stage` makes its data durable and returns the
 changes (key -> index entry; small and picklable) *instead of committing*. One
 process then commits every task's changes together with :func:`commit_staged`::
 
-    txn = tsp.Transaction()
+    hold = protect(kv).result()                # the driving process, first
+    txn = tsp.Transaction()                    # then in each task:
+    read_from(txn, kv, base).result()          # (optional) the version the job read
     kv.with_transaction(txn).write("a/c/0", chunk).result()
     part = stage(txn, kv).result()             # data durable, nothing visible
     ...                                        # parts travel as task results
     commit_staged(kv, parts, txn_id="ingest-7").result()   # ONE new version
+    hold.release()
 
 Guarantees:
 
