@@ -147,15 +147,15 @@ def _block_once_then_wait(x: np.ndarray, block_info: Any = None, *, marks: str =
     return np.full(x.shape, 7, dtype="uint16")
 
 
-@pytest.fixture
-def one_worker() -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
     # one worker process: when it dies, every staged result is lost and recomputed
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
                                   dashboard_address=None) as c, distributed.Client(c) as client:
         yield client
 
 
-def test_a_worker_dying_after_the_commit_landed_does_not_commit_twice(one_worker: Any, tmp_path: Path) -> None:
+def test_a_worker_dying_after_the_commit_landed_does_not_commit_twice(cluster: Any, tmp_path: Path) -> None:
     url = f"versioned+file://{tmp_path}/v/"
     ts = tsp.open(url, create=True, shape=(8,), dtype="uint16", chunks=(4,)).result()
     kv = ts.kvstore
@@ -167,7 +167,7 @@ def test_a_worker_dying_after_the_commit_landed_does_not_commit_twice(one_worker
     }}}).result()
     src = da.zeros((8,), dtype="uint16", chunks=4).map_blocks(
         _block_once_then_wait, dtype="uint16", marks=str(tmp_path))
-    job = one_worker.compute(tspd.store(src, crashing, compute=False, txn_id="ingest-7"))
+    job = cluster.compute(tspd.store(src, crashing, compute=False, txn_id="ingest-7"))
     deadline = time.monotonic() + 120
     while kv.newest_version().result() == before:  # the commit landed; its worker is dead
         assert time.monotonic() < deadline and not job.done()
@@ -215,13 +215,6 @@ def test_an_in_place_update_conflicts_with_a_change_after_its_read(tmp_path: Pat
 
 
 # -- 7. leased snapshots read in every scheduler ---------------------------------------------------------
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as c, distributed.Client(c) as client:
-        yield client
-
-
 def _retire(url: str, kv: Any, version: int) -> None:
     """Retention deletes ``version`` and a collector without grace reclaims what it can."""
     kv.delete_versions([version]).result()
