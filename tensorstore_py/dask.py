@@ -47,11 +47,13 @@ every Dask scheduler, since views pickle as their spec (threads, processes,
       that a version after it changed fails the commit with ConflictError
       (``store(to_dask(v) + 1, v)`` never overwrites a concurrent change).
     * The process that calls :func:`store` holds a writer lease from then until
-      the commit ends (``compute=True``) or the returned object is garbage
-      collected (``compute=False``); garbage collection in any process keeps
-      the staged data meanwhile (the lease expires a lease TTL after that
-      process dies), and the commit refuses (DataCorruptionError, nothing
-      visible) to publish a staged data object that is gone.
+      the commit ends (``compute=True``), or, with ``compute=False``, until the
+      commit's outcome is recorded in the store (looked up every few seconds;
+      a graph that fails before its commit task keeps it until this process
+      exits); garbage collection in any process keeps the staged data
+      meanwhile (the lease expires a lease TTL after that process dies), and
+      the commit refuses (DataCorruptionError, nothing visible) to publish a
+      staged data object that is gone.
     * The commit carries a transaction id (``txn_id``), which commits at most
       once: a re-run commit task, tasks recomputed after the commit landed, or
       ``store`` called again with the same ``txn_id`` return the version it
@@ -68,7 +70,6 @@ from __future__ import annotations
 import itertools
 import re
 import uuid
-import weakref
 from typing import Any, Literal
 
 import numpy as np
@@ -83,6 +84,7 @@ from tensorstore_py.kvstore.versioned.staging import (
     history_id,
     protect,
     read_from,
+    release_when_decided,
     stage,
 )
 from tensorstore_py.tensorstore import TensorStore
@@ -261,8 +263,8 @@ def store(
     ``message`` and ``metadata`` go into the commit record. Argument errors
     (shape, dtype, alignment, a read-only view) are raised here, before any task
     runs. On a versioned store, this process holds a writer lease for the
-    staged data until the commit ends (``compute=False``: until the returned
-    object is garbage collected); see the module doc.
+    staged data until the commit ends (``compute=False``: until its outcome is
+    recorded in the store); see the module doc.
     """
     if not isinstance(view, TensorStore):
         raise InvalidArgumentError(f"store needs a TensorStore view, got {type(view).__name__}")
@@ -302,7 +304,8 @@ def store(
     # the staged data outlives each task's transaction: this process's lease keeps it
     hold = protect(kv).result()  # type: ignore[arg-type]
     if not compute:
-        weakref.finalize(final, hold.release)
+        # whoever computes it, and wherever: held until the commit's outcome is in the store
+        release_when_decided(kv, txn_id, hold)  # type: ignore[arg-type]
         return final
     try:
         return final.compute()

@@ -104,6 +104,35 @@ def test_staged_data_outlives_a_collector_without_grace_until_the_commit(tmp_pat
     np.testing.assert_array_equal(ts.read().result(), (np.arange(2 * n) % 65521).astype("uint16"))
 
 
+def _block_after_go(x: np.ndarray, block_info: Any = None, *, go: str = "") -> np.ndarray:
+    lo = block_info[None]["array-location"][0][0]
+    if lo:
+        _wait_for(Path(go))
+    return (np.arange(lo, lo + len(x)) % 65521).astype("uint16")
+
+
+def test_a_delayed_ingest_on_a_cluster_keeps_its_staged_data_until_the_commit(cluster: Any, tmp_path: Path) -> None:
+    url = f"versioned+file://{tmp_path}/s/"
+    n = 4096
+    ts = tsp.open(url, create=True, shape=(2 * n,), dtype="uint16", chunks=(n,)).result()
+    kv = ts.kvstore
+    objects = len(kv.base.list("data/").result())
+    src = da.zeros((2 * n,), dtype="uint16", chunks=n).map_blocks(
+        _block_after_go, dtype="uint16", go=str(tmp_path / "go"))
+    job = cluster.compute(tspd.store(src, ts, compute=False, txn_id="ingest-2"))  # the Delayed is gone
+    deadline = time.monotonic() + 60
+    while len(kv.base.list("data/").result()) == objects:  # block 0 is staged on the worker
+        assert time.monotonic() < deadline and not job.done()
+        time.sleep(0.01)
+    _settle_leases()
+    report = _gc_elsewhere(url)
+    (tmp_path / "go").touch()
+    info = job.result(timeout=120)
+    assert not [n for n in report["deleted"] if n.startswith("data/")]
+    assert info.version == kv.newest_version().result()
+    np.testing.assert_array_equal(ts.read().result(), (np.arange(2 * n) % 65521).astype("uint16"))
+
+
 def test_commit_staged_refuses_parts_whose_data_was_collected(tmp_path: Path) -> None:
     url = f"versioned+file://{tmp_path}/"
     kv = tsp.KvStore.open(url).result()

@@ -55,6 +55,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Iterable
@@ -67,6 +68,7 @@ from tensorstore_py.kvstore.ids import check_id
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.data import require_present
 from tensorstore_py.kvstore.versioned.format import CommitRecord, RefEntry, decode_entry
+from tensorstore_py.kvstore.versioned.fragments import result_name, txn_prefix
 from tensorstore_py.kvstore.versioned.leases import Hold
 from tensorstore_py.kvstore.versioned.multiwriter import (  # the transaction-id objects, shared
     _announce,
@@ -80,7 +82,9 @@ from tensorstore_py.kvstore.versioned.store import VersionedKvStore
 from tensorstore_py.kvstore.versioned.tree import Change
 from tensorstore_py.kvstore.versioned.txn import AlreadyCommitted, VersionedParticipant, commit_changes
 
-__all__ = ["StagedChanges", "commit_staged", "history_id", "protect", "read_from", "stage"]
+__all__ = [
+    "StagedChanges", "commit_staged", "history_id", "protect", "read_from", "release_when_decided", "stage",
+]
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,35 @@ def protect(store: VersionedKvStore) -> Future[Hold]:
     """
     _check_store(store, "protect")
     return spawn(store._root.leases.write_hold())
+
+
+#: seconds between two looks at whether a transaction id was decided (release_when_decided)
+DECIDED_POLL = 5.0
+
+
+def release_when_decided(store: VersionedKvStore, txn_id: str, hold: Hold) -> None:
+    """Release ``hold`` once the outcome of ``txn_id`` is recorded in ``store``'s
+    history (committed: ``txns/<txn_id>/result``; a commit that failed: a
+    ``failed`` object of it that was not there at this call), looked up every
+    :data:`DECIDED_POLL` seconds from this process, whichever process commits.
+    A job that never reaches its commit keeps the hold until it is released
+    otherwise (process exit)."""
+    _check_store(store, "release_when_decided")
+    check_id("release_when_decided: txn_id", txn_id)
+    base = store.base
+
+    async def watch() -> None:
+        try:
+            earlier = set(await base.list(txn_prefix(txn_id)))  # failures of earlier runs
+            while True:
+                names = await base.list(txn_prefix(txn_id))
+                if result_name(txn_id) in names or any(n.endswith("/failed") for n in set(names) - earlier):
+                    return
+                await asyncio.sleep(DECIDED_POLL)
+        finally:
+            hold.release()
+
+    spawn(watch())
 
 
 def _participant(txn: Transaction, store: VersionedKvStore, what: str) -> VersionedParticipant:
