@@ -263,11 +263,7 @@ def commit_staged(
     txn = Transaction(txn_id=txn_id, message=message, metadata=metadata)
     root = store._root
 
-    async def run() -> CommitInfo:
-        async with root.leases.writing():  # the nodes this commit writes, until its record
-            return await _commit(root, changes, min(bases, default=0), txn)
-
-    return spawn(run())
+    return spawn(_commit(root, changes, min(bases, default=0), txn))
 
 
 def _info(rec: CommitRecord, keys_changed: int = 0) -> CommitInfo:
