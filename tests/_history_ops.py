@@ -48,7 +48,7 @@ from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned import leases as _leases
-from tensorstore_py.kvstore.versioned.staging import commit_staged, stage
+from tensorstore_py.kvstore.versioned.staging import commit_staged, protect, stage
 
 T = 60
 #: lease TTL and refresh in the operation processes (short, so stops expire leases)
@@ -183,18 +183,23 @@ def _stage_all(root: str, res: Path, op: int, rng: random.Random, cells: list[in
 
 
 def op_staged(root: str, res: Path, op: int, rng: random.Random, spec: dict[str, Any]) -> dict[str, Any]:
-    """Stagers in their own processes; a pause (a long ingest); ONE commit; maybe a re-run
-    of the whole thing with the same txn_id (a user re-running after KilledWorker)."""
+    """Under the driving process's lease (``protect``): stagers in their own processes; a
+    pause (a long ingest); ONE commit; maybe a re-run of the whole thing with the same
+    txn_id (a user re-running after KilledWorker)."""
     kv = VersionedKvStore(FileKvStore(path=root))
     cells = rng.sample(range(CELLS), rng.randint(1, 3))
-    parts, writes = _stage_all(root, res, op, rng, cells)
-    time.sleep(spec["ingest"])
-    _intent(res, str(op), writes)
-    info = commit_staged(kv, parts, txn_id=f"h{op}", metadata={"op": op}).result(T)
-    out: dict[str, Any] = {"status": "ok", "version": info.version}
-    if spec.get("rerun"):
-        parts, _ = _stage_all(root, res, op, rng, cells)
-        out["extra"] = _rerun(lambda: commit_staged(kv, parts, txn_id=f"h{op}", metadata={"op": op}).result(T))
+    hold = protect(kv).result(T)  # the driving process's lease over the staged data
+    try:
+        parts, writes = _stage_all(root, res, op, rng, cells)
+        time.sleep(spec["ingest"])
+        _intent(res, str(op), writes)
+        info = commit_staged(kv, parts, txn_id=f"h{op}", metadata={"op": op}).result(T)
+        out: dict[str, Any] = {"status": "ok", "version": info.version}
+        if spec.get("rerun"):
+            parts, _ = _stage_all(root, res, op, rng, cells)
+            out["extra"] = _rerun(lambda: commit_staged(kv, parts, txn_id=f"h{op}", metadata={"op": op}).result(T))
+    finally:
+        hold.release()
     return out
 
 
