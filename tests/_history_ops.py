@@ -54,6 +54,8 @@ T = 60
 #: lease TTL and refresh in the operation processes (short, so stops expire leases)
 LEASE_TTL = 1.5
 LEASE_REFRESH = 0.4
+#: gc grace (seconds) in histories that re-run a txn_id (longer than a history)
+RERUN_GRACE = 60.0
 #: weights of the operation kinds
 KINDS = {"rmw": 5, "multi": 2, "staged": 2, "dask": 2, "cluster": 2, "gc": 3, "retain": 2, "reader": 3}
 #: parts of the workload switched off, to tell anomalies apart: operation kinds and
@@ -387,6 +389,11 @@ def plan(seed: int, dask_ok: bool, cluster: str | None = None) -> list[tuple[Op,
         if kind == "rmw" and rng.random() < 0.2 and "kill" not in OFF:
             spec["kill_at"], spec["after"] = rng.randint(1, 8), rng.random() < 0.5
         out.append((Op(i, kind), rng.uniform(0, 1.2), spec))
+    if any(spec["rerun"] for o, _, spec in out if o.kind in ("staged", "dask", "cluster")):
+        # a txn_id is remembered until gc ages out its result object (docs: staging):
+        # a history that re-runs ids collects with graces longer than itself
+        for o, _, spec in out:
+            spec["grace"] = max(spec["grace"], RERUN_GRACE) if o.kind == "gc" else spec["grace"]
     return out
 
 
