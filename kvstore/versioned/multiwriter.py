@@ -58,10 +58,12 @@ from tensorstore_py.kvstore.versioned.fragments import (
     encode_fragment,
     encode_outcome,
     failed_name,
+    fragment_key,
     fragment_name,
     fragments_prefix,
     merge_fragments,
     outcome_body,
+    participant_failed,
     result_name,
     txn_prefix,
 )
@@ -319,11 +321,14 @@ async def _gather(root: VersionedRoot, txn: Transaction, a: Attempt, deadline: f
     names = [fragment_name(txn_id, a.number, a.nonce, i) for i in range(1, n)]
     if txn.coordinator is not None:
         for i in range(1, n):
-            await _coord_wait(
-                txn, f"tsp/{txn_id}/fragment/{i}", deadline,
+            got = await _coord_wait(
+                txn, fragment_key(txn_id, i), deadline,
                 f"multi-writer transaction {txn_id!r}: participant {i} of {n} delivered no fragment "
                 f"within {txn.timeout} s; nothing was committed",
             )
+            failed = participant_failed(txn_id, n, got)
+            if failed is not None:  # it gave up: fail now, not at the deadline
+                raise failed
     else:
         want = set(names)
         missing: set[str] = set(want)
