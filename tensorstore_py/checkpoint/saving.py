@@ -49,6 +49,7 @@ from tensorstore_py.checkpoint.layout import (
     host_copy,
     zarr3_metadata,
 )
+from tensorstore_py.checkpoint.prng import is_prng_key, key_data
 from tensorstore_py.checkpoint.pytree import flatten
 from tensorstore_py.checkpoint.staging import Staging, check_staging, choose_staging, chunk_fetcher, stage
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
@@ -198,6 +199,8 @@ def snapshot(
             entry["value"] = _scalar_json(leaf)
             snap.leaves.append(entry)
             continue
+        if is_prng_key(leaf):  # stored as its key data (prng.py)
+            entry["prng"], leaf = key_data(leaf)
         process_local = is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
         parts: list[tuple[Region, Any]]
         if is_jax_array(leaf) and not process_local:
