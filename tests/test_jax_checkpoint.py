@@ -140,3 +140,30 @@ def test_coordinator_failure_releases_the_other_process_quickly(tmp_path: Path) 
         assert "injected failure" in r["result"], r
         assert r["seconds"] < 30, r  # not the 60 s commit timeout
         assert r["steps"] == []
+
+
+def test_other_process_failure_releases_process_0_quickly(tmp_path: Path) -> None:
+    reports = _run("fail1", 2, f"file://{tmp_path / 'ckpt'}/", tmp_path)
+    r0, r1 = reports
+    assert r1["result"].startswith("StorageError") and "injected failure" in r1["result"], r1
+    # process 0 fails with process 1's error, typed, long before the 60 s commit timeout
+    assert r0["result"].startswith("ParticipantFailedError"), r0
+    assert "process 1 of 2" in r0["result"] and "StorageError" in r0["result"], r0
+    assert "injected failure" in r0["result"], r0
+    for r in reports:
+        assert r["seconds"] < 30, r
+        assert r["steps"] == []
+
+
+def test_staging_failure_on_one_process_leaves_later_saves_working(tmp_path: Path) -> None:
+    reports = _run("stage_fail1", 2, f"file://{tmp_path / 'ckpt'}/", tmp_path)
+    r0, r1 = reports
+    assert r1["step1"].startswith("JaxRuntimeError: RESOURCE_EXHAUSTED"), r1
+    assert r0["step1"].startswith("ParticipantFailedError"), r0
+    assert "process 1 of 2" in r0["step1"] and "RESOURCE_EXHAUSTED" in r0["step1"], r0
+    assert r0["step1_s"] < 10, r0  # not the 20 s commit timeout
+    for r in reports:
+        assert r["step2"] == "committed", r
+        assert r["step2_s"] < 10, r
+        assert r["steps"] == [2], r
+        assert r["restored"] is True, r
