@@ -64,6 +64,7 @@ from tensorstore_py.kvstore.versioned.fragments import (
     merge_fragments,
     outcome_body,
     participant_failed,
+    participant_failure,
     result_name,
     txn_prefix,
 )
@@ -112,8 +113,14 @@ class MultiWriterParticipant(VersionedParticipant):
     async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
         deadline = time.monotonic() + txn.timeout
         try:
-            changes = await self.finalize()
-            base = await self.pin()
+            try:
+                changes = await self.finalize()
+                base = await self.pin()
+            except BaseException as e:  # process 0 waits for this part: tell it (FORMAT.md §7.1)
+                if txn.process_index > 0 and txn.coordinator is not None:
+                    key = fragment_key(txn.txn_id or "", txn.process_index)
+                    await _quietly(run_io(txn.coordinator.publish, key, participant_failure(txn.process_index, e)))
+                raise
             reads = self.reads or ReadSet()
             mine = Fragment(txn.process_index, base, changes, sorted(reads.keys), sorted(reads.prefixes))
             if txn.process_index == 0:
