@@ -20,7 +20,8 @@ catches ``KeyError`` or ``ValueError`` keeps working::
     ├── StorageError (OSError)          an I/O failure of the backing store (after retries)
     │   └── CommitOutcomeUnknownError   a conditional write / commit may or may not have landed
     ├── DeadlineExceededError (TimeoutError)  a deadline passed
-    └── LoopError (RuntimeError)        misuse of the event loop (``.result()`` on the loop)
+    ├── LoopError (RuntimeError)        misuse of the event loop (``.result()`` on the loop)
+    └── ParticipantFailedError          another process of a multi-writer commit / save failed
 
 Messages name the key or URL, the store or driver, and what was expected versus
 what was found.

@@ -147,6 +147,12 @@ def save(
     :class:`UnsupportedError` (before anything is copied or written) when the
     root's store can not do create-only writes (an fsspec URL).
 
+    A process that fails during the save (here or in the background) tells the
+    others, which raise :class:`ParticipantFailedError` naming it at once rather
+    than after ``options.commit_timeout``. A save still in flight when the
+    interpreter exits gets up to ``options.exit_timeout`` seconds to commit; then
+    it is abandoned with a warning (nothing of it visible). See docs/CHECKPOINTS.md.
+
     ``progress``: True draws a bar on stderr when it is a terminal (else prints
     one summary line when the save ends); a callable is called with ``(bytes
     written, bytes to write)`` as this process's chunks are stored.
