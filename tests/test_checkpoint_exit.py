@@ -51,7 +51,7 @@ def test_exit_right_after_save_commits_the_step(tmp_path: Path, kind: str) -> No
     _sound(root)
 
 
-@pytest.mark.parametrize("kind", ["numpy", "device"])
+@pytest.mark.parametrize("kind", ["numpy", pytest.param("device", marks=pytest.mark.slow)])
 def test_exit_abandons_a_save_past_exit_timeout(tmp_path: Path, kind: str) -> None:
     if kind != "numpy":
         pytest.importorskip("jax")
