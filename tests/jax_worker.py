@@ -274,6 +274,20 @@ def main() -> None:
         if report["step2"] == "committed":
             out = mgr.restore(2)
             report["restored"] = bool(np.array_equal(out["w"], g))
+    elif scenario == "exit_abandon":
+        # both processes return from main while step 1 is in flight; process 0's
+        # data writes are slow, so the save outlives exit_timeout on both: each
+        # abandons it and exits 0, process 1 without waiting out commit_timeout
+        from jax.sharding import NamedSharding
+
+        mesh = Mesh(devices.reshape(2, 4), ("a", "b"))
+        g = np.ones((1024, 1024), np.float32)
+        big = {"big": jax.make_array_from_callback(g.shape, NamedSharding(mesh, P("a", "b")), lambda i: g[i])}
+        base = tsp.KvStore.open(root).result()
+        store = SlowStore(base, marker=os.devnull) if pid_i == 0 else base
+        opts = SaveOptions(commit_timeout=60.0, exit_timeout=2.0)
+        tsp.checkpoint.save(store, big, step=1, options=opts)
+        report["returned"] = True
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     with open(out_path, "w") as f:

@@ -167,3 +167,55 @@ def test_staging_failure_on_one_process_leaves_later_saves_working(tmp_path: Pat
         assert r["step2_s"] < 10, r
         assert r["steps"] == [2], r
         assert r["restored"] is True, r
+
+
+@pytest.mark.slow
+def test_exit_with_a_save_in_flight_abandons_it_on_every_process(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    t = time.monotonic()
+    procs, outs = _launch("exit_abandon", 2, f"file://{root}/", tmp_path)
+    logs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        logs.append(out.decode(errors="replace"))
+    elapsed = time.monotonic() - t
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, f"worker failed ({p.returncode}):\n{log[-4000:]}"
+        assert "checkpoint step 1" in log and "was abandoned at interpreter exit" in log, log[-4000:]
+    assert elapsed < 45, elapsed  # nobody waited out the 60 s commit timeout
+    assert tsp.CheckpointManager(f"file://{root}/").all_steps() == []
+    from tensorstore_py.kvstore.versioned.verify import verify
+
+    assert verify(tsp.KvStore.open(f"file://{root}/").result(60)).result(60) == []
+
+
+_ABANDON_WAIT = """
+import sys, threading, time
+import jax
+jax.distributed.initialize(coordinator_address="127.0.0.1:" + sys.argv[1], num_processes=1, process_id=0)
+from jax._src import distributed
+from tensorstore_py.checkpoint import coordination
+c = coordination.JaxCoordinator(distributed.global_state.client, 0, 1)
+threading.Timer(0.5, coordination.ABANDONED.set).start()
+t = time.monotonic()
+try:
+    c.wait_for("never-published", 60.0)
+except Exception as e:
+    print(type(e).__name__, e)
+print("waited", time.monotonic() - t)
+"""
+
+
+def test_coordination_wait_ends_when_saves_are_abandoned_at_exit() -> None:
+    # a process whose save is abandoned at exit while it waits for its peers
+    # must not hold the exit for the whole commit_timeout
+    r = subprocess.run([sys.executable, "-c", _ABANDON_WAIT, str(_free_port())], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "DeadlineExceededError" in r.stdout and "abandoned at interpreter exit" in r.stdout, r.stdout
+    assert float(r.stdout.split("waited")[1]) < 5, r.stdout

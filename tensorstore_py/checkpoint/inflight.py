@@ -28,6 +28,7 @@ from typing import Any
 # imported first so that its exit hook (releasing leases) is registered before
 # ours, and therefore runs after ours: a save still commits under its leases
 import tensorstore_py.kvstore.versioned.leases  # noqa: F401
+from tensorstore_py.checkpoint.coordination import ABANDONED
 from tensorstore_py.core.errors import DeadlineExceededError
 from tensorstore_py.core.future import Future
 from tensorstore_py.core.pools import at_exit_before_pools
@@ -91,6 +92,8 @@ def finish_at_exit() -> None:
         log.warning("interpreter exiting while %s is in flight: waiting up to %s s for it "
                     "(SaveOptions.exit_timeout)", e.what, e.exit_timeout)
     late = [e for e in entries if not _wait(e, start + e.exit_timeout)]
+    if late:
+        ABANDONED.set()  # coordination waits on I/O threads end too (the pools are joined next)
     for e in late:
         e.future.cancel()
     grace = time.monotonic() + ABANDON_GRACE
