@@ -186,7 +186,10 @@ def test_exit_with_a_save_in_flight_abandons_it_on_every_process(tmp_path: Path)
     elapsed = time.monotonic() - t
     for p, log in zip(procs, logs):
         assert p.returncode == 0, f"worker failed ({p.returncode}):\n{log[-4000:]}"
-        assert "checkpoint step 1" in log and "was abandoned at interpreter exit" in log, log[-4000:]
+        # abandoned here, or failed because the other process abandoned it first
+        assert "checkpoint step 1" in log, log[-4000:]
+        assert ("was abandoned at interpreter exit" in log
+                or ("failed while the interpreter exited" in log and "abandoned" in log)), log[-4000:]
     assert elapsed < 45, elapsed  # nobody waited out the 60 s commit timeout
     assert tsp.CheckpointManager(f"file://{root}/").all_steps() == []
     from tensorstore_py.kvstore.versioned.verify import verify

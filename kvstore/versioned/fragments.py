@@ -203,7 +203,8 @@ def participant_failure(index: int, error: BaseException) -> str:
     """What participant ``index`` publishes under :func:`fragment_key` instead of a
     fragment name when it fails before delivering one (JSON; object names never
     start with ``{``), so that process 0 stops waiting for it."""
-    return json.dumps({"failed": {"process": index, "error": type(error).__name__, "message": str(error)}})
+    message = str(error) or "abandoned (cancelled)"
+    return json.dumps({"failed": {"process": index, "error": type(error).__name__, "message": message}})
 
 
 def participant_failed(txn_id: str, count: int, value: str) -> ParticipantFailedError | None:

@@ -48,10 +48,6 @@ def next_namespace(step: int) -> str:
     return f"tsp/checkpoint/step-{step}-attempt-{k}"
 
 
-def _failure_value(process: int, error: BaseException) -> str:
-    return json.dumps({"failed": {"process": process, "error": type(error).__name__, "message": str(error)}})
-
-
 def txn_id_from(value: str, namespace: str, count: int) -> str:
     """The transaction id process 0 published under ``<namespace>/txn``; raises
     :class:`ParticipantFailedError` when it published its failure there instead."""
@@ -82,7 +78,7 @@ async def publish_failure(
     p = coordinator.process_index
     with contextlib.suppress(Exception):
         if p == 0 and txn_id is None:
-            await run_io(coordinator.publish, f"{namespace}/txn", _failure_value(0, error))
+            await run_io(coordinator.publish, f"{namespace}/txn", participant_failure(0, error))
             return
         if txn_id is None:
             deadline = time.monotonic() + timeout

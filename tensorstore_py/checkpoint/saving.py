@@ -411,7 +411,7 @@ async def run_save(
 async def _publish_failure(coordinator: Coordinator, txn: Transaction, error: BaseException) -> None:
     body = {
         "format": 1, "txn_id": txn.txn_id, "version": None, "write_id": None, "time": time.time(),
-        "error": type(error).__name__, "message": str(error),
+        "error": type(error).__name__, "message": str(error) or "process 0 abandoned the save (cancelled)",
     }
     with contextlib.suppress(Exception):  # best effort: else the others time out
         await run_io(coordinator.publish, f"tsp/{txn.txn_id}/result", json.dumps(body))
