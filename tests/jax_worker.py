@@ -232,8 +232,8 @@ def main() -> None:
             report["result"] = f"{type(e).__name__}: {e}"
         report["seconds"] = time.perf_counter() - t0
         report["steps"] = mgr.all_steps()
-    elif scenario == "stage_fail1":
-        # process 1's device runs out of memory while staging step 1 (on CPU
+    elif scenario in ("stage_fail0", "stage_fail1"):
+        # process 0's or 1's device runs out of memory while staging step 1 (on CPU
         # devices nothing runs out: the error jax raises is injected into the
         # staging call); the next save, step 2, must commit on both processes
         from jax.sharding import NamedSharding
@@ -248,7 +248,7 @@ def main() -> None:
 
         def stage(shards: Any, mode: str) -> Any:
             calls["n"] += 1
-            if pid_i == 1 and calls["n"] == 1:
+            if pid_i == int(scenario[-1]) and calls["n"] == 1:
                 raise jax.errors.JaxRuntimeError(
                     "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 16.00GiB (injected)")
             return real_stage(shards, mode)
