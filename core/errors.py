@@ -20,7 +20,8 @@ catches ``KeyError`` or ``ValueError`` keeps working::
     ├── StorageError (OSError)          an I/O failure of the backing store (after retries)
     │   └── CommitOutcomeUnknownError   a conditional write / commit may or may not have landed
     ├── DeadlineExceededError (TimeoutError)  a deadline passed
-    └── LoopError (RuntimeError)        misuse of the event loop (``.result()`` on the loop)
+    ├── LoopError (RuntimeError)        misuse of the event loop (``.result()`` on the loop)
+    └── ParticipantFailedError          another process of a multi-writer commit / save failed
 
 Messages name the key or URL, the store or driver, and what was expected versus
 what was found.
@@ -46,6 +47,7 @@ __all__ = [
     "CommitOutcomeUnknownError",
     "DeadlineExceededError",
     "LoopError",
+    "ParticipantFailedError",
 ]
 
 
@@ -153,3 +155,15 @@ class DeadlineExceededError(TensorStoreError, TimeoutError):
 
 class LoopError(TensorStoreError, RuntimeError):
     """The event loop was misused, e.g. blocking on a Future from the loop thread."""
+
+
+class ParticipantFailedError(TensorStoreError):
+    """Another process of a multi-writer transaction (or multi-process checkpoint
+    save) failed before delivering its part; nothing was committed. The message
+    names the process and its error; ``process_index`` is that process and
+    ``cause`` its error's class name."""
+
+    def __init__(self, message: str, *, process_index: int | None = None, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.process_index = process_index
+        self.cause = cause

@@ -42,6 +42,9 @@ class CheckpointManager:
       one atomic delete and its bytes are freed immediately, except while a
       reader (a restore, an ``open_array`` view, in any process) still reads
       the version holding it: then a later retention frees them.
+    * A save still in flight when the interpreter exits is given up to
+      ``SaveOptions.exit_timeout`` seconds to commit, then abandoned with a
+      warning (the step is absent, never partial); the process never aborts.
     * A save that committed reports success: retention is idempotent, and when
       it fails (another manager on the same root retaining at the same time, a
       store error) the failure is logged (logger ``tensorstore_py.checkpoint``)

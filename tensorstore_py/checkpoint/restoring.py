@@ -47,6 +47,7 @@ from tensorstore_py.checkpoint.layout import (
     region_shape,
     span_in_chunk,
 )
+from tensorstore_py.checkpoint.prng import from_key_data, is_prng_key
 from tensorstore_py.checkpoint.pytree import flatten_target, unflatten
 from tensorstore_py.checkpoint.storage import StepStore, read_spans
 from tensorstore_py.core.budget import ByteBudget, run_bounded
@@ -275,6 +276,8 @@ def restore_step(
                 values.append(_python_value(e["value"]))
             else:
                 a = _native(next(arrays))  # type: ignore[arg-type]
+                if "prng" in e:
+                    a = from_key_data(a, e["prng"], None, f"checkpoint step {step}: leaf {e['path']}")
                 values.append(a[()] if e["kind"] == "numpy_scalar" else a)
         return unflatten(manifest["tree"], values)
 
@@ -294,6 +297,12 @@ def restore_step(
             plans.append(("value", _python_value(e["value"])))
             continue
         leaf = LeafLayout.from_json(e)
+        if is_prng_key(t):  # rebuilt from its key data (prng.py)
+            where = f"checkpoint step {step}: leaf {path}"
+            plans.append(("prng", (len(requests), e.get("prng"), t, where)))
+            requests.append((leaf, tuple((0, n) for n in leaf.shape)))
+            sinks.append(None)
+            continue
         tshape = getattr(t, "shape", None)
         if tshape is not None and tuple(tshape) != leaf.shape:
             raise InvalidArgumentError(
@@ -329,6 +338,12 @@ def restore_step(
     for kind, p in plans:
         if kind == "value":
             values.append(p)
+        elif kind == "prng":
+            i, prng, t, where = p
+            if not isinstance(prng, dict):
+                raise InvalidArgumentError(f"{where}: the target asks for PRNG keys {t.dtype}, the "
+                                           f"step stores an array of {arrays[i].dtype}")  # type: ignore[union-attr]
+            values.append(from_key_data(_native(arrays[i]), prng, t, where))  # type: ignore[arg-type]
         elif kind == "numpy":
             i, tdtype, scalar = p
             a = _native(_cast(arrays[i], tdtype))  # type: ignore[arg-type]

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from tensorstore_py.checkpoint.attempts import publish_failure, txn_id_from
 from tensorstore_py.checkpoint.coordination import Coordinator, SingleProcess
 from tensorstore_py.checkpoint.jax_adapter import distributed_coordinator, is_jax_array, shards_to_save
 from tensorstore_py.checkpoint.layout import (
@@ -48,6 +49,7 @@ from tensorstore_py.checkpoint.layout import (
     host_copy,
     zarr3_metadata,
 )
+from tensorstore_py.checkpoint.prng import is_prng_key, key_data
 from tensorstore_py.checkpoint.pytree import flatten
 from tensorstore_py.checkpoint.staging import Staging, check_staging, choose_staging, chunk_fetcher, stage
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
@@ -86,6 +88,9 @@ class SaveOptions:
     max_bytes_in_flight: int = 1 << 30
     #: how long the processes of a multi-process save wait for each other
     commit_timeout: float = 600.0
+    #: how long a save still in flight when the interpreter exits may take to
+    #: commit before it is abandoned (aborted, with a warning; inflight.py)
+    exit_timeout: float = 300.0
     #: where jax shards are staged before ``save()`` returns: "auto", "device"
     #: (a device-side snapshot streamed to the host in the background),
     #: "pinned_host" (chunk by chunk into pinned host memory) or "host" (all
@@ -194,6 +199,8 @@ def snapshot(
             entry["value"] = _scalar_json(leaf)
             snap.leaves.append(entry)
             continue
+        if is_prng_key(leaf):  # stored as its key data (prng.py)
+            entry["prng"], leaf = key_data(leaf)
         process_local = is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
         parts: list[tuple[Region, Any]]
         if is_jax_array(leaf) and not process_local:
@@ -343,7 +350,7 @@ async def run_save(
             txn_id = f"ckpt-{step}-{uuid.uuid4().hex}"
             await run_io(coordinator.publish, f"{namespace}/txn", txn_id)
         else:
-            txn_id = await run_io(coordinator.wait_for, f"{namespace}/txn", timeout)
+            txn_id = txn_id_from(await run_io(coordinator.wait_for, f"{namespace}/txn", timeout), namespace, n)
         txn = Transaction(
             txn_id=txn_id, process_index=p, process_count=n, timeout=timeout,
             coordinator=coordinator, message=f"checkpoint step {step}",
@@ -376,6 +383,8 @@ async def run_save(
             # (the multi-writer result message, docs/FORMAT.md §7) instead of
             # letting them wait for their timeout
             await _publish_failure(coordinator, txn, e)
+        elif p > 0 and not committing:  # process 0 waits for this part: tell it (attempts.py)
+            await publish_failure(coordinator, namespace, e, timeout, txn_id=txn.txn_id)
         raise
     info = StepInfo(
         step=step, time=started if p == 0 else committed.time, metrics=metrics, process_count=n,
@@ -402,10 +411,12 @@ async def run_save(
 async def _publish_failure(coordinator: Coordinator, txn: Transaction, error: BaseException) -> None:
     body = {
         "format": 1, "txn_id": txn.txn_id, "version": None, "write_id": None, "time": time.time(),
-        "error": type(error).__name__, "message": str(error),
+        "error": type(error).__name__, "message": str(error) or "process 0 abandoned the save (cancelled)",
     }
     with contextlib.suppress(Exception):  # best effort: else the others time out
         await run_io(coordinator.publish, f"tsp/{txn.txn_id}/result", json.dumps(body))
+    with contextlib.suppress(Exception):  # those still waiting for process 0's attempt (if not opened)
+        await run_io(coordinator.publish, f"tsp/{txn.txn_id}/attempt", json.dumps({"result": body}))
 
 
 def default_coordinator() -> Coordinator:
