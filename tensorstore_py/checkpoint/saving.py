@@ -8,15 +8,18 @@ Phases:
    are addressable here; numpy leaves on process 0 only) are taken out of the
    caller's reach: numpy leaves are copied; jax shards are staged as
    ``SaveOptions.staging`` says (staging.py: a host view or copy, a device-side
-   snapshot, or chunk-by-chunk copies into pinned host memory). ``save``
-   returns when the caller's arrays are no longer needed
-   (:attr:`Snapshot.staged`); after that the caller may mutate or donate them.
+   snapshot, or one batched copy into pinned host memory within the host
+   staging limit, streamed copies beyond it). ``save`` returns when the
+   caller's arrays are no longer needed (:attr:`Snapshot.staged`); after that
+   the caller may mutate or donate them.
 2. *Write* (:func:`run_save`, background): one transaction on the root's
    versioned store — multi-writer when there are several processes. Chunks are
    written under a bytes-in-flight budget; a chunk staged on the device is
-   copied to (pinned) host memory inside that budget, so the copy of one chunk
-   overlaps the writes of others, and each chunk's host memory is released as
-   soon as it is stored (one data object, fsync'ed once, per chunk).
+   copied to (pinned) host memory inside that budget (a streamed pinned save
+   copies a shard that fits the budget whole and cuts it on the host), so the
+   copy of one piece overlaps the writes of others, and each chunk's host
+   memory is released as soon as it is stored (one data object, fsync'ed once,
+   per chunk).
 3. *Commit*: the transaction's commit publishes the step atomically (process 0
    merges every process's fragment into ONE version). Process 0 then applies
    retention and tells the others, so that when any process's save completes,
@@ -25,6 +28,7 @@ Phases:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -49,7 +53,14 @@ from tensorstore_py.checkpoint.layout import (
     zarr3_metadata,
 )
 from tensorstore_py.checkpoint.pytree import flatten
-from tensorstore_py.checkpoint.staging import Staging, check_staging, choose_staging, chunk_fetcher, stage
+from tensorstore_py.checkpoint.staging import (
+    Staging,
+    check_staging,
+    choose_staging,
+    chunk_fetcher,
+    shard_fetcher,
+    stage,
+)
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
 from tensorstore_py.core.budget import MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
@@ -79,11 +90,19 @@ class SaveOptions:
     #: which matters for thousands of small leaves)
     zarr_metadata_min_bytes: int = 1 << 20
     #: bytes handed to the store at once; 1 GiB keeps a local disk busy (512 MiB
-    #: left it idle between waves). With "device" or "pinned_host" staging this is
-    #: also all the host memory the save holds: chunks are copied off the device
-    #: inside this budget. With "host" staging chunks are views of the host copy,
-    #: so it bounds the store's work in progress, not new host memory
+    #: left it idle between waves). With "device" staging (and streamed
+    #: "pinned_host" staging) this is also all the host memory the writes hold:
+    #: chunks are copied off the device inside this budget. With "host" staging
+    #: chunks are views of the host copy, so it bounds the store's work in
+    #: progress, not new host memory
     max_bytes_in_flight: int = 1 << 30
+    #: host staging limit of "pinned_host" staging, separate from the write
+    #: budget: a state this process saves of at most this many bytes is copied
+    #: off the devices at once (one batched copy; save() blocks for the copy
+    #: alone), a larger one streams under ``max_bytes_in_flight`` (logged).
+    #: None: half of the host's available RAM when the save starts
+    #: (staging.default_staging_bytes)
+    max_staging_bytes: int | None = None
     #: how long the processes of a multi-process save wait for each other
     commit_timeout: float = 600.0
     #: where jax shards are staged before ``save()`` returns: "auto", "device"
@@ -94,6 +113,13 @@ class SaveOptions:
 
     def __post_init__(self) -> None:
         check_staging(self.staging)
+        if self.max_staging_bytes is not None and (
+            isinstance(self.max_staging_bytes, bool) or not isinstance(self.max_staging_bytes, int)
+            or self.max_staging_bytes < 0
+        ):
+            raise InvalidArgumentError(
+                f"SaveOptions.max_staging_bytes must be an int >= 0 or None; got {self.max_staging_bytes!r}"
+            )
 
 
 @dataclass(slots=True)
@@ -103,8 +129,11 @@ class _Chunk:
     nbytes: int
     #: a chunk staged on a device: copies it to the host (blocking, on an I/O thread)
     fetch: Callable[[], np.ndarray] | None = None
-    #: the fetch reads the caller's array ("pinned_host" staging)
+    #: the fetch reads the caller's array (streamed "pinned_host" staging)
     reads_caller: bool = False
+    #: a whole shard fetched at once and cut into chunks on the host: per chunk
+    #: its key and how to cut it from the fetched shard (``key`` is then unused)
+    cuts: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] | None = None
 
 
 @dataclass(slots=True)
@@ -175,9 +204,10 @@ def snapshot(
     """Phase 1: flatten, lay out and stage what this process writes.
 
     Every leaf is checked before anything is copied. Returns with
-    :attr:`Snapshot.staged` set, except with ``"pinned_host"`` staging, where the
-    chunks are copied off the device by the writes (:func:`run_save`) and the
-    caller waits for ``staged`` before it may change its arrays.
+    :attr:`Snapshot.staged` set, except with streamed ``"pinned_host"`` staging
+    (the state exceeds ``max_staging_bytes``), where the chunks are copied off
+    the device by the writes (:func:`run_save`) and the caller waits for
+    ``staged`` before it may change its arrays.
 
     In a multi-process job a ``jax.Array`` that lives on this process alone
     (fully addressable, e.g. a step counter made with ``jnp.int32``) is taken
@@ -234,21 +264,38 @@ def snapshot(
             else:
                 on_devices.append((key, region, cshape, dtype, part))
     shards = [p[-1] for p in on_devices]
-    snap.staging = choose_staging(options.staging, shards)
-    for (key, region, cshape, dtype, _), src in zip(on_devices, stage(shards, snap.staging)):
+    staged = stage(
+        shards, choose_staging(options.staging, shards), staging_limit=options.max_staging_bytes
+    )
+    snap.staging = staged.mode
+    for (key, region, cshape, dtype, _), src in zip(on_devices, staged.sources):
         if isinstance(src, np.ndarray):
             _add_host_chunks(snap, key, src, region, cshape, dtype)
             continue
-        reads_caller = snap.staging == "pinned_host"
-        for grid, sub in chunks_overlapping(region, cshape):
+        size = int(math.prod(cshape)) * dtype.itemsize
+        grid_subs = chunks_overlapping(region, cshape)
+        if staged.streamed and int(src.nbytes) <= options.max_bytes_in_flight:
+            # the whole shard in one copy, cut on the host: no slices on the device
+            cuts = [
+                (chunk_key(key, grid), _cutter(region, sub, cshape, dtype)) for grid, sub in grid_subs
+            ]
+            snap.chunks.append(_Chunk("", None, size * len(cuts), shard_fetcher(src), True, cuts))
+            snap.unstaged += 1
+            continue
+        for grid, sub in grid_subs:
             box = None if sub == region else tuple((lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(sub, region))
             fetch = _fetch_chunk(chunk_fetcher(src, box), sub, cshape, dtype)
-            size = int(math.prod(cshape)) * dtype.itemsize
-            snap.chunks.append(_Chunk(chunk_key(key, grid), None, size, fetch, reads_caller))
-            snap.unstaged += reads_caller
+            snap.chunks.append(_Chunk(chunk_key(key, grid), None, size, fetch, staged.streamed))
+            snap.unstaged += staged.streamed
     if snap.unstaged == 0:
         snap.staged.set()
     return snap
+
+
+def _cutter(
+    region: Region, sub: Region, cshape: tuple[int, ...], dtype: np.dtype
+) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda host: _chunk_data(host, region, sub, cshape, dtype)
 
 
 def _add_host_chunks(
@@ -299,6 +346,9 @@ async def _write_chunks(
             del fetch  # the last reference to the staged shard may go now
             if c.reads_caller:
                 snap.chunk_staged()
+        if c.cuts is not None:
+            await _write_cuts(view, c, progress)
+            return
         assert c.data is not None
         await view.write(c.key, _bytes(c.data))
         c.data = None  # release the host copy as soon as it is stored
@@ -312,11 +362,25 @@ async def _write_chunks(
     # chunks staged on a device leave it as fast as the budget allows, not only as
     # fast as the chunks before them are written (a "pinned_host" caller waits for
     # the last one): the budget bounds them, the task cap is raised
-    streamed = snap.staging in ("device", "pinned_host")
+    streamed = any(c.fetch is not None for c in chunks)
     await run_bounded(
         chunks, one, budget=ByteBudget(options.max_bytes_in_flight), cost=lambda c: c.nbytes,
         max_tasks=max(MAX_TASKS, min(len(chunks), MAX_STREAMED_TASKS)) if streamed else MAX_TASKS,
     )
+
+
+async def _write_cuts(view: KvStore, c: _Chunk, progress: Progress | None) -> None:
+    """Write the chunks cut from a whole shard fetched to the host (``c.data``)."""
+    host, cuts, c.data, c.cuts = c.data, c.cuts or [], None, None
+    assert host is not None
+
+    async def put(key: str, cut: Callable[[np.ndarray], np.ndarray]) -> None:
+        data = cut(host)
+        await view.write(key, _bytes(data))
+        if progress is not None:
+            progress.advance(data.nbytes)
+
+    await asyncio.gather(*(put(k, cut) for k, cut in cuts))
 
 
 async def run_save(
