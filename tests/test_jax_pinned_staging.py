@@ -139,3 +139,16 @@ def test_a_device_out_of_memory_while_staging_falls_back_to_pinned(
     fut.result()
     assert any("staging in pinned host memory instead" in r.getMessage() for r in caplog.records), caplog.text
     _check(mgr, 1, want)
+
+
+def test_warm_staging_pins_ahead_and_saves_stay_exact(tmp_path: Path) -> None:
+    want, state = _state()
+    nbytes = sum(v.nbytes for v in want.values())
+    mgr = tsp.CheckpointManager(f"file://{tmp_path}/", warm_staging=nbytes,
+                                options=SaveOptions(staging="pinned_host"))
+    assert mgr.warmed_bytes == nbytes * len(jax.local_devices())
+    mgr.save(1, state).result()
+    _check(mgr, 1, want)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(InvalidArgumentError, match="warm_staging must be a number of bytes >= 0"):
+            tsp.CheckpointManager(f"file://{tmp_path}/", warm_staging=bad)  # type: ignore[arg-type]
