@@ -79,6 +79,8 @@ def chunk_shape_for(
     Always aligned: every chunk lies inside one shard.
     """
     shape = [max(1, n) for n in shard_shape]
+    if math.prod(shape) * itemsize <= target_bytes:  # one chunk (every small leaf)
+        return tuple(shape)
     for d in range(len(shape)):
         inner = math.prod(shape[d + 1:]) * itemsize
         if shape[d] * inner <= target_bytes:

@@ -283,6 +283,7 @@ def restore_step(
     requests = []
     plans: list[tuple[str, Any]] = []
     regions_cache: dict[Any, Any] = {}
+    where_cache: dict[Any, bool] = {}
     for path, t in pairs:
         e = by_path.get(path)
         if e is None:
@@ -309,7 +310,9 @@ def restore_step(
             )
         if is_sharded_target(t):
             sharding, dev_regions = target_regions(t, regions_cache)
-            on_device = assemble_on_device(assemble, sharding)
+            on_device = where_cache.get(sharding)
+            if on_device is None:  # many leaves share a sharding
+                on_device = where_cache[sharding] = assemble_on_device(assemble, sharding)
             uniq: dict[Region, int] = {}
             for d, reg in dev_regions:
                 if reg not in uniq:  # several local devices, one read

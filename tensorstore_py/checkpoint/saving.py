@@ -182,20 +182,29 @@ def _scalar_json(x: Any) -> dict[str, Any]:
     return {"py": "bytes", "v": bytes(x).hex()}
 
 
-def _check_storable(path: str, dtype: Any) -> None:
-    """InvalidArgumentError unless leaves of ``dtype`` can be stored as raw chunks."""
+_STORABLE: dict[np.dtype, str] = {}  # dtype -> its zarr v3 name, for the dtypes checked once
+
+
+def _check_storable(path: str, dtype: Any) -> str:
+    """The zarr v3 name of ``dtype``; InvalidArgumentError unless leaves of
+    ``dtype`` can be stored as raw chunks."""
     dtype = np.dtype(dtype)
+    name = _STORABLE.get(dtype)
+    if name is not None:
+        return name
     try:
-        dtype_to_v3(dtype)
+        name = dtype_to_v3(dtype)
         ok = not is_variable_length(dtype)  # raw bytes: no strings or objects (pointers)
     except Exception:
         ok = False
-    if not ok:
-        raise InvalidArgumentError(
-            f"checkpoint leaf {path}: dtype {dtype} can not be stored (expected bool, "
-            "integer, float, complex, bfloat16, float8, datetime64/timedelta64 or fixed-size "
-            "U/S/V)"
-        )
+    if ok and name is not None:
+        _STORABLE[dtype] = name
+        return name
+    raise InvalidArgumentError(
+        f"checkpoint leaf {path}: dtype {dtype} can not be stored (expected bool, "
+        "integer, float, complex, bfloat16, float8, datetime64/timedelta64 or fixed-size "
+        "U/S/V)"
+    )
 
 
 def snapshot(
@@ -228,13 +237,13 @@ def snapshot(
         parts: list[tuple[Region, Any]]
         if is_jax_array(leaf) and not process_local:
             shape, dtype, shard_shape, parts, sharding = shards_to_save(leaf)
-            _check_storable(path, dtype)
+            v3 = _check_storable(path, dtype)
             entry["kind"] = "jax"
             if sharding is not None:
                 entry["sharding"] = sharding
         elif isinstance(leaf, (np.ndarray, np.generic)) or process_local:
             arr = np.asarray(leaf)
-            _check_storable(path, arr.dtype)  # before copying it
+            v3 = _check_storable(path, arr.dtype)  # before copying it
             shape, dtype, shard_shape = arr.shape, arr.dtype, arr.shape
             entry["kind"] = (
                 "jax" if process_local else "numpy" if isinstance(leaf, np.ndarray) else "numpy_scalar"
@@ -252,7 +261,7 @@ def snapshot(
         dtype = np.dtype(dtype)
         cshape = chunk_shape_for(tuple(shard_shape), dtype.itemsize, target_bytes=options.target_chunk_bytes)
         key = f"a/{i}"
-        entry.update(dtype=dtype_to_v3(dtype), shape=list(shape), chunk_shape=list(cshape), key=key)
+        entry.update(dtype=v3, shape=list(shape), chunk_shape=list(cshape), key=key)
         snap.leaves.append(entry)
         nbytes = int(math.prod(shape)) * dtype.itemsize
         snap.nbytes += nbytes
@@ -301,6 +310,11 @@ def _cutter(
 def _add_host_chunks(
     snap: Snapshot, key: str, host: np.ndarray, region: Region, cshape: tuple[int, ...], dtype: np.dtype
 ) -> None:
+    if host.shape == cshape and host.flags.c_contiguous and host.dtype.byteorder != ">":
+        # the region is one whole chunk (every small leaf): the host array is its data
+        grid = tuple(lo // c for (lo, _), c in zip(region, cshape))
+        snap.chunks.append(_Chunk(chunk_key(key, grid), host, host.nbytes))
+        return
     for grid, sub in chunks_overlapping(region, cshape):
         data = _chunk_data(host, region, sub, cshape, dtype)
         snap.chunks.append(_Chunk(chunk_key(key, grid), data, data.nbytes))

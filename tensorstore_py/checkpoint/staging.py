@@ -185,13 +185,13 @@ def choose_staging(staging: str, shards: Sequence[Any]) -> str:
     check_staging(staging)
     if staging != "auto":
         return staging
-    need: dict[Any, int] = {}
-    for x in shards:
-        if not on_host_memory(x):
-            d = _device(x)
-            need[d] = need.get(d, 0) + int(x.nbytes)
-    if all(d.platform == "cpu" for d in need):
+    on_device = [x for x in shards if not on_host_memory(x)]
+    if all(_device(x).platform == "cpu" for x in on_device):
         return "host"
+    need: dict[Any, int] = {}
+    for x in on_device:
+        d = _device(x)
+        need[d] = need.get(d, 0) + int(x.nbytes)
     if all(_room_for(d, n) for d, n in need.items()):
         return "device"
     return "pinned_host"
