@@ -134,6 +134,8 @@ class _Chunk:
     #: a whole shard fetched at once and cut into chunks on the host: per chunk
     #: its key and how to cut it from the fetched shard (``key`` is then unused)
     cuts: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] | None = None
+    #: small host chunks written by one task, one after the other (``key`` unused)
+    batch: list[_Chunk] | None = None
 
 
 @dataclass(slots=True)
@@ -363,6 +365,14 @@ async def _write_chunks(
         if c.cuts is not None:
             await _write_cuts(view, c, progress)
             return
+        if c.batch is not None:
+            batch, c.batch = c.batch, None
+            for b in batch:
+                assert b.data is not None
+                await view.write(b.key, _bytes(b.data))
+                if progress is not None:
+                    progress.advance(b.nbytes)
+            return
         assert c.data is not None
         await view.write(c.key, _bytes(c.data))
         c.data = None  # release the host copy as soon as it is stored
@@ -377,10 +387,37 @@ async def _write_chunks(
     # fast as the chunks before them are written (a "pinned_host" caller waits for
     # the last one): the budget bounds them, the task cap is raised
     streamed = any(c.fetch is not None for c in chunks)
+    chunks = _batch_small(chunks)
     await run_bounded(
         chunks, one, budget=ByteBudget(options.max_bytes_in_flight), cost=lambda c: c.nbytes,
         max_tasks=max(MAX_TASKS, min(len(chunks), MAX_STREAMED_TASKS)) if streamed else MAX_TASKS,
     )
+
+
+#: host chunks below this size are written in batches (the versioned store packs
+#: them into shared data objects: what costs is the task per chunk, not the bytes)
+SMALL_CHUNK_BYTES = 64 << 10
+#: bytes of small chunks one task writes
+SMALL_BATCH_BYTES = 4 << 20
+
+
+def _batch_small(chunks: list[_Chunk]) -> list[_Chunk]:
+    """``chunks`` with the small ones already on the host grouped into batches."""
+    out: list[_Chunk] = []
+    cur: list[_Chunk] = []
+    acc = 0
+    for c in chunks:
+        if c.fetch is not None or c.data is None or c.nbytes >= SMALL_CHUNK_BYTES:
+            out.append(c)
+            continue
+        cur.append(c)
+        acc += c.nbytes
+        if acc >= SMALL_BATCH_BYTES:
+            out.append(_Chunk("", None, acc, batch=cur))
+            cur, acc = [], 0
+    if cur:
+        out.append(_Chunk("", None, acc, batch=cur) if len(cur) > 1 else cur[0])
+    return out
 
 
 async def _write_cuts(view: KvStore, c: _Chunk, progress: Progress | None) -> None:
