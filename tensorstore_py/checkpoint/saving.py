@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from tensorstore_py.checkpoint.compression import Compression, check_compression, chunk_codec, codecs_json
 from tensorstore_py.checkpoint.coordination import Coordinator, SingleProcess
 from tensorstore_py.checkpoint.jax_adapter import distributed_coordinator, is_jax_array, shards_to_save
 from tensorstore_py.checkpoint.layout import (
@@ -64,7 +65,7 @@ from tensorstore_py.checkpoint.staging import (
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
 from tensorstore_py.core.budget import MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
-from tensorstore_py.core.pools import run_io
+from tensorstore_py.core.pools import run_cpu, run_io
 from tensorstore_py.drivers.dtypes import dtype_to_v3, is_variable_length
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
@@ -73,6 +74,9 @@ from tensorstore_py.progress import Progress
 __all__ = ["MANIFEST_FORMAT", "SaveOptions", "run_save", "snapshot"]
 
 MANIFEST_FORMAT = "tensorstore_py.checkpoint.manifest/1"
+#: the format of a manifest with compressed leaves (entries with ``codecs``);
+#: steps without compression keep format 1, which every reader reads
+MANIFEST_FORMAT_CODECS = "tensorstore_py.checkpoint.manifest/2"
 
 #: concurrent chunk tasks of a streamed save (each holds its share of the budget)
 MAX_STREAMED_TASKS = 4096
@@ -110,9 +114,14 @@ class SaveOptions:
     #: "pinned_host" (chunk by chunk into pinned host memory) or "host" (all
     #: of it in host memory; a zero-copy view on CPU devices). See staging.py
     staging: Staging = "auto"
+    #: chunk compression: None (raw chunks), "zstd" or "zstd-bitshuffle" (blosc:
+    #: bit shuffle + zstd, for floats); encoded in the background, described in
+    #: each leaf's zarr v3 metadata. See compression.py for the choice of default
+    compression: Compression = None
 
     def __post_init__(self) -> None:
         check_staging(self.staging)
+        check_compression(self.compression)
         if self.max_staging_bytes is not None and (
             isinstance(self.max_staging_bytes, bool) or not isinstance(self.max_staging_bytes, int)
             or self.max_staging_bytes < 0
@@ -136,6 +145,8 @@ class _Chunk:
     cuts: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] | None = None
     #: small host chunks written by one task, one after the other (``key`` unused)
     batch: list[_Chunk] | None = None
+    #: the leaf's compressor (None: raw chunks)
+    codec: Any = None
 
 
 @dataclass(slots=True)
@@ -155,7 +166,8 @@ class Snapshot:
     unstaged: int = 0
 
     def manifest(self) -> dict[str, Any]:
-        return {"format": MANIFEST_FORMAT, "tree": self.structure, "leaves": self.leaves}
+        fmt = MANIFEST_FORMAT_CODECS if any("codecs" in e for e in self.leaves) else MANIFEST_FORMAT
+        return {"format": fmt, "tree": self.structure, "leaves": self.leaves}
 
     def chunk_staged(self) -> None:
         """One chunk that read the caller's array is off the device."""
@@ -228,6 +240,7 @@ def snapshot(
     snap = Snapshot(structure=structure, leaves=[])
     # (leaf key, region, chunk shape, dtype, single-device array): staged together below
     on_devices: list[tuple[str, Region, tuple[int, ...], np.dtype, Any]] = []
+    leaf_codec: dict[str, Any] = {}  # leaf key -> its compressor (compressed leaves only)
     for i, (path, leaf) in enumerate(pairs):
         entry: dict[str, Any] = {"path": path}
         if isinstance(leaf, (bool, int, float, complex, str, bytes)) and not isinstance(leaf, np.generic):
@@ -264,14 +277,18 @@ def snapshot(
         cshape = chunk_shape_for(tuple(shard_shape), dtype.itemsize, target_bytes=options.target_chunk_bytes)
         key = f"a/{i}"
         entry.update(dtype=v3, shape=list(shape), chunk_shape=list(cshape), key=key)
+        codecs = codecs_json(options.compression, dtype)
+        if codecs:
+            entry["codecs"] = codecs
+            leaf_codec[key] = chunk_codec(codecs, dtype, cshape, where=f"checkpoint leaf {path}")
         snap.leaves.append(entry)
         nbytes = int(math.prod(shape)) * dtype.itemsize
         snap.nbytes += nbytes
         if process_index == 0 and nbytes >= options.zarr_metadata_min_bytes:
-            snap.zarr_json[f"{key}/zarr.json"] = zarr3_metadata(dtype, tuple(shape), cshape)
+            snap.zarr_json[f"{key}/zarr.json"] = zarr3_metadata(dtype, tuple(shape), cshape, codecs)
         for region, part in parts:
             if isinstance(part, np.ndarray):
-                _add_host_chunks(snap, key, part, region, cshape, dtype)
+                _add_host_chunks(snap, key, part, region, cshape, dtype, leaf_codec.get(key))
             else:
                 on_devices.append((key, region, cshape, dtype, part))
     shards = [p[-1] for p in on_devices]
@@ -281,7 +298,7 @@ def snapshot(
     snap.staging = staged.mode
     for (key, region, cshape, dtype, _), src in zip(on_devices, staged.sources):
         if isinstance(src, np.ndarray):
-            _add_host_chunks(snap, key, src, region, cshape, dtype)
+            _add_host_chunks(snap, key, src, region, cshape, dtype, leaf_codec.get(key))
             continue
         size = int(math.prod(cshape)) * dtype.itemsize
         grid_subs = chunks_overlapping(region, cshape)
@@ -290,13 +307,15 @@ def snapshot(
             cuts = [
                 (chunk_key(key, grid), _cutter(region, sub, cshape, dtype)) for grid, sub in grid_subs
             ]
-            snap.chunks.append(_Chunk("", None, size * len(cuts), shard_fetcher(src), True, cuts))
+            snap.chunks.append(_Chunk("", None, size * len(cuts), shard_fetcher(src), True, cuts,
+                                      codec=leaf_codec.get(key)))
             snap.unstaged += 1
             continue
         for grid, sub in grid_subs:
             box = None if sub == region else tuple((lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(sub, region))
             fetch = _fetch_chunk(chunk_fetcher(src, box), sub, cshape, dtype)
-            snap.chunks.append(_Chunk(chunk_key(key, grid), None, size, fetch, staged.streamed))
+            snap.chunks.append(_Chunk(chunk_key(key, grid), None, size, fetch, staged.streamed,
+                                      codec=leaf_codec.get(key)))
             snap.unstaged += staged.streamed
     if snap.unstaged == 0:
         snap.staged.set()
@@ -310,16 +329,17 @@ def _cutter(
 
 
 def _add_host_chunks(
-    snap: Snapshot, key: str, host: np.ndarray, region: Region, cshape: tuple[int, ...], dtype: np.dtype
+    snap: Snapshot, key: str, host: np.ndarray, region: Region, cshape: tuple[int, ...], dtype: np.dtype,
+    codec: Any = None,
 ) -> None:
     if host.shape == cshape and host.flags.c_contiguous and host.dtype.byteorder != ">":
         # the region is one whole chunk (every small leaf): the host array is its data
         grid = tuple(lo // c for (lo, _), c in zip(region, cshape))
-        snap.chunks.append(_Chunk(chunk_key(key, grid), host, host.nbytes))
+        snap.chunks.append(_Chunk(chunk_key(key, grid), host, host.nbytes, codec=codec))
         return
     for grid, sub in chunks_overlapping(region, cshape):
         data = _chunk_data(host, region, sub, cshape, dtype)
-        snap.chunks.append(_Chunk(chunk_key(key, grid), data, data.nbytes))
+        snap.chunks.append(_Chunk(chunk_key(key, grid), data, data.nbytes, codec=codec))
 
 
 def _fetch_chunk(
@@ -369,12 +389,12 @@ async def _write_chunks(
             batch, c.batch = c.batch, None
             for b in batch:
                 assert b.data is not None
-                await view.write(b.key, _bytes(b.data))
+                await view.write(b.key, await _encoded(b.data, b.codec))
                 if progress is not None:
                     progress.advance(b.nbytes)
             return
         assert c.data is not None
-        await view.write(c.key, _bytes(c.data))
+        await view.write(c.key, await _encoded(c.data, c.codec))
         c.data = None  # release the host copy as soon as it is stored
         if progress is not None:
             progress.advance(c.nbytes)
@@ -420,6 +440,19 @@ def _batch_small(chunks: list[_Chunk]) -> list[_Chunk]:
     return out
 
 
+_ENCODE_IN_POOL = 256 << 10
+
+
+async def _encoded(data: np.ndarray, codec: Any) -> Any:
+    """The stored bytes of a chunk: raw, or compressed by ``codec`` (on the CPU
+    pool for large chunks: the codecs release the GIL)."""
+    if codec is None:
+        return _bytes(data)
+    if data.nbytes >= _ENCODE_IN_POOL:
+        return await run_cpu(codec.encode, _bytes(data))
+    return codec.encode(_bytes(data))
+
+
 async def _write_cuts(view: KvStore, c: _Chunk, progress: Progress | None) -> None:
     """Write the chunks cut from a whole shard fetched to the host (``c.data``)."""
     host, cuts, c.data, c.cuts = c.data, c.cuts or [], None, None
@@ -427,7 +460,7 @@ async def _write_cuts(view: KvStore, c: _Chunk, progress: Progress | None) -> No
 
     async def put(key: str, cut: Callable[[np.ndarray], np.ndarray]) -> None:
         data = cut(host)
-        await view.write(key, _bytes(data))
+        await view.write(key, await _encoded(data, c.codec))
         if progress is not None:
             progress.advance(data.nbytes)
 
