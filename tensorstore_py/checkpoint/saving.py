@@ -164,6 +164,8 @@ class Snapshot:
     staged: threading.Event = field(default_factory=threading.Event)
     #: chunks still to be copied from the caller's arrays
     unstaged: int = 0
+    #: what staging holds for the chunks' views (pinned copies), dropped on release
+    holds: list[Any] = field(default_factory=list)
 
     def manifest(self) -> dict[str, Any]:
         fmt = MANIFEST_FORMAT_CODECS if any("codecs" in e for e in self.leaves) else MANIFEST_FORMAT
@@ -179,6 +181,7 @@ class Snapshot:
         """The save ended (committed or failed): drop what is staged (device memory)
         and release a caller still waiting for the staging."""
         self.chunks = []
+        self.holds = []
         self.staged.set()
 
 
@@ -296,6 +299,7 @@ def snapshot(
         shards, choose_staging(options.staging, shards), staging_limit=options.max_staging_bytes
     )
     snap.staging = staged.mode
+    snap.holds = staged.keep or []
     for (key, region, cshape, dtype, _), src in zip(on_devices, staged.sources):
         if isinstance(src, np.ndarray):
             _add_host_chunks(snap, key, src, region, cshape, dtype, leaf_codec.get(key))

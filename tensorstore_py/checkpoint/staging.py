@@ -209,6 +209,8 @@ class Staged:
     #: "pinned_host" staging that streams (the state exceeds the staging limit):
     #: the sources still read the caller's arrays
     streamed: bool = False
+    #: the pinned jax arrays the host sources view (kept alive with the views)
+    keep: list[Any] | None = None
 
 
 def _is_device_oom(e: BaseException) -> bool:
@@ -259,9 +261,10 @@ def stage(shards: list[Any], mode: str, *, staging_limit: int | None = None) -> 
         for i in on_device:
             out[i] = shards[i]
         return Staged(out, mode, streamed=True)
-    for i, h in zip(on_device, _pinned_copies(xs)):
+    views, pinned = _pinned_copies(xs)
+    for i, h in zip(on_device, views):
         out[i] = h
-    return Staged(out, mode)
+    return Staged(out, mode, keep=pinned)
 
 
 def _device_snapshot(xs: list[Any]) -> list[Any]:
@@ -275,13 +278,14 @@ def _device_snapshot(xs: list[Any]) -> list[Any]:
     return list(copies)
 
 
-def _pinned_copies(xs: list[Any]) -> list[np.ndarray]:
-    """Host views of pinned copies of ``xs``: ONE batched ``device_put`` of every
-    shard that has a pinned_host memory (whole shards), waited for; pageable
-    ``np.asarray`` copies of the others."""
+def _pinned_copies(xs: list[Any]) -> tuple[list[np.ndarray], list[Any]]:
+    """Host views of pinned copies of ``xs`` and the pinned arrays: ONE batched
+    ``device_put`` of every shard that has a pinned_host memory (whole shards),
+    waited for; pageable ``np.asarray`` copies of the others."""
     jax = jax_module()
     idx = [i for i, x in enumerate(xs) if _pinned(_device(x)) is not None]
     out: list[Any] = [None] * len(xs)
+    pinned: list[Any] = []
     if idx:
         pinned = jax.device_put([xs[i] for i in idx], [_pinned(_device(xs[i])) for i in idx])
         jax.block_until_ready(pinned)
@@ -290,7 +294,7 @@ def _pinned_copies(xs: list[Any]) -> list[np.ndarray]:
     for i, x in enumerate(xs):
         if out[i] is None:
             out[i] = host_copy(np.asarray(x))
-    return out
+    return out, list(pinned)
 
 
 def warm_pinned(nbytes: int, devices: Sequence[Any] | None = None) -> int:
