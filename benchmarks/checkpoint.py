@@ -18,6 +18,15 @@ the repository root::
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
       && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/checkpoint.py --device gpu --gib 8 --reps 3
 
+The table with HBM full (``"auto"`` must pin; ``tsp_warm`` pins at manager
+creation) next to the device-snapshot path, one command::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 \
+      && python3 benchmarks/checkpoint.py --device gpu --gib 8 --reps 2 --systems tsp,orbax \
+      && python3 benchmarks/checkpoint.py --device gpu --gib 8 --reps 2 --hbm-full \
+           --systems tsp,tsp_warm,tsp_pinned,orbax,floor
+
 Without ``--device``, the CPU cases:
 
 Cases (JAX arrays on CPU devices, ``file://`` roots in one scratch folder):
