@@ -246,12 +246,12 @@ def main() -> None:
         real_stage = saving.stage
         calls = {"n": 0}
 
-        def stage(shards: Any, mode: str) -> Any:
+        def stage(shards: Any, mode: str, **kw: Any) -> Any:
             calls["n"] += 1
             if pid_i == int(scenario[-1]) and calls["n"] == 1:
                 raise jax.errors.JaxRuntimeError(
                     "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 16.00GiB (injected)")
-            return real_stage(shards, mode)
+            return real_stage(shards, mode, **kw)
 
         saving.stage = stage
         mgr = tsp.CheckpointManager(root, options=SaveOptions(commit_timeout=20.0, staging="device"))
