@@ -255,13 +255,35 @@ class VersionedRoot:
         return v == 0 or (await self.read_record(v)) is not None
 
     async def _find_newest(self) -> int:
+        """Probe for the newest version, checking (never trusting) the cached history.
+
+        The newest version this process knows is re-read from the store, with
+        its write-id, alongside the probe above it: a store deleted and
+        recreated at the same place (tests, notebooks, benchmarks) has lost or
+        replaced that record, and then everything cached of the old history is
+        dropped and the probe starts over from the store as it is.
+        """
         hint = 0
         if not self._hint_read:
             self._hint_read = True
             hint = await read_hint(self.base)
-        lo = await probe_newest(self._exists, self.known, hint)
+        known = self.known
+        if known == 0:
+            lo = await probe_newest(self._exists, 0, hint)
+        else:
+            same, lo = await asyncio.gather(self._same_record(known), probe_newest(self._exists, known, hint))
+            if not same:
+                self._forget_history()
+                self._hint_read = True
+                lo = await probe_newest(self._exists, 0, await read_hint(self.base))
         self.known = max(self.known, lo)
         return self.known
+
+    async def _same_record(self, version: int) -> bool:
+        """Whether ``commits/<version>`` still holds the record this process cached."""
+        cached = self.records.get(version)
+        rec = await self.read_record(version, cached=False)
+        return rec is not None and (cached is None or rec.write_id == cached.write_id)
 
     async def snapshot_expired(self, version: int | None, err: BaseException) -> SnapshotExpiredError | None:
         """What to raise instead of ``err`` when it is a missing object of
