@@ -20,6 +20,7 @@ catches ``KeyError`` or ``ValueError`` keeps working::
     ├── StorageError (OSError)          an I/O failure of the backing store (after retries)
     │   └── CommitOutcomeUnknownError   a conditional write / commit may or may not have landed
     ├── DeadlineExceededError (TimeoutError)  a deadline passed
+    ├── ResourceExhaustedError (MemoryError)  a result too large to allocate
     └── LoopError (RuntimeError)        misuse of the event loop (``.result()`` on the loop)
 
 Messages name the key or URL, the store or driver, and what was expected versus
@@ -45,6 +46,7 @@ __all__ = [
     "StorageError",
     "CommitOutcomeUnknownError",
     "DeadlineExceededError",
+    "ResourceExhaustedError",
     "LoopError",
 ]
 
@@ -149,6 +151,14 @@ class CommitOutcomeUnknownError(StorageError):
 
 class DeadlineExceededError(TensorStoreError, TimeoutError):
     """An operation did not finish before its deadline."""
+
+
+class ResourceExhaustedError(TensorStoreError, MemoryError):
+    """A result can not be allocated: reading a region of an absurd shape (more
+    bytes than the address space, or than this machine can give) asks for it.
+
+    Nothing was read or changed; read a smaller region.
+    """
 
 
 class LoopError(TensorStoreError, RuntimeError):
