@@ -494,3 +494,24 @@ def test_multi_writer_commits_on_a_store_recreated_at_the_same_place(tmp_path) -
     shutil.rmtree(path)
     os.makedirs(path)
     run(2, 3)
+
+
+def test_a_trailing_hint_rewrite_never_recreates_a_deleted_store(tmp_path) -> None:
+    """Commits inside the hint interval schedule one trailing rewrite of the
+    ``latest`` hint; when the store was deleted meanwhile it writes nothing (it
+    recreated the folder, with a hint naming a version of the old history)."""
+    import shutil
+
+    from tensorstore_py.kvstore.versioned.root import HINT_INTERVAL
+
+    path = tmp_path / "s"
+    kv = tsp.KvStore.open(f"versioned+file://{path}/").result()
+    for i in range(3):
+        kv.write(f"k{i}", b"v").result()
+    shutil.rmtree(path)
+    time.sleep(HINT_INTERVAL + 0.5)
+    assert not path.exists()
+    os.makedirs(path)
+    again = tsp.KvStore.open(f"versioned+file://{path}/").result()
+    again.write("k", b"new").result()
+    assert again.newest_version().result() == 1

@@ -485,9 +485,7 @@ class VersionedRoot:
 
     async def _write_hint(self) -> None:
         try:
-            await self.base.write(HINT_NAME, frame(MAGIC_HINT, {"version": self.known}))
-        except Exception:
-            pass
+            await _write_hint_of(self.base, self.known)
         finally:
             self._hint_task = None
 
@@ -523,7 +521,12 @@ def _hint_due(ref: weakref.ref[VersionedRoot], base: KvStore, known: list[int]) 
 
 
 async def _write_hint_of(base: KvStore, version: int) -> None:
+    """Rewrite the ``latest`` hint to name ``version``, if its commit record is
+    still there: a trailing rewrite that fires after the store was deleted
+    (and maybe recreated at the same place) writes nothing into it."""
     with contextlib.suppress(Exception):
+        if version > 0 and (await base.read(commit_name(version))).state != "value":
+            return
         await base.write(HINT_NAME, frame(MAGIC_HINT, {"version": version}))
 
 
