@@ -139,14 +139,18 @@ class CommitOutcomeUnknownError(StorageError):
     Deliberately not a :class:`ConditionFailedError`: treating it as "not
     applied" and retrying could apply an update twice. ``write_id`` identifies
     the attempt; on the versioned store ``VersionedKvStore.find_write_id`` says
-    whether (and as which version) it committed. ``key`` names the key or
-    object concerned where there is one.
+    whether (and as which version) it committed: pass it the error itself, as
+    ``kv.find_write_id(err)``. ``key`` names the key or object concerned where
+    there is one; ``version`` is the only version a commit record can land
+    as, where the attempt had one.
     """
 
-    def __init__(self, message: str, *, write_id: str | None = None, key: str | None = None) -> None:
+    def __init__(self, message: str, *, write_id: str | None = None, key: str | None = None,
+                 version: int | None = None) -> None:
         super().__init__(message)
         self.write_id = write_id
         self.key = key
+        self.version = version
 
 
 class DeadlineExceededError(TensorStoreError, TimeoutError):

@@ -336,9 +336,10 @@ class Transaction:
         :class:`~tensorstore_py.errors.CommitOutcomeUnknownError`: the commit
         may or may not have landed. Do NOT treat it as a failure and simply
         retry (that could apply the transaction twice); once the store answers
-        again, ask ``kv.find_write_id(err.write_id)`` (``err.write_id`` is
+        again, ask ``kv.find_write_id(err)`` (``err.write_id`` is
         :attr:`write_id`): a version number means it committed as that
-        version, None means it did not and the transaction may be redone. A
+        version, None means it did not and never will (the transaction may be
+        redone); while it still could land, the outcome is unknown again. A
         multi-writer transaction may instead simply be run again with the same
         ``txn_id``: it commits at most once (see the module doc).
         """

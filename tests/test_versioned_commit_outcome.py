@@ -129,3 +129,32 @@ def test_multi_writer_participants_hear_the_unknown_outcome_and_a_rerun_commits_
     res = run([VersionedKvStore(mem), VersionedKvStore(mem)], b"x")
     assert [r.version for r in res] == [1, 1], res
     assert kv.list().result(T) == ["p0", "p1"]
+
+
+def test_find_write_id_answers_none_only_once_it_is_final() -> None:
+    """A commit record can only land as the version it was attempted at, and a
+    delayed request may still land it: "not found" is final only once that
+    version exists. Asked with the error, find_write_id raises the unknown
+    outcome again until then, and answers None (final) after."""
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    fault.inject(op="write", key_pattern="commits/*")
+    txn = tsp.Transaction()
+    kv.with_transaction(txn).write("a", b"2").result(T)
+    err = _unknown(txn.commit())
+    assert err.version == 2 and err.write_id == txn.write_id
+    fault.clear()
+    again = _unknown(kv.find_write_id(err))
+    assert again.write_id == err.write_id and again.version == 2 and "version 2" in str(again)
+    _unknown(kv.find_write_id(err.write_id, version=2))
+    # without the attempted version only "not among the versions so far" can be said
+    assert kv.find_write_id(err.write_id).result(T) is None
+    other = VersionedKvStore(mem)
+    other._root = type(other._root)(mem)  # another process
+    other.write("b", b"x").result(T)  # version 2 exists now: it is not ours
+    assert kv.find_write_id(err).result(T) is None
+    assert kv.find_write_id(err, since=1).result(T) is None
+    with pytest.raises(InvalidArgumentError):
+        kv.find_write_id(err.write_id, version=0)

@@ -427,9 +427,9 @@ class VersionedRoot:
             f"versioned store {self.base!r}: commit record {name!r} (write-id {rec.write_id}) "
             f"could not be written or read back in {PUBLISH_RETRY.max_attempts} attempts "
             f"(last error: {last}); it may or may not have landed. Once the store answers, "
-            f"VersionedKvStore.find_write_id({rec.write_id!r}) tells whether it committed "
+            f"VersionedKvStore.find_write_id(err) tells whether it committed "
             f"(it can only land as version {rec.version})",
-            write_id=rec.write_id, key=name,
+            write_id=rec.write_id, key=name, version=rec.version,
         ) from last
 
     async def _landed(self, rec: CommitRecord, name: str) -> bool | None:
