@@ -38,6 +38,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.transaction import note_may_land
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
     HINT_NAME,
@@ -407,6 +408,7 @@ class VersionedRoot:
         name = commit_name(rec.version)
         data = rec.encode()
         last: BaseException | None = None
+        note_may_land()  # from here on, an interrupted commit may still land
         for attempt in range(1, PUBLISH_RETRY.max_attempts + 1):
             try:
                 await self.base.write(name, data, if_equal=Generation.NO_VALUE)
