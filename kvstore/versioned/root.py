@@ -324,7 +324,13 @@ class VersionedRoot:
         ``plan_fn(parent)`` is called once per attempt with the parent record
         (None for the empty store); it may raise (e.g. ConflictError) to abort
         or return None for "nothing to commit". Returns the new record.
+        Holds a writer lease (§9.3) while it writes nodes and the record: a
+        coordinator that wrote nothing else has none of its own.
         """
+        async with self.leases.writing():
+            return await self._commit(plan_fn)
+
+    async def _commit(self, plan_fn: Planner) -> CommitRecord | None:
         failures = 0
         while True:
             checked: asyncio.Future[bool] | None = None
