@@ -101,6 +101,7 @@ def bench_merge(root: str, count: int) -> float:
     path = fresh(root)
     scratch = FileKvStore(path=path, sync=False)  # setup only: fragments of "other" processes
     obj = "data/" + "0" * 32
+    scratch.write(obj, bytes(80)).result()  # the commit checks that referenced data exists
     txn_id = "bench"
     kv = VersionedKvStore(FileKvStore(path=path))
     coord = tsp.Transaction(txn_id=txn_id, process_index=0, process_count=count + 1, timeout=120)
