@@ -20,6 +20,7 @@ catches ``KeyError`` or ``ValueError`` keeps working::
     ├── StorageError (OSError)          an I/O failure of the backing store (after retries)
     │   └── CommitOutcomeUnknownError   a conditional write / commit may or may not have landed
     ├── DeadlineExceededError (TimeoutError)  a deadline passed
+    ├── ResourceExhaustedError (MemoryError)  a result too large to allocate
     ├── LoopError (RuntimeError)        misuse of the event loop (``.result()`` on the loop)
     └── ParticipantFailedError          another process of a multi-writer commit / save failed
 
@@ -46,6 +47,7 @@ __all__ = [
     "StorageError",
     "CommitOutcomeUnknownError",
     "DeadlineExceededError",
+    "ResourceExhaustedError",
     "LoopError",
     "ParticipantFailedError",
 ]
@@ -139,18 +141,30 @@ class CommitOutcomeUnknownError(StorageError):
     Deliberately not a :class:`ConditionFailedError`: treating it as "not
     applied" and retrying could apply an update twice. ``write_id`` identifies
     the attempt; on the versioned store ``VersionedKvStore.find_write_id`` says
-    whether (and as which version) it committed. ``key`` names the key or
-    object concerned where there is one.
+    whether (and as which version) it committed: pass it the error itself, as
+    ``kv.find_write_id(err)``. ``key`` names the key or object concerned where
+    there is one; ``version`` is the only version a commit record can land
+    as, where the attempt had one.
     """
 
-    def __init__(self, message: str, *, write_id: str | None = None, key: str | None = None) -> None:
+    def __init__(self, message: str, *, write_id: str | None = None, key: str | None = None,
+                 version: int | None = None) -> None:
         super().__init__(message)
         self.write_id = write_id
         self.key = key
+        self.version = version
 
 
 class DeadlineExceededError(TensorStoreError, TimeoutError):
     """An operation did not finish before its deadline."""
+
+
+class ResourceExhaustedError(TensorStoreError, MemoryError):
+    """A result can not be allocated: reading a region of an absurd shape (more
+    bytes than the address space, or than this machine can give) asks for it.
+
+    Nothing was read or changed; read a smaller region.
+    """
 
 
 class LoopError(TensorStoreError, RuntimeError):

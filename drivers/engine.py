@@ -38,6 +38,7 @@ import numpy as np
 
 import tensorstore_py.drivers.fastpath as fastpath
 from tensorstore_py.core.budget import ByteBudget, default_bytes_in_flight, run_bounded
+from tensorstore_py.core.buffers import new_array
 from tensorstore_py.core.errors import (
     ConditionFailedError,
     InvalidArgumentError,
@@ -280,7 +281,7 @@ class ChunkedArray(ArrayDriver):
     def _out(self, index: Index, out: np.ndarray | None) -> np.ndarray:
         shape = out_shape(index)
         if out is None:
-            return np.empty(shape, dtype=self._dtype)
+            return new_array(shape, self._dtype, what=f"reading {shape} of the array on {self.kvstore!r}")
         if out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
             raise InvalidArgumentError(
                 f"out must be a writeable {self._dtype} array of shape {shape}, "

@@ -330,6 +330,11 @@ class KvStore(ABC):
         the value changes between requests, the read is retried.
         """
         full = self._full(key)
+        if isinstance(ranges, (str, bytes, slice, ByteRange)) or not hasattr(ranges, "__iter__"):
+            raise InvalidArgumentError(
+                f"read_ranges of key {key!r}: ranges must be a sequence of slices or ByteRanges, "
+                f"got {type(ranges).__name__}"
+            )
         norm = [ByteRange.of(r) or ByteRange(0) for r in ranges]
         return spawn(self._read_ranges(full, norm, coalesce_gap))
 

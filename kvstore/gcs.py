@@ -438,8 +438,10 @@ class GcsKvStore(ObjectKvStore):
                 resp = await self._call("POST", url, what=what, data=body,
                                         headers={"Content-Type": content_type})
         except RetriesExhaustedError as e:
-            if if_equal is None or not e.maybe_applied:
+            if not e.maybe_applied:
                 raise
+            if if_equal is None:
+                return await self._settle_overwrite(key, write_id, what, f"every attempt failed ({e})")
             return await self._settle_write(key, write_id, if_equal, what, refused=False,
                                       maybe_applied=True)
         if resp.status in (200, 201):

@@ -41,7 +41,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.core.retry import RetryPolicy
-from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
+from tensorstore_py.kvstore.transaction import CommitInfo, Transaction, note_may_land
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.data import require_present
 from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, crc32c, new_write_id
@@ -502,6 +502,7 @@ async def _deliver(root: VersionedRoot, txn: Transaction, a: Attempt, mine: Frag
             f"this process with process_count={txn.process_count}"
         )
     name = fragment_name(a.txn_id, a.number, a.nonce, mine.index)
+    note_may_land()  # process 0 may commit what this fragment holds
     if not await create_object(root.base, name, encode_fragment(a.txn_id, a, txn.write_id, mine),
                                exists="compare"):
         return False

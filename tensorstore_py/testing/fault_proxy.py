@@ -9,6 +9,9 @@ fraction of requests, misbehaves in one of these ways::
     "lost_response"  forward the request, then drop the connection: the server
                      acted on it but the client never hears back
     "truncate"       forward, then send the head and half of the body, then drop
+    "no_such_upload" (scripted only) answer 404 with S3's NoSuchUpload error
+                     document, not forwarded: what S3 may answer the retried
+                     completion of a multipart upload that already completed
 
 Everything else is relayed byte for byte. Each connection carries one request
 (the proxy asks upstream for ``Connection: close`` and relays that), so a
@@ -40,9 +43,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-__all__ = ["FAULT_KINDS", "FaultProxy"]
+__all__ = ["FAULT_KINDS", "SCRIPT_KINDS", "FaultProxy"]
 
 FAULT_KINDS: tuple[str, ...] = ("503", "429", "reset", "lost_response", "truncate")
+#: what :meth:`FaultProxy.script` takes besides FAULT_KINDS (never drawn at random)
+SCRIPT_KINDS: tuple[str, ...] = FAULT_KINDS + ("no_such_upload",)
 _HOP_HEADERS = {b"connection", b"keep-alive", b"proxy-connection"}
 
 
@@ -164,9 +169,9 @@ class FaultProxy:
     def script(self, decisions: Sequence[str | None]) -> None:
         """Decide the next requests exactly: a fault kind, or None to relay one
         untouched; random decisions resume once these are used up."""
-        bad = {d for d in decisions if d is not None} - set(FAULT_KINDS)
+        bad = {d for d in decisions if d is not None} - set(SCRIPT_KINDS)
         if bad:
-            raise ValueError(f"FaultProxy: unknown fault kinds {sorted(bad)}; known: {FAULT_KINDS}")
+            raise ValueError(f"FaultProxy: unknown fault kinds {sorted(bad)}; known: {SCRIPT_KINDS}")
         with self._lock:
             self._script.extend(decisions)
 
@@ -222,11 +227,13 @@ class FaultProxy:
         kind: str | None,
         release: Callable[[], None],
     ) -> None:
-        if kind in ("503", "429", "reset"):
+        if kind in ("503", "429", "reset", "no_such_upload"):
             await self._notify(kind, request)
             release()
             if kind == "reset":
                 writer.transport.abort()
+            elif kind == "no_such_upload":
+                await _answer_no_such_upload(writer)
             else:
                 await _answer(writer, int(kind), head_only=request.startswith(b"HEAD "))
             return
@@ -314,5 +321,16 @@ async def _answer(writer: asyncio.StreamWriter, status: int, *, head_only: bool 
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nRetry-After: 0\r\nConnection: close\r\n\r\n".encode()
         + (b"" if head_only else body)  # an answer to HEAD has no body
+    )
+    await writer.drain()
+
+
+async def _answer_no_such_upload(writer: asyncio.StreamWriter) -> None:
+    body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchUpload</Code>'
+            b"<Message>The specified upload does not exist. The upload ID may be invalid, or the "
+            b"upload may have been aborted or completed. (injected)</Message></Error>")
+    writer.write(
+        f"HTTP/1.1 404 Not Found\r\nContent-Type: application/xml\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
     )
     await writer.drain()
