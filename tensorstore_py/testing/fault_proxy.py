@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Self
@@ -76,6 +77,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._in_flight = 0
+        self._log: list[tuple[str, float, float]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
@@ -158,8 +160,32 @@ class FaultProxy:
             }
 
     def reset_counters(self) -> None:
+        """Zero the counters and forget the request log."""
         with self._lock:
             self._counts.clear()
+            self._log.clear()
+
+    def request_log(self) -> list[tuple[str, float, float]]:
+        """``(request line, arrived, answered)`` per request since the last
+        :meth:`reset_counters`, in arrival order (``time.monotonic()`` seconds:
+        arrived = its whole request was read, answered = its answer was sent)."""
+        with self._lock:
+            return sorted(self._log, key=lambda r: r[1])
+
+    def sequential_round_trips(self, until: float | None = None) -> int:
+        """The longest chain of requests each of which arrived after the one
+        before it was answered: how many round trips the client waited for one
+        after another (requests in flight together count once). Exact when
+        concurrent requests overlap, which a time to first byte ensures.
+        ``until`` (a ``time.monotonic()`` instant): count only requests that
+        arrived before it, e.g. leave out what an operation sends after it
+        returned."""
+        log = [r for r in self.request_log() if until is None or r[1] < until]
+        chain, last_end = 0, float("-inf")
+        for _, start, end in sorted(log, key=lambda r: r[2]):
+            if start >= last_end:  # greedy by end time: the longest such chain
+                chain, last_end = chain + 1, end
+        return chain
 
     def script(self, decisions: Sequence[str | None]) -> None:
         """Decide the next requests exactly: a fault kind, or None to relay one
@@ -190,6 +216,7 @@ class FaultProxy:
             request = await _read_request(reader)
             if request is None:
                 return
+            arrived = time.monotonic()
             kind = self._decide()
             with self._lock:
                 self._in_flight += 1
@@ -209,6 +236,9 @@ class FaultProxy:
                 await self._serve(writer, request, kind, release)
             finally:
                 release()
+                with self._lock:
+                    line = request.partition(b"\r\n")[0].decode("latin-1")
+                    self._log.append((line, arrived, time.monotonic()))
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass  # the client went away; nothing to relay
         finally:
@@ -246,6 +276,10 @@ class FaultProxy:
             await writer.drain()
             writer.transport.abort()
             return
+        await self._send(writer, response)
+
+    async def _send(self, writer: asyncio.StreamWriter, response: bytes) -> None:
+        """Relay an upstream answer to the client (a subclass may pace it)."""
         writer.write(response)
         await writer.drain()
 
