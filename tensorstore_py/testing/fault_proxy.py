@@ -77,7 +77,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._in_flight = 0
-        self._log: list[tuple[str, float, float]] = []
+        self._log: list[list[Any]] = []  # [request line, arrived, answered]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
@@ -170,7 +170,7 @@ class FaultProxy:
         :meth:`reset_counters`, in arrival order (``time.monotonic()`` seconds:
         arrived = its whole request was read, answered = its answer was sent)."""
         with self._lock:
-            return sorted(self._log, key=lambda r: r[1])
+            return sorted(((r[0], r[1], r[2]) for r in self._log), key=lambda r: r[1])
 
     def sequential_round_trips(self, until: float | None = None) -> int:
         """The longest chain of requests each of which arrived after the one
@@ -222,23 +222,26 @@ class FaultProxy:
                 self._in_flight += 1
                 self._counts["max_in_flight"] = max(self._counts["max_in_flight"], self._in_flight)
             released = False
+            entry = [request.partition(b"\r\n")[0].decode("latin-1"), arrived, arrived]
 
             def release() -> None:
                 # Called before the client can learn the outcome, so a client that
-                # bounds its requests never shows more than its bound here.
+                # bounds its requests never shows more than its bound here, and
+                # the request is in the log before its client can go on.
                 nonlocal released
                 if not released:
                     released = True
                     with self._lock:
                         self._in_flight -= 1
+                        entry[2] = time.monotonic()
+                        self._log.append(entry)
 
             try:
                 await self._serve(writer, request, kind, release)
             finally:
                 release()
                 with self._lock:
-                    line = request.partition(b"\r\n")[0].decode("latin-1")
-                    self._log.append((line, arrived, time.monotonic()))
+                    entry[2] = time.monotonic()  # answered: the whole answer was sent
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass  # the client went away; nothing to relay
         finally:
