@@ -101,3 +101,21 @@ def test_versioned_transaction_of_written_keys_commits_in_3_round_trips(gcs_emul
         assert store.read("k03").result(T).value == b"a" * 5000
         assert store.read("k04").result(T).value == b"b" * 10
         assert store.read("k05").result(T).value == b"old 5"
+
+
+def test_a_whole_read_keeps_every_request_slot_of_the_store_busy(gcs_emulator: Any) -> None:
+    # 12 chunks of 4 MiB on a store with 32 request slots: all 12 in flight at once
+    # (bytes in flight over the round trip is the throughput), not a count from CPUs
+    bucket = gcs_emulator.create_bucket()
+    ctx = tsp.Context({"data_copy_concurrency": {"limit": 2}})
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.05) as proxy:
+        spec = {"kvstore": {**gcs_emulator.spec(bucket, path="a/"), "endpoint": proxy.endpoint}}
+        data = np.arange(2048 * 2048 * 12, dtype=np.uint32).astype(np.uint8).reshape(2048, -1)
+        tsp.open(spec, create=True, dtype="uint8", shape=data.shape, chunks=(2048, 2048),
+                 context=ctx).result(T).write(data).result(T)
+        arr = tsp.open(spec, context=ctx).result(T)
+        proxy.reset_counters()
+        np.testing.assert_array_equal(arr.read().result(T), data)
+        assert proxy.counters()["requests"] == 12
+        assert proxy.counters()["max_in_flight"] == 12
+        assert proxy.sequential_round_trips() == 1
