@@ -217,6 +217,11 @@ def run_volume(b: Bench, libs: list[str], ms: int, cases: set[str]) -> None:
         got = read_many(lib, readers[lib], sels[:4])
         assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), lib
     if "crops_1" in cases:
+        for lib in libs:  # requests per crop (indexes cached): what each crop costs
+            b.proxy.reset_counters()
+            for s in sels[4:8]:
+                read(lib, readers[lib], s)
+            emit(f"crops_1.{lib}.requests_per_crop.{ms}ms", b.proxy.counters()["requests"] / 4, "")
         t = turns({lib: (lambda lib=lib: [read(lib, readers[lib], s) for s in sels])
                    for lib in libs}, b.args.repeats)
         report("crops_1", ms, {lib: len(sels) / t[lib] for lib in libs}, "crops/s")

@@ -119,3 +119,19 @@ def test_a_whole_read_keeps_every_request_slot_of_the_store_busy(gcs_emulator: A
         assert proxy.counters()["requests"] == 12
         assert proxy.counters()["max_in_flight"] == 12
         assert proxy.sequential_round_trips() == 1
+
+
+@pytest.mark.parametrize("server", ["gcs", "s3"])
+def test_requests_one_after_another_reuse_one_connection(
+    request: pytest.FixtureRequest, server: str,
+) -> None:
+    srv = request.getfixturevalue("gcs_emulator" if server == "gcs" else "s3_server")
+    bucket = srv.create_bucket()
+    with ShapingProxy(srv.endpoint, ttfb=0.01, handshake=0.05) as proxy:
+        field = "endpoint" if server == "gcs" else "endpoint_url"
+        store = tsp.KvStore.open({**srv.spec(bucket), field: proxy.endpoint}).result(T)
+        for i in range(5):
+            store.write(f"k{i}", b"%d" % i).result(T)
+        assert [store.read(f"k{i}").result(T).value for i in range(5)] == [b"%d" % i for i in range(5)]
+        assert proxy.counters()["requests"] == 10
+        assert proxy.counters()["connections"] == 1  # no connection set-up after the first

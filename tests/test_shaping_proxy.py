@@ -107,3 +107,26 @@ def test_bad_settings_are_refused() -> None:
         ShapingProxy("http://127.0.0.1:1", ttfb=-1)
     with pytest.raises(ValueError, match="bandwidth"):
         ShapingProxy("http://127.0.0.1:1", bandwidth=0)
+
+
+def test_a_kept_connection_pays_the_handshake_once(serve_app: Callable[..., Any]) -> None:
+    import http.client
+
+    server = serve_app(_app())
+    with ShapingProxy(server.url, ttfb=0.05, handshake=0.3) as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=T)
+        t0 = time.monotonic()
+        for _ in range(4):
+            conn.request("GET", "/blob")
+            resp = conn.getresponse()
+            assert (resp.status, resp.read()) == (200, BLOB)
+        elapsed = time.monotonic() - t0
+        conn.close()
+        assert 0.3 + 4 * 0.05 <= elapsed < 2 * 0.3 + 4 * 0.05
+        assert proxy.counters()["connections"] == 1
+        # a connection per request pays it every time
+        t0 = time.monotonic()
+        for _ in range(2):
+            assert _get(proxy.endpoint + "/blob") == (200, BLOB)
+        assert time.monotonic() - t0 >= 2 * (0.3 + 0.05)
+        assert proxy.counters()["connections"] == 3

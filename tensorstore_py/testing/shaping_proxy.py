@@ -9,12 +9,16 @@ that also shapes the traffic it relays, for tests and benchmarks alike:
 * ``bandwidth`` (bytes per second, optional): each connection carries at most
   this much in each direction. An upload of ``n`` bytes is held ``n /
   bandwidth`` before it is forwarded; an answer is relayed in 64 KiB slices
-  no faster than ``bandwidth``. Each connection carries one request, so the
-  cap is per request in flight: total throughput grows with the requests a
-  client keeps in flight, as with a cloud store.
+  no faster than ``bandwidth``. A connection carries one request at a time,
+  so the cap is per request in flight: total throughput grows with the
+  requests a client keeps in flight, as with a cloud store.
+* ``handshake`` (seconds, ``2 x ttfb`` by default): what a new connection
+  costs before its first request (TCP and TLS set-up). Client connections
+  stay open for further requests (``keep_alive``, as with a cloud store), so
+  a client that reuses its connections pays it once per connection.
 * ``fault_rate``, ``kinds``, ``seed`` (as FaultProxy, 0 by default): a
   seeded fraction of requests fails in one of FaultProxy's ways, the same
-  requests for the same seed and arrival order.
+  requests for the same seed and arrival order; a fault ends its connection.
 
 The request log and :meth:`~FaultProxy.sequential_round_trips` count how many
 round trips an operation waits for one after another::
@@ -57,14 +61,26 @@ class ShapingProxy(FaultProxy):
         seed: int = 0,
         kinds: Sequence[str] = FAULT_KINDS,
         on_fault: Callable[[str, bytes], None] | None = None,
+        handshake: float | None = None,
+        keep_alive: bool = True,
     ) -> None:
         if not ttfb >= 0.0:
             raise ValueError(f"ShapingProxy: ttfb must be >= 0 seconds, got {ttfb}")
         if bandwidth is not None and not bandwidth > 0:
             raise ValueError(f"ShapingProxy: bandwidth must be > 0 bytes/s or None, got {bandwidth}")
-        super().__init__(upstream, fault_rate=fault_rate, seed=seed, kinds=kinds, on_fault=on_fault)
+        if handshake is not None and not handshake >= 0.0:
+            raise ValueError(f"ShapingProxy: handshake must be >= 0 seconds, got {handshake}")
+        super().__init__(upstream, fault_rate=fault_rate, seed=seed, kinds=kinds, on_fault=on_fault,
+                         keep_alive=keep_alive)
         self.ttfb = ttfb
+        self._handshake = handshake
         self.bandwidth = bandwidth
+
+    @property
+    def handshake(self) -> float:
+        """Seconds a new client connection costs before its first request is
+        read (TCP and TLS set-up): ``2 x ttfb`` unless given."""
+        return 2 * self.ttfb if self._handshake is None else self._handshake
 
     def __repr__(self) -> str:
         return (
@@ -78,13 +94,18 @@ class ShapingProxy(FaultProxy):
         request: bytes,
         kind: str | None,
         release: Callable[[], None],
-    ) -> None:
+        keep_alive: bool = False,
+    ) -> bool:
         delay = self.ttfb
         if self.bandwidth is not None:
             delay += len(request) / self.bandwidth  # the upload at the capped rate
         if delay > 0:
             await asyncio.sleep(delay)
-        await super()._serve(writer, request, kind, release)
+        return await super()._serve(writer, request, kind, release, keep_alive)
+
+    async def _connected(self) -> None:
+        if self.handshake > 0:
+            await asyncio.sleep(self.handshake)
 
     async def _send(self, writer: asyncio.StreamWriter, response: bytes) -> None:
         if self.bandwidth is None:
