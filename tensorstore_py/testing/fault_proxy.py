@@ -231,6 +231,8 @@ class FaultProxy:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass  # the client went away; nothing to relay
+        except asyncio.CancelledError:
+            pass  # stop() with a kept connection waiting for its next request
         finally:
             if not writer.transport.is_closing():
                 writer.close()
