@@ -55,10 +55,10 @@ os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:1")
 os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorstore_py as tsp  # noqa: E402
-from tensorstore_py.core.pools import available_cpus  # noqa: E402
-from tensorstore_py.testing.gcs_server import GcsEmulator  # noqa: E402
-from tensorstore_py.testing.shaping_proxy import ShapingProxy  # noqa: E402
+import tensorstore_py as tsp
+from tensorstore_py.core.pools import available_cpus
+from tensorstore_py.testing.gcs_server import GcsEmulator
+from tensorstore_py.testing.shaping_proxy import ShapingProxy
 
 CASES = ("vol_write", "crops_1", "crops_16", "vol_read", "f32_write", "f32_read",
          "ckpt_save", "commit_1key")

@@ -15,6 +15,14 @@ Durability (``sync=True``, the default): when ``write`` returns, the data, the
 rename and any directories it created have been fsync'ed. ``sync=False`` skips
 the fsyncs (scratch data; a crash may then lose recent writes, never tear one).
 
+Clock: every write stamps its file's mtime with the *filesystem's* time
+(``utimensat`` with ``UTIME_NOW``: the kernel's clock on a local filesystem,
+the server's on NFS, which sets it when the client asks for "now"), never
+with a time this host computed. Ages that garbage collection measures
+(``list_info`` mtimes against a probe object's) therefore come from one clock
+on a local or NFS filesystem, whatever the clocks of the hosts that write
+(docs/STORES.md "Clocks" lists which clock each store trusts).
+
 Generation: the file's stat stamp (device, inode, mtime_ns, size) followed by
 a random 16-byte token that every write of this store stores with the file, in
 the extended attribute ``user.tsp.gen`` (set on the temporary file before the
@@ -27,7 +35,8 @@ same-size rewrite within one clock tick keeps the mtime), and then a
 compare-and-swap would succeed against changed data and ``if_not_equal`` would
 answer "unchanged". The stamp part still catches in-place changes by other
 tools. Files written by other tools (no token) get the stat stamp alone, with
-the mtime set to ``max(now_ns, previous_mtime + 1)`` on our own rewrites.
+the mtime of our own rewrites set past the previous one's (one ns more when
+the filesystem's clock has not advanced).
 
 Where no token can be stored (a filesystem without user extended attributes)
 *and* the filesystem's timestamps are coarser than a nanosecond (probed once
@@ -369,8 +378,7 @@ class FileKvStore(KvStore):
 
     def _link_create(self, fd: int, tmp: str, path: str, token: bytes) -> Generation:
         """Create-only: ``link`` fails atomically if the key exists."""
-        now = time.time_ns()
-        os.utime(fd, ns=(now, now))
+        os.utime(fd)  # the filesystem's "now" (on NFS the server's), never this host's clock
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -401,11 +409,15 @@ class FileKvStore(KvStore):
             cur = Generation.NO_VALUE if cur_st is None else generation(cur_st, self._token(path))
             if cur != if_equal:
                 raise condition_failed(self, path[len(self.path):], if_equal, cur)
-        now = time.time_ns()
-        if cur_st is not None and now <= cur_st.st_mtime_ns:
-            now = cur_st.st_mtime_ns + 1
-        os.utime(fd, ns=(now, now))
-        new = generation(os.fstat(fd), token)
+        os.utime(fd)  # the filesystem's "now" (on NFS the server's), never this host's clock
+        st = os.fstat(fd)
+        if cur_st is not None and st.st_mtime_ns <= cur_st.st_mtime_ns:
+            # the clock did not advance past the previous write's (a coarse
+            # tick): one ns more keeps stamps of files without a token distinct
+            bump = cur_st.st_mtime_ns + 1
+            os.utime(fd, ns=(st.st_atime_ns, bump))
+            st = os.fstat(fd)
+        new = generation(st, token)
         os.rename(tmp, path)
         return new
 

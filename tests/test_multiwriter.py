@@ -198,6 +198,7 @@ def test_merging_1000_fragments_is_fast(tmp_path: Any) -> None:
     base = FileKvStore(path=str(tmp_path), sync=False)
     kv = VersionedKvStore(base)
     obj = "data/" + "0" * 32
+    base.write(obj, b"d" * 80).result(T)  # what the fragments reference (checked before the commit)
     t0 = tsp.Transaction(txn_id="big", process_index=0, process_count=n + 1, timeout=60)
     kv.with_transaction(t0).write("p/0000/0", b"coordinator").result(T)
     fut = t0.commit()

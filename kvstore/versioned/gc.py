@@ -38,7 +38,10 @@ nothing deleted) when a kept version can not be walked, a commit record in
 
 **Ages and leases.** Ages are measured by the STORE's clock: the collector
 writes a probe object and reads its modification time back
-(:func:`.leases.store_now`), so skewed host clocks do not matter. An
+(:func:`.leases.store_now`; which clock that is per store: FORMAT.md §9.1).
+It reads the writers' leases before it lists and reads the newest version,
+the readers' after, and the newest version again after marking, marking what
+was committed meanwhile (the proof: FORMAT.md §9.5). An
 unmarked object is deleted only when it is older than ``grace`` seconds AND no
 live writer lease claims it (:mod:`.leases`: a transaction open for hours keeps
 what it wrote, whatever the grace). A store that can not tell an object's age
@@ -66,7 +69,6 @@ import asyncio
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError
@@ -81,7 +83,8 @@ from tensorstore_py.kvstore.versioned.format import (
     ranges_contain,
     unframe,
 )
-from tensorstore_py.kvstore.versioned.leases import Leases, read_leases, store_now
+from tensorstore_py.kvstore.versioned.gcreport import GcReport, kinds, merge
+from tensorstore_py.kvstore.versioned.leases import Leases, delete_expired, read_leases, store_now
 from tensorstore_py.kvstore.versioned.reclaim import (
     WATERMARK,
     Reclaim,
@@ -130,67 +133,6 @@ def is_layout_object(name: str) -> bool:
 
 #: deletion order: data before the nodes that reference them (see the module doc)
 _ORDER = {"data": 0, "nodes": 1, "txns": 2, "changes": 3, "gc": 4, "leases": 5}
-
-
-@dataclass(frozen=True)
-class GcReport:
-    """What a garbage collection deleted (or, for a dry run, would delete) and kept.
-
-    ``deleted`` lists object names (sorted), ``reclaimed`` the subset that was
-    reachable only from deleted versions (prompt reclaim). Byte counts cover
-    objects whose size is known (``unknown_size`` counts the rest).
-    ``kept_leased``: unreferenced old objects kept because a live writer's
-    lease claims them; ``deferred_versions``: deleted versions not reclaimed
-    yet (a reader lease or ``read_grace`` keeps them); ``leases``: live
-    leases; ``expired_leases``: lease objects of gone owners (deleted unless
-    dry run); ``temporaries``: crashed writers' temporaries the base store
-    swept (or would); ``clock``: ``"store"`` when ages came from the store's
-    clock, ``"host"`` when it could not tell (a read-only store).
-    """
-
-    dry_run: bool
-    grace: float
-    newest: int
-    retained_versions: int
-    deleted_versions: int
-    deleted: tuple[str, ...]
-    deleted_bytes: int
-    reclaimed: tuple[str, ...]
-    kept_reachable: int
-    kept_reachable_bytes: int
-    kept_young: tuple[str, ...]
-    kept_young_bytes: int
-    unknown_size: int = 0
-    by_kind: dict[str, int] = field(default_factory=dict)
-    kept_leased: tuple[str, ...] = ()
-    deferred_versions: tuple[int, ...] = ()
-    leases: int = 0
-    expired_leases: tuple[str, ...] = ()
-    temporaries: tuple[str, ...] = ()
-    clock: str = "store"
-
-    @property
-    def deleted_count(self) -> int:
-        return len(self.deleted)
-
-    def summary(self) -> str:
-        verb = "would delete" if self.dry_run else "deleted"
-        kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.by_kind.items())) or "nothing"
-        extra = ""
-        if self.kept_leased:
-            extra += f", {len(self.kept_leased)} claimed by {self.leases} live lease(s)"
-        if self.deferred_versions:
-            extra += f"; {len(self.deferred_versions)} deleted version(s) still read"
-        if self.temporaries:
-            extra += f"; {len(self.temporaries)} crashed writers' temporaries"
-        return (
-            f"gc of {self.newest} versions ({self.retained_versions} retained, "
-            f"{self.deleted_versions} deleted): {verb} {self.deleted_count} objects "
-            f"({kinds}; {self.deleted_bytes} bytes, {len(self.reclaimed)} of deleted versions); "
-            f"kept {self.kept_reachable} referenced ({self.kept_reachable_bytes} bytes) and "
-            f"{len(self.kept_young)} younger than {self.grace:g} s ({self.kept_young_bytes} bytes)"
-            + extra
-        )
 
 
 def _check_seconds(name: str, value: Any) -> float:
@@ -356,14 +298,6 @@ def _order(names: set[str]) -> list[str]:
     return sorted(names, key=lambda n: (_ORDER[n.split("/", 1)[0]], n))
 
 
-def _kinds(names: set[str] | list[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for n in names:
-        kind = n.split("/", 1)[0]
-        out[kind] = out.get(kind, 0) + 1
-    return out
-
-
 # -- prompt reclaim ------------------------------------------------------------------
 async def _reclaim(base: KvStore, grace: float, read_grace: float, sweep_interval: float) -> GcReport:
     shared = get_root(base)
@@ -384,7 +318,8 @@ async def _reclaim(base: KvStore, grace: float, read_grace: float, sweep_interva
     txns = {i.key: i for i in await base.list_info("txns/") if _TXN_RE.match(i.key)}
     txn_delete, _live = _txns(txns, rules)
     names = set(found.objects) | txn_delete
-    await _delete(base, _order(names) + list(leases.expired))
+    await _delete(base, _order(names))
+    await delete_expired(base, leases)
     if found.versions:
         await update_watermark(base, found.versions)
     sizes = {**{n: txns[n].size for n in txn_delete}, **found.objects}
@@ -394,29 +329,13 @@ async def _reclaim(base: KvStore, grace: float, read_grace: float, sweep_interva
         deleted=tuple(sorted(names)), deleted_bytes=sum(s or 0 for s in sizes.values()),
         reclaimed=tuple(sorted(found.objects)), kept_reachable=0, kept_reachable_bytes=0,
         kept_young=(), kept_young_bytes=0, unknown_size=sum(1 for s in sizes.values() if s is None),
-        by_kind=_kinds(names), deferred_versions=tuple(found.deferred), leases=leases.live,
+        by_kind=kinds(names), deferred_versions=tuple(found.deferred), leases=leases.live,
         expired_leases=leases.expired, clock=clock,
     )
     if wm.swept is not None and now - wm.swept < sweep_interval:
         return report
     full = await _Gc(base, grace, False, False, read_grace).run()
-    return _merge(report, full)
-
-
-def _merge(a: GcReport, b: GcReport) -> GcReport:
-    """A reclaim's report followed by a full collection's."""
-    deleted = set(a.deleted) | set(b.deleted)
-    return GcReport(
-        dry_run=False, grace=a.grace, newest=b.newest, retained_versions=b.retained_versions,
-        deleted_versions=b.deleted_versions, deleted=tuple(sorted(deleted)),
-        deleted_bytes=a.deleted_bytes + b.deleted_bytes, reclaimed=a.reclaimed,
-        kept_reachable=b.kept_reachable, kept_reachable_bytes=b.kept_reachable_bytes,
-        kept_young=b.kept_young, kept_young_bytes=b.kept_young_bytes,
-        unknown_size=a.unknown_size + b.unknown_size, by_kind=_kinds(deleted),
-        kept_leased=b.kept_leased, deferred_versions=a.deferred_versions, leases=b.leases,
-        expired_leases=tuple(sorted(set(a.expired_leases) | set(b.expired_leases))),
-        temporaries=b.temporaries, clock=a.clock,
-    )
+    return merge(report, full)
 
 
 # -- a full collection ------------------------------------------------------------------
@@ -434,7 +353,12 @@ class _Gc:
         self.marked: set[str] = set()
 
     async def run(self) -> GcReport:
+        # The order is the proof of FORMAT.md §9.5: now, the writers' leases,
+        # the listing, the newest version and what it keeps, the readers'
+        # leases, marking, the newest version again; then deletes.
         now, clock = await store_now(self.base)
+        own = get_root(self.base).leases
+        writers = await read_leases(self.base, now, own)
         # list BEFORE finding the newest version: an object written after the
         # listing is never a candidate, whatever commits meanwhile
         listed: dict[str, KeyInfo] = {}
@@ -456,10 +380,12 @@ class _Gc:
                 f"the newest reachable version {newest} (version {newest + 1} is missing); "
                 f"refusing to collect"
             )
-        records = await self._records(newest)
+        records = await self._records(1, newest)
         head = records.get(newest)
         deleted_ranges = head.deleted if head is not None else []
-        leases = await read_leases(self.base, now, get_root(self.base).leases)
+        # readers: their lease, then their check of the retention state; ours:
+        # the retention state, then the leases (one of the two sees the other)
+        leases = writers.merge(await read_leases(self.base, now, own))
         gone = [v for v in sorted(records) if ranges_contain(deleted_ranges, v)]
         pinned = set(leases.pinned) | await _young_successors(
             self.base, gone, now, self.read_grace, commits)
@@ -471,6 +397,19 @@ class _Gc:
         nodes: set[str] = set()
         for rec in kept:  # shared subtrees are walked once (nodes is shared)
             await walk(self.root.load_node, rec.root, nodes, self._mark_entry)
+
+        rules = _Rules(now, self.grace, leases)
+        txn_delete, in_flight = _txns(listed, rules)
+        await asyncio.gather(*(self._mark_fragment(n) for n in in_flight))
+        # versions committed since the newest was read: a fragment found gone
+        # above was merged into one of them, a writer whose lease we read first
+        # may have published its objects there (§9.5)
+        later = await self.root.newest()
+        if later > newest:
+            for rec in (await self._records(newest + 1, later)).values():
+                if rec.changes_ref is not None:
+                    self.marked.add(rec.changes_ref)
+                await walk(self.root.load_node, rec.root, nodes, self._mark_entry)
         self.marked |= nodes
 
         found = Reclaim()
@@ -480,11 +419,7 @@ class _Gc:
                 self.base, self.root, self.root.read_record, head, wm.reclaimed, pinned,
                 kept_nodes=nodes, kept_objects=self.marked,
             )
-        reclaimed = {n for n in found.objects if n in listed}
-
-        rules = _Rules(now, self.grace, leases)
-        txn_delete, in_flight = _txns(listed, rules)
-        await asyncio.gather(*(self._mark_fragment(n) for n in in_flight))
+        reclaimed = {n for n in found.objects if n in listed and n not in self.marked}
 
         to_delete: set[str] = set(reclaimed) | txn_delete
         kept_young: list[str] = []
@@ -507,7 +442,8 @@ class _Gc:
         temporaries = await self._temporaries(now, leases)
         order = _order(to_delete)
         if not self.dry_run:
-            await _delete(self.base, order + stale + list(leases.expired), self.on_delete)
+            await _delete(self.base, order + stale, self.on_delete)
+            await delete_expired(self.base, leases)
             await update_watermark(self.base, found.versions, swept=now)
         return GcReport(
             dry_run=self.dry_run,
@@ -523,7 +459,7 @@ class _Gc:
             kept_young=tuple(sorted(kept_young)),
             kept_young_bytes=sum(listed[n].size or 0 for n in kept_young),
             unknown_size=sum(1 for n in to_delete if listed[n].size is None),
-            by_kind=_kinds(to_delete),
+            by_kind=kinds(to_delete),
             kept_leased=tuple(sorted(kept_leased)),
             deferred_versions=tuple(v for v in gone if v in pinned),
             leases=leases.live,
@@ -549,8 +485,8 @@ class _Gc:
         if isinstance(entry, RefEntry):
             self.marked.add(entry.object)
 
-    async def _records(self, newest: int) -> dict[int, CommitRecord]:
-        """Every commit record; a missing one aborts the collection."""
+    async def _records(self, first: int, last: int) -> dict[int, CommitRecord]:
+        """The commit records ``first..last``; a missing one aborts the collection."""
 
         async def one(v: int) -> CommitRecord:
             async with self.sem:
@@ -558,11 +494,11 @@ class _Gc:
             if rec is None:
                 raise DataCorruptionError(
                     f"gc of versioned store over {self.base!r}: commit record of version {v} "
-                    f"is missing (newest is {newest}); refusing to collect"
+                    f"is missing (newest is {last}); refusing to collect"
                 )
             return rec
 
-        recs = await asyncio.gather(*(one(v) for v in range(1, newest + 1)))
+        recs = await asyncio.gather(*(one(v) for v in range(first, last + 1)))
         return {r.version: r for r in recs}
 
     async def _mark_fragment(self, name: str) -> None:

@@ -6,7 +6,9 @@ committer task at a time commits everything queued so far as ONE version (at
 most :data:`MAX_BATCH` operations), re-planned against the newest version at
 each attempt. A write with ``if_equal`` is checked then, and a failed condition
 fails only that write. The batch holds a writer lease (docs/FORMAT.md §9.3) from
-packing its small values to its commit record.
+packing its small values to its commit record, and checks right before the
+record that every data object it adds still exists (DataCorruptionError for
+the whole batch, nothing visible, when a collector took one).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Any
 
 from tensorstore_py.core.errors import ConditionFailedError
 from tensorstore_py.kvstore.base import Generation
-from tensorstore_py.kvstore.versioned.data import Pending, pack
-from tensorstore_py.kvstore.versioned.format import CommitRecord, Entry
+from tensorstore_py.kvstore.versioned.data import Pending, pack, require_present
+from tensorstore_py.kvstore.versioned.format import CommitRecord, Entry, RefEntry
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 
 __all__ = ["MAX_BATCH", "submit"]
@@ -91,6 +93,10 @@ async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
             probe.cancel()
             raise
     outcome: dict[int, BaseException | None] = {}
+    added = sorted({op.value.object for op in batch if isinstance(op.value, RefEntry)})
+
+    async def check() -> None:
+        await require_present(root.base, added, f"group commit on {root.base!r}", "this batch wrote")
 
     async def plan(parent: CommitRecord | None) -> Plan | None:
         tree = parent.root if parent else None
@@ -119,7 +125,7 @@ async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
             outcome[i] = None
         if not effective:
             return None
-        return Plan(sorted(effective.items()), kind="data")
+        return Plan(sorted(effective.items()), kind="data", before_publish=check)
 
     await root.commit(plan, probe=probe)
     for i, op in enumerate(batch):

@@ -21,10 +21,19 @@ when nothing is left. A lease whose owner is a process of this very machine
 that has exited counts as dead at once (same host name, boot id and pid
 namespace; the pid is gone, a zombie, or another process now).
 
-A lease is best effort for its owner: a store that refuses the write (read
-only) simply gets none. The backstop for writers is the commit's own check
-(``txn.py``): data objects it wrote more than :data:`CHECK_AFTER` seconds
-before its commit must still exist, or the commit is refused.
+A writer's registration (:meth:`LeaseKeeper.write_hold`) returns only once the
+lease object on the store says ``writing``: a lease write that fails raises
+:class:`~tensorstore_py.errors.StorageError` (the writer does not start). A
+release never races a registration: while the lease object is being deleted
+or rewritten to claim less, nothing counts as durable, so a writer or reader
+registering in that window waits and writes it again. A reader's pin
+(:meth:`LeaseKeeper.pin`) is best effort where the write fails (read-only
+credentials are common for readers): it reads on without a lease, and a read
+of a version reclaimed meanwhile raises SnapshotExpiredError, never wrong
+bytes. A store that refuses the write as such (read only) gets no lease. The
+backstop for writers is the commit's own check (``txn.py``): every data object
+the commit is about to reference for the first time must still exist right
+before its commit record, or the commit is refused.
 """
 
 from __future__ import annotations
@@ -44,15 +53,21 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tensorstore_py.core.errors import DataCorruptionError, ReadOnlyError, StorageError, UnsupportedError
+from tensorstore_py.core.errors import (
+    ConditionFailedError,
+    DataCorruptionError,
+    ReadOnlyError,
+    StorageError,
+    UnsupportedError,
+)
 from tensorstore_py.core.future import get_loop, in_loop_thread, run_sync
 from tensorstore_py.core.pools import at_exit_before_pools
-from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.base import Generation, KeyInfo, KvStore
 from tensorstore_py.kvstore.versioned.format import FORMAT, frame, new_name, unframe
 
 __all__ = [
-    "CHECK_AFTER", "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL",
-    "Hold", "LeaseKeeper", "Leases", "read_leases", "store_now",
+    "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL",
+    "Hold", "LeaseKeeper", "Leases", "delete_expired", "read_leases", "store_now",
 ]
 
 log = logging.getLogger("tensorstore_py.kvstore.versioned")
@@ -69,9 +84,8 @@ REFRESH = 60.0
 LINGER = 1.0
 #: seconds subtracted from a writer's start: write latency and clock granularity
 SLACK = 60.0
-#: a transaction's data objects written this many seconds before its commit are
-#: checked to still exist right before the commit record is written
-CHECK_AFTER = 60.0
+#: seconds between two tries of a refresh that failed
+RETRY = 5.0
 
 _IO_ERRORS = (StorageError, OSError, TimeoutError)
 
@@ -178,12 +192,13 @@ class LeaseKeeper:
 
     :meth:`pin` and :meth:`write_hold` register a need and return once the
     lease object says so (written now unless a fresh write already covers it);
-    releases are written lazily (after :data:`LINGER`).
+    ``write_hold`` raises StorageError when it can not be written (``pin``
+    logs it and reads on: see the module doc); releases are written lazily
+    (after :data:`LINGER`).
+    ``_durable`` is what the lease object is guaranteed to claim: while a write
+    that claims less, or the delete, is in flight, the store may hold either
+    content, so it is the lesser of the two (None during a delete).
     """
-
-    #: a transaction checks that its data objects older than this still exist
-    #: right before its commit record (see the module doc)
-    check_after: float = CHECK_AFTER
 
     def __init__(self, base: KvStore) -> None:
         self.base = base
@@ -200,6 +215,7 @@ class LeaseKeeper:
         self._lock: asyncio.Lock | None = None
         self._refresher: asyncio.Future[None] | None = None
         self._sync_armed = False
+        self._retry = False  # the last refresh failed: the next comes after RETRY
         self.disabled = False  # the store refused a lease write (read-only)
 
     def __repr__(self) -> str:
@@ -225,7 +241,7 @@ class LeaseKeeper:
             self._pins[version] += 1
         hold = Hold(self, "pin", version)
         try:
-            await self._ensure(lambda d: version in d.versions)
+            await self._ensure(lambda d: version in d.versions, strict=False)
         except BaseException:
             hold.release()
             raise
@@ -239,7 +255,7 @@ class LeaseKeeper:
             self._writers[key] = (time.monotonic(), alive)
         hold = Hold(self, "writer", key)
         try:
-            await self._ensure(lambda d: d.writing)
+            await self._ensure(lambda d: d.writing, strict=True)
         except BaseException:
             hold.release()
             raise
@@ -273,7 +289,7 @@ class LeaseKeeper:
     def _fresh(self, d: _Durable | None) -> bool:
         return d is not None and time.monotonic() - d.at < TTL / 2
 
-    async def _ensure(self, covered: Callable[[_Durable], bool]) -> None:
+    async def _ensure(self, covered: Callable[[_Durable], bool], *, strict: bool) -> None:
         d = self._durable
         if self.disabled or (self._fresh(d) and covered(d)):  # type: ignore[arg-type]
             return
@@ -281,9 +297,9 @@ class LeaseKeeper:
             self._lock = asyncio.Lock()
         async with self._lock:
             d = self._durable
-            if self._fresh(d) and covered(d):  # type: ignore[arg-type]
+            if self.disabled or (self._fresh(d) and covered(d)):  # type: ignore[arg-type]
                 return
-            await self._write()
+            await self._write(strict=strict)
 
     def _body(self) -> tuple[dict[str, Any], frozenset[int], bool]:
         versions = frozenset(self.pinned())
@@ -295,17 +311,31 @@ class LeaseKeeper:
         }
         return body, versions, since is not None
 
-    async def _write(self) -> None:
+    async def _write(self, *, strict: bool) -> None:
+        """Write the lease as the needs are now. ``strict``: a failed write
+        raises StorageError (a registration must not return without its lease);
+        otherwise (a refresh) it is logged and retried after :data:`RETRY`."""
         t0 = time.monotonic()
         body, versions, writing = self._body()
+        d = self._durable
+        if d is not None:
+            # in flight, the store holds the old content or the new: claim only both
+            self._durable = _Durable(d.versions & versions, d.writing and writing, d.at)
         try:
             await self.base.write(self.name, frame(MAGIC_LEASE, body))
         except (ReadOnlyError, UnsupportedError):
-            self.disabled = True
+            self.disabled = True  # nothing can be written here: no writer to protect
             return
         except _IO_ERRORS as e:
+            if strict:
+                raise StorageError(
+                    f"could not write lease {self.name!r} on {self.base!r} (garbage collection "
+                    f"would not know this process needs its objects): {e}"
+                ) from e
             log.warning("could not write lease %s on %r: %s", self.name, self.base, e)
+            self._retry = True
             return
+        self._retry = False
         self._durable = _Durable(versions, writing, t0)
         if self._refresher is None:
             self._refresher = asyncio.ensure_future(self._refresh())
@@ -330,21 +360,22 @@ class LeaseKeeper:
                 return
             versions, writing = frozenset(self.pinned()), self.writing_since() is not None
             if not versions and not writing:
+                # nothing counts as durable from here on: a registration arriving
+                # while the delete is in flight waits for the lock and writes anew
+                self._durable = None
                 try:
                     await self.base.delete(self.name)
                 except _IO_ERRORS as e:
                     # harmless: a lease nobody refreshes expires after its TTL
                     log.debug("could not delete lease %s on %r (it expires in %g s): %s",
                               self.name, self.base, TTL, e)
-                    return
-                self._durable = None
             elif refresh or versions != d.versions or writing != d.writing:
-                await self._write()
+                await self._write(strict=False)
 
     async def _refresh(self) -> None:
         try:
             while self._durable is not None:
-                await asyncio.sleep(REFRESH)
+                await asyncio.sleep(RETRY if self._retry else REFRESH)
                 await self._sync(refresh=True)
         finally:
             self._refresher = None
@@ -416,6 +447,15 @@ class Leases:
     protect_from: float | None = None
     live: int = 0
     expired: tuple[str, ...] = ()
+    #: the generation of each expired lease as read (deleted only if unchanged)
+    expired_generations: tuple[Generation, ...] = ()
+
+    def merge(self, later: Leases) -> Leases:
+        """What two reads of the leases protect together (the expired leases
+        are the later read's: one refreshed in between is live)."""
+        starts = [s for s in (self.protect_from, later.protect_from) if s is not None]
+        return Leases(self.pinned | later.pinned, min(starts) if starts else None,
+                      max(self.live, later.live), later.expired, later.expired_generations)
 
     def protects(self, mtime: float | None) -> bool:
         """Whether an unreferenced object modified at ``mtime`` belongs to a live writer."""
@@ -446,21 +486,31 @@ async def read_leases(base: KvStore, now: float, own: LeaseKeeper | None) -> Lea
         if i.key != (own.name if own is not None else None) and len(i.key) == len(LEASES_PREFIX) + 32
     ]
 
-    async def body(name: str) -> tuple[bool, dict[str, Any] | None]:
+    async def body(name: str) -> tuple[Generation | None, dict[str, Any] | None]:
         res = await base.read(name)
-        return res.state == "value", _decode(res.value, name) if res.state == "value" else None
+        if res.state != "value":
+            return None, None
+        return res.generation, _decode(res.value, name)
+
+    async def still(info: KeyInfo) -> bool:
+        """Whether ``info`` (listed before its body was read) is still the lease's
+        state now, after the read: then the generation read is the expired one."""
+        again = [i for i in await base.list_info(info.key) if i.key == info.key]
+        return bool(again) and again[0].mtime == info.mtime
 
     live = 0
-    expired: list[str] = []
-    for info, (exists, b) in zip(infos, await asyncio.gather(*(body(i.key) for i in infos))):
-        if not exists:
+    expired: list[tuple[str, Generation]] = []
+    for info, (gen, b) in zip(infos, await asyncio.gather(*(body(i.key) for i in infos))):
+        if gen is None:
             continue  # released meanwhile
         age = None if info.mtime is None else now - info.mtime
         ttl = b.get("ttl") if b is not None else None
         ttl = float(ttl) if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) else TTL
         if age is not None and age > ttl:
-            expired.append(info.key)  # not refreshed in time: the owner is gone
-            continue
+            if await still(info):
+                expired.append((info.key, gen))  # not refreshed in time: the owner is gone
+                continue
+            b = None  # refreshed while we read it: live, content unknown
         if b is not None and owner_gone(b):
             continue  # ignored; the object ages out like any other lease
         live += 1
@@ -472,4 +522,21 @@ async def read_leases(base: KvStore, now: float, own: LeaseKeeper | None) -> Lea
             wf = b.get("writing_for")
             wf = float(wf) if isinstance(wf, (int, float)) else float("inf")
             starts.append(float("-inf") if info.mtime is None else info.mtime - wf - SLACK)
-    return Leases(frozenset(pinned), min(starts) if starts else None, live, tuple(expired))
+    return Leases(frozenset(pinned), min(starts) if starts else None, live,
+                  tuple(n for n, _ in expired), tuple(g for _, g in expired))
+
+
+async def delete_expired(base: KvStore, leases: Leases) -> None:
+    """Delete the expired leases ``leases`` found, each only if unchanged since
+    it was read (an owner that refreshed it late keeps it); stores without
+    conditional deletes delete it anyway (it protected nothing any more)."""
+
+    async def one(name: str, gen: Generation) -> None:
+        try:
+            await base.delete(name, if_equal=gen)
+        except ConditionFailedError:
+            pass  # rewritten by its owner since: live again
+        except UnsupportedError:
+            await base.delete(name)
+
+    await asyncio.gather(*(one(n, g) for n, g in zip(leases.expired, leases.expired_generations)))

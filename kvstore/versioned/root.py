@@ -314,7 +314,14 @@ class VersionedRoot:
         first attempt plans against its answer. An answer that is stale by then
         costs nothing but a lost race: the create of the commit record fails
         and the next attempt re-plans against a fresh probe.
+
+        Holds a writer lease (§9.3) while it writes nodes and the record: a
+        coordinator that wrote nothing else has none of its own.
         """
+        async with self.leases.writing():
+            return await self._commit(plan_fn, probe)
+
+    async def _commit(self, plan_fn: Planner, probe: asyncio.Future[int] | None) -> CommitRecord | None:
         failures = 0
         while True:
             checked: asyncio.Future[bool] | None = None
