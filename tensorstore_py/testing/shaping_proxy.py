@@ -24,7 +24,7 @@ The request log and :meth:`~FaultProxy.sequential_round_trips` count how many
 round trips an operation waits for one after another::
 
     with ShapingProxy(emulator.endpoint, ttfb=0.02) as proxy:
-        store = tsp.kvstore.open({**emulator.spec(bucket), "endpoint": proxy.endpoint})
+        store = tsp.KvStore.open({**emulator.spec(bucket), "endpoint": proxy.endpoint}).result()
         proxy.reset_counters()
         store.write("k", b"v").result()
         assert proxy.sequential_round_trips() == 1
