@@ -18,6 +18,9 @@ Two mechanisms, both reproducible:
   key matches ``key_pattern`` (fnmatch; ``*`` also matches ``/``). With
   ``after_effect=True`` the operation is performed on the base store first and
   the error raised afterwards: the "write landed but the response was lost" case.
+  With ``exit_code`` set, the process ends (``os._exit``) right after the
+  operation took effect: a crash at exactly that point (e.g. a worker that dies
+  once its commit record landed).
 
 Random errors raise :class:`~tensorstore_py.errors.StorageError` before the call
 reaches the base store. Spec: ``{"driver": "fault", "base": {...}, "seed": 0,
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import os
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -65,7 +69,9 @@ class FaultRule:
     without it the first ``times`` matching calls fire (``times=None``: all).
     A firing call waits ``latency`` seconds, then raises ``error`` (an exception
     class, or None for latency only) — after performing the operation when
-    ``after_effect`` is True.
+    ``after_effect`` is True. A rule with ``exit_code`` instead performs the
+    operation and then ends the process at once with ``os._exit(exit_code)``
+    (no cleanup, no exit handlers: a crash).
     """
 
     op: Op | None = None
@@ -75,6 +81,7 @@ class FaultRule:
     error: type[BaseException] | None = StorageError
     after_effect: bool = False
     latency: float = 0.0
+    exit_code: int | None = None
 
     def __post_init__(self) -> None:
         if self.op is not None and self.op not in OPS:
@@ -91,6 +98,11 @@ class FaultRule:
             )
         if self.latency < 0:
             raise InvalidSpecError(f"fault rule: latency must be >= 0, got {self.latency!r}")
+        if self.exit_code is not None and (
+            not isinstance(self.exit_code, int) or isinstance(self.exit_code, bool)
+            or not 0 <= self.exit_code <= 255
+        ):
+            raise InvalidSpecError(f"fault rule: exit_code must be an int in [0, 255], got {self.exit_code!r}")
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -102,13 +114,16 @@ class FaultRule:
             d["after_effect"] = True
         if self.latency:
             d["latency"] = self.latency
+        if self.exit_code is not None:
+            d["exit_code"] = self.exit_code
         return d
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> FaultRule:
         if not isinstance(d, Mapping):
             raise InvalidSpecError(f"fault rule must be a dict, got {d!r}")
-        unknown = set(d) - {"op", "key_pattern", "nth", "times", "error", "after_effect", "latency"}
+        unknown = set(d) - {"op", "key_pattern", "nth", "times", "error", "after_effect", "latency",
+                         "exit_code"}
         if unknown:
             raise InvalidSpecError(f"fault rule: unknown fields {sorted(unknown)}")
         err: Any = d.get("error", "StorageError")
@@ -127,6 +142,7 @@ class FaultRule:
             error=err,
             after_effect=bool(d.get("after_effect", False)),
             latency=float(d.get("latency", 0.0)),
+            exit_code=d.get("exit_code"),
         )
 
 
@@ -210,6 +226,7 @@ class FaultKvStore(KvStore):
         error: type[BaseException] | None = StorageError,
         after_effect: bool = False,
         latency: float = 0.0,
+        exit_code: int | None = None,
     ) -> FaultRule:
         """Add a programmed fault (see :class:`FaultRule`) and return it."""
         rule = FaultRule(
@@ -220,6 +237,7 @@ class FaultKvStore(KvStore):
             error=error,
             after_effect=after_effect,
             latency=latency,
+            exit_code=exit_code,
         )
         self._state.rules.append(rule)
         return rule
@@ -338,6 +356,8 @@ class FaultKvStore(KvStore):
                 self._event(op, key, n, "latency", f"{fired.latency} s")
         if delay:
             await asyncio.sleep(delay)
+        if fired is not None and fired.exit_code is not None:
+            return fired, rng, n  # the operation happens, then the process ends
         if fired is not None and fired.error is not None and not fired.after_effect:
             self._event(op, key, n, "error", fired.error.__name__)
             raise self._error(fired.error, op, key, n)
@@ -348,6 +368,8 @@ class FaultKvStore(KvStore):
         return after, rng, n
 
     def _after(self, rule: FaultRule | None, op: str, key: str, n: int) -> None:
+        if rule is not None and rule.exit_code is not None:
+            os._exit(rule.exit_code)  # a crash right after the effect: nothing runs after it
         if rule is not None and rule.error is not None:
             self._event(op, key, n, "error_after_effect", rule.error.__name__)
             raise self._error(rule.error, op, key, n, after=True)

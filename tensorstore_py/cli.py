@@ -10,7 +10,8 @@
     tensorstore-py gc URL [--grace DURATION] [--apply] [--json]
     tensorstore-py cat URL [ARRAY_PATH] [--index "[0:10, :, 5]"] [--out x.npy] [--step N] [--at N]
     tensorstore-py copy SRC DST [--json]
-    tensorstore-py export ROOT [--step N] DEST [--json]
+    tensorstore-py export ROOT [--step N] DEST [--format zarr3|safetensors] [--max-shard-size BYTES] [--json]
+    tensorstore-py convert ORBAX_RUN DEST [--json]
 
 Exit codes: 0 success; 1 a problem found (``verify``) or the command failed
 (nothing at the URL, a missing step, corrupt data, a store error); 2 a usage
@@ -35,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py import __version__
-from tensorstore_py.commands import checks, export, inspect, maintenance, printers
+from tensorstore_py.commands import checks, export, inspect, interop, maintenance, printers
 from tensorstore_py.commands.errors import describe
+from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import spawn
 from tensorstore_py.progress import Progress
 
@@ -151,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("root", help="checkpoint root URL")
     c.add_argument("dest", help="destination URL or folder: empty, or an interrupted export to resume")
     c.add_argument("--step", type=_int, metavar="N", help="checkpoint step (default: the latest)")
+    c.add_argument("--format", choices=("zarr3", "safetensors"), default="zarr3",
+                   help="zarr3 (default): one zarr v3 array per leaf; safetensors: Hugging Face files")
+    c.add_argument("--max-shard-size", type=_int, metavar="BYTES", default=5_000_000_000,
+                   help="safetensors: the most bytes per file (default 5000000000, as transformers)")
+    json_flag(c)
+
+    c = cmd("convert", "turn an Orbax run folder (or one Orbax step) into a checkpoint: one commit per step")
+    c.add_argument("src", help="Orbax run folder or step folder URL")
+    c.add_argument("dest", help="checkpoint root URL or folder (steps it already holds are skipped)")
     json_flag(c)
     return p
 
@@ -164,14 +175,31 @@ def _emit(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+def _orbax_or(native: Any, orbax: Any) -> Any:
+    """The native command's data (``native()``); for a folder that is none of ours,
+    the Orbax view of it (``orbax()``) when it is an Orbax run or step."""
+    try:
+        data = _run(native())
+    except (NotFoundError, InvalidArgumentError) as e:  # not ours: a folder given --step, nothing
+        found = _run(orbax())
+        if found is None:
+            raise e from None
+        return found
+    if data.get("kind") != "folder" or data.get("arrays"):
+        return data
+    found = _run(orbax())
+    return data if found is None else found
+
+
 def _cmd_ls(a: argparse.Namespace) -> int:
-    data = _run(inspect.ls(a.url, version=a.at_version))
+    data = _orbax_or(lambda: inspect.ls(a.url, version=a.at_version), lambda: interop.orbax_ls(a.url))
     _emit(printers.dump(data) if a.json else printers.ls(data))
     return EXIT_OK
 
 
 def _cmd_info(a: argparse.Namespace) -> int:
-    data = _run(inspect.info(a.url, step=a.step, version=a.at_version))
+    data = _orbax_or(lambda: inspect.info(a.url, step=a.step, version=a.at_version),
+                     lambda: interop.orbax_info(a.url, a.step))
     _emit(printers.dump(data) if a.json else printers.info(data))
     return EXIT_OK
 
@@ -214,7 +242,12 @@ def _cmd_gc(a: argparse.Namespace) -> int:
 
 
 def _cmd_cat(a: argparse.Namespace) -> int:
-    arr = _run(export.cat(a.url, a.array, index=a.index, step=a.step, version=a.at_version))
+    try:
+        arr = _run(export.cat(a.url, a.array, index=a.index, step=a.step, version=a.at_version))
+    except NotFoundError as e:  # an Orbax step's array?
+        arr = _run(interop.orbax_cat(a.url, a.array, index=a.index, step=a.step))
+        if arr is None:
+            raise e from None
     if a.out:
         np.save(a.out, arr, allow_pickle=False)
         sys.stderr.write(f"wrote {a.out}: {arr.dtype} {list(arr.shape)}\n")
@@ -234,15 +267,26 @@ def _cmd_copy(a: argparse.Namespace) -> int:
 
 
 def _cmd_export(a: argparse.Namespace) -> int:
+    if a.format == "safetensors":
+        data = _run(interop.export_to_safetensors(a.root, a.step, a.dest, max_shard_bytes=a.max_shard_size))
+        _emit(printers.dump(data) if a.json else printers.export_safetensors(data))
+        return EXIT_OK
     with _progress(a, "export") as bar:
         data = _run(export.export_step(a.root, a.step, a.dest, progress=bar))
     _emit(printers.dump(data) if a.json else printers.export(data))
     return EXIT_OK
 
 
+def _cmd_convert(a: argparse.Namespace) -> int:
+    data = _run(interop.convert(a.src, a.dest))
+    _emit(printers.dump(data) if a.json else printers.convert(data))
+    return EXIT_OK
+
+
 _COMMANDS = {
     "ls": _cmd_ls, "info": _cmd_info, "history": _cmd_history, "diff": _cmd_diff,
     "verify": _cmd_verify, "gc": _cmd_gc, "cat": _cmd_cat, "copy": _cmd_copy, "export": _cmd_export,
+    "convert": _cmd_convert,
 }
 
 

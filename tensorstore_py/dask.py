@@ -18,7 +18,11 @@ every Dask scheduler, since views pickle as their spec (threads, processes,
     where sharded; through steps, flips, transposes, new axes and translations):
     each task reads whole stored chunks, lazily, through the pickled view. A
     view of a versioned store that is not pinned is pinned to its newest version
-    when the array is built, so every task reads the same snapshot.
+    when the array is built, so every task reads the same snapshot; that
+    snapshot (or the view's own pinned version) is checked and *leased* by this
+    process while the dask array (or a graph made from it) lives, and the tasks
+    of every scheduler (threads, processes, ``dask.distributed``) read it even
+    after retention deleted it, as long as that lease holds its objects.
 
 :func:`store`
     Every task writes a region made of whole stored write chunks (shards), so no
@@ -35,10 +39,26 @@ every Dask scheduler, since views pickle as their spec (threads, processes,
     nothing is visible before that commit, a graph that fails commits nothing,
     and a task that Dask re-ran (its worker was killed) contributes exactly the
     changes of the run whose result Dask kept: the data of lost runs is never
-    referenced (gc reclaims it after its grace period). The commit carries a
-    transaction id, so a re-run of the commit task itself does not commit twice.
-    A chunk that another writer changed after a task read it fails the commit
-    with ConflictError, as in any transaction.
+    referenced (gc reclaims it after its grace period).
+
+    * The graph is ONE transaction that reads one version: the oldest version
+      that a :func:`to_dask` array of the same store in ``source``'s graph
+      pinned, else the newest version when :func:`store` is called. A chunk
+      that a version after it changed fails the commit with ConflictError
+      (``store(to_dask(v) + 1, v)`` never overwrites a concurrent change).
+    * The process that calls :func:`store` holds a writer lease from then until
+      the commit ends (``compute=True``), or, with ``compute=False``, until the
+      commit's outcome is recorded in the store (looked up every few seconds;
+      a graph that fails before its commit task keeps it until this process
+      exits); garbage collection in any process keeps the staged data
+      meanwhile (the lease expires a lease TTL after that process dies), and
+      the commit refuses (DataCorruptionError, nothing visible) to publish a
+      staged data object that is gone.
+    * The commit carries a transaction id (``txn_id``), which commits at most
+      once: a re-run commit task, tasks recomputed after the commit landed, or
+      ``store`` called again with the same ``txn_id`` return the version it
+      committed instead of committing again (for as long as garbage collection
+      keeps the id's ``txns/<txn_id>/result``: its grace period).
 
     On any **other store** each chunk is replaced atomically as the task writes
     it; the write as a whole is not atomic (a failed graph leaves the chunks of
@@ -48,6 +68,7 @@ every Dask scheduler, since views pickle as their spec (threads, processes,
 from __future__ import annotations
 
 import itertools
+import re
 import uuid
 from typing import Any, Literal
 
@@ -57,7 +78,15 @@ from tensorstore_py.core.errors import InvalidArgumentError, ReadOnlyError
 from tensorstore_py.kvstore.ids import check_id
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned import VersionedKvStore
-from tensorstore_py.kvstore.versioned.staging import StagedChanges, commit_staged, stage
+from tensorstore_py.kvstore.versioned.staging import (
+    StagedChanges,
+    commit_staged,
+    history_id,
+    protect,
+    read_from,
+    release_when_decided,
+    stage,
+)
 from tensorstore_py.tensorstore import TensorStore
 
 try:
@@ -115,13 +144,33 @@ def storage_chunks(view: TensorStore, kind: Literal["write", "read"] = "write") 
     return tuple(out)
 
 
-def _pinned(view: TensorStore) -> TensorStore:
-    """``view``, pinned to the newest version when it reads a live versioned store."""
+#: the name of a :func:`to_dask` array of a versioned store: which history, which version
+_READ_NAME = re.compile(r"^tensorstore-[0-9a-f]{32}-([0-9a-f]{16})-at-(\d+)$")
+
+
+def _pinned(view: TensorStore) -> tuple[TensorStore, str]:
+    """``view`` reading a checked, leased snapshot when it reads a versioned store
+    (a live store: its newest version), and the dask name of its array."""
     kv = view.kvstore
-    if isinstance(kv, VersionedKvStore) and kv.version is None and kv.tag_name is None:
-        snap = kv.snapshot(kv.newest_version().result())
-        return TensorStore(view.driver.with_kvstore(snap), view.transform, view._context)
-    return view
+    name = f"tensorstore-{uuid.uuid4().hex}"
+    if not isinstance(kv, VersionedKvStore):
+        return view, name
+    if kv.version is not None and (kv._hold is not None or kv._leased_elsewhere):
+        snap = kv  # already checked and leased
+    else:
+        want = kv.newest_version().result() if kv.version is None and kv.tag_name is None else kv.version
+        snap = kv.open_snapshot(kv.tag_name if want is None else want).result()
+    assert snap.version is not None
+    out = TensorStore(view.driver.with_kvstore(snap), view.transform, view._context)
+    return out, f"{name}-{history_id(snap)}-at-{snap.version}"
+
+
+def _read_version(source: da.Array, hist: str) -> int | None:
+    """The oldest version of history ``hist`` that a :func:`to_dask` array in
+    ``source``'s graph reads (None: none does)."""
+    layers = getattr(source.dask, "layers", source.dask)
+    found = [int(m.group(2)) for n in layers if (m := _READ_NAME.match(str(n))) and m.group(1) == hist]
+    return min(found, default=None)
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -132,9 +181,9 @@ def to_dask(view: TensorStore, *, chunks: Literal["write", "read"] = "write") ->
     """
     if not isinstance(view, TensorStore):
         raise InvalidArgumentError(f"to_dask needs a TensorStore view, got {type(view).__name__}")
-    src = _pinned(view)
+    src, name = _pinned(view)
     return da.from_array(
-        src, chunks=storage_chunks(src, chunks), name=f"tensorstore-{uuid.uuid4().hex}",
+        src, chunks=storage_chunks(src, chunks), name=name,
         asarray=True, lock=False, fancy=False, meta=np.empty((0,) * src.ndim, src.dtype),
     )
 
@@ -176,10 +225,12 @@ def _write_block(view: TensorStore, region: tuple[slice, ...], block: np.ndarray
     view[region].write(block).result()
 
 
-def _stage_block(view: TensorStore, region: tuple[slice, ...], block: np.ndarray) -> StagedChanges:
+def _stage_block(view: TensorStore, region: tuple[slice, ...], block: np.ndarray, base: int) -> StagedChanges:
     txn = Transaction()
+    kv: VersionedKvStore = view.kvstore  # type: ignore[assignment]
+    read_from(txn, kv, base).result()  # the graph's one read version: conflicts count from it
     view.with_transaction(txn)[region].write(block).result()
-    return stage(txn, view.kvstore).result()  # type: ignore[arg-type]
+    return stage(txn, kv).result()
 
 
 def _commit(view: TensorStore, parts: list[StagedChanges], txn_id: str, message: str,
@@ -205,12 +256,15 @@ def store(
     """Write the dask array ``source`` into ``view`` (same shape; dtype cast by
     numpy ``same_kind`` rules), one task per block (see the module doc).
 
-    Returns the :class:`CommitInfo` of the one new version on a versioned store,
-    None on other stores; with ``compute=False``, a ``dask.delayed`` object that
-    does the work when computed and returns the same. ``txn_id`` (default: a
-    fresh one), ``message`` and ``metadata`` go into the commit record.
-    Argument errors (shape, dtype, alignment, a read-only view) are raised here,
-    before any task runs.
+    Returns the :class:`CommitInfo` of the one new version on a versioned store
+    (with a ``txn_id`` that committed before: that version), None on other
+    stores; with ``compute=False``, a ``dask.delayed`` object that does the work
+    when computed and returns the same. ``txn_id`` (default: a fresh one),
+    ``message`` and ``metadata`` go into the commit record. Argument errors
+    (shape, dtype, alignment, a read-only view) are raised here, before any task
+    runs. On a versioned store, this process holds a writer lease for the
+    staged data until the commit ends (``compute=False``: until its outcome is
+    recorded in the store); see the module doc.
     """
     if not isinstance(view, TensorStore):
         raise InvalidArgumentError(f"store needs a TensorStore view, got {type(view).__name__}")
@@ -235,12 +289,25 @@ def store(
     starts = [[0, *itertools.accumulate(c)] for c in source.chunks]
     task = dask.delayed(_stage_block if versioned else _write_block, pure=False)
     view_d = dask.delayed(view, name=f"tensorstore-view-{uuid.uuid4().hex}")
+    extra: tuple[int, ...] = ()
+    if versioned:
+        base = _read_version(source, history_id(kv))  # type: ignore[arg-type]
+        extra = (kv.newest_version().result() if base is None else base,)  # type: ignore[attr-defined]
     results = []
     for blk, idx in zip(blocks, itertools.product(*(range(len(c)) for c in source.chunks))):
         region = tuple(slice(s[i], s[i + 1]) for s, i in zip(starts, idx))
-        results.append(task(view_d, region, blk))
-    if versioned:
-        final = dask.delayed(_commit, pure=False)(view_d, results, txn_id, message, dict(metadata or {}))
-    else:
+        results.append(task(view_d, region, blk, *extra))
+    if not versioned:
         final = dask.delayed(_done, pure=False)(results)
-    return final.compute() if compute else final
+        return final.compute() if compute else final
+    final = dask.delayed(_commit, pure=False)(view_d, results, txn_id, message, dict(metadata or {}))
+    # the staged data outlives each task's transaction: this process's lease keeps it
+    hold = protect(kv).result()  # type: ignore[arg-type]
+    if not compute:
+        # whoever computes it, and wherever: held until the commit's outcome is in the store
+        release_when_decided(kv, txn_id, hold)  # type: ignore[arg-type]
+        return final
+    try:
+        return final.compute()
+    finally:
+        hold.release()

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.context import Context, default_context
+from tensorstore_py.core.budget import ByteBudget, default_bytes_in_flight
 from tensorstore_py.core.buffers import aligned_empty
 from tensorstore_py.core.errors import (
     InvalidArgumentError,
@@ -43,7 +44,7 @@ from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.dtypes import is_variable_length
 from tensorstore_py.drivers.open import open_driver
 from tensorstore_py.indexing import DimSelector, IndexDomain, IndexTransform, Plan
-from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.values import broadcast_value, cast_value
 
@@ -223,6 +224,12 @@ class TensorStore:
         spec = dict(self._driver.spec())
         spec["kvstore"] = self._driver.kvstore
         t = self.spec().get("transform")
+        gen = getattr(self._driver, "_metadata_generation", None)
+        if isinstance(gen, Generation) and gen.is_no_value and hasattr(self._driver, "from_metadata"):
+            # metadata no stored document holds (a checkpoint leaf described by its
+            # manifest): the metadata itself travels; reopening reads nothing
+            return (_unpickle_described, (type(self._driver), spec["metadata"], spec["kvstore"], t,
+                                          self._context))
         return (_unpickle_view, (spec, t, self._context))
 
     def __len__(self) -> int:
@@ -512,3 +519,15 @@ def _unpickle_view(spec: dict[str, Any], transform: dict[str, Any] | None,
     if transform is None:
         return base
     return base._view(IndexTransform.from_json(transform, len(base._driver.shape)))
+
+
+def _unpickle_described(cls: Any, metadata: dict[str, Any], kvstore: KvStore, transform: dict[str, Any] | None,
+                        context: Context | None) -> TensorStore:
+    """A pickled view of an array whose metadata no document stores, rebuilt from it."""
+    ctx = context if context is not None else default_context()
+    budget = ByteBudget(ctx.bytes_in_flight or default_bytes_in_flight(), concurrency=ctx.concurrency)
+    drv = cls.from_metadata(metadata, kvstore, Generation.NO_VALUE, cache_pool=ctx.cache_pool, budget=budget)
+    base = TensorStore(drv, None, ctx)
+    if transform is None:
+        return base
+    return base._view(IndexTransform.from_json(transform, len(drv.shape)))

@@ -146,6 +146,9 @@ class VersionedKvStore(KvStore, RootView):
         # and leased from then on (shared by the with_path views made after it)
         self._checked = False
         self._hold: Hold | None = None
+        # unpickled from a snapshot that the sending process had checked and
+        # leased: its version may be deleted meanwhile; that lease keeps its objects
+        self._leased_elsewhere = False
 
     # -- spec / URL ------------------------------------------------------------------
     @classmethod
@@ -204,6 +207,8 @@ class VersionedKvStore(KvStore, RootView):
         rec = await self._root.read_record(version)
         if rec is None:
             raise NotFoundError(f"versioned store over {self.base!r}: version {version} does not exist")
+        if self._leased_elsewhere:
+            return  # read while the sender's lease holds; SnapshotExpiredError once reclaimed
         newest = await self._root.record_at(await self._root.newest())
         if newest is not None and ranges_contain(newest.deleted, version):
             raise NotFoundError(f"versioned store over {self.base!r}: version {version} was deleted")
@@ -255,6 +260,10 @@ class VersionedKvStore(KvStore, RootView):
             pin: dict[str, Any] = {"version": self.version}
         else:
             pin = {"tag": self.tag_name} if self.tag_name is not None else {}
+        if self.version is not None and (self._hold is not None or self._leased_elsewhere):
+            # checked and leased here (or by the process that sent it here): the
+            # receiver reads the version even once it is deleted, while that lease holds
+            return (_rebuild_leased, (self.base, self.path, self.version))
         return (rebuild, (VersionedKvStore, (self.base,), {"path": self.path, **pin}))
 
     def snapshot(self, version: int | str) -> VersionedKvStore:
@@ -628,3 +637,13 @@ class VersionedKvStore(KvStore, RootView):
 
 
 register_kvstore(VersionedKvStore, adapter=True)
+
+
+def _rebuild_leased(base: KvStore, path: str, version: int) -> VersionedKvStore:
+    """Unpickle a snapshot that its sender had checked and leased (see ``__reduce__``):
+    it reads ``version`` whether or not it was deleted since, as long as its
+    objects exist (the sender's lease keeps them), and raises
+    SnapshotExpiredError once garbage collection reclaimed them."""
+    store = VersionedKvStore(base, path=path, version=version)
+    store._leased_elsewhere = True
+    return store

@@ -185,6 +185,16 @@ class VersionedParticipant(Participant):
                     self.base_version = v
         return self.base_version
 
+    async def pin_at(self, version: int) -> int:
+        """Make ``version`` the version this transaction reads and is checked for
+        conflicts from, if it has not pinned one yet; the pinned version."""
+        async with self._pin_lock:
+            if self.base_version is None:
+                rec = await self.root.record_at(version)
+                self._base_root = rec.root if rec else None
+                self.base_version = version
+        return self.base_version
+
     async def _current(self, key: str) -> Staged:
         if key in self.writes:
             return self.writes[key]

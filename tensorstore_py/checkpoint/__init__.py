@@ -28,6 +28,10 @@ re-exports; no module imports it)::
     restoring     plan and read the regions a process needs
     api           save / restore / leaf_paths / open_array and the shared Root
     manager       CheckpointManager (retention, async saves)
+    foreign       restoring a foreign checkpoint's arrays into a target
+    safetensors_* safetensors: the format, restore (native ranged reads), export
+    orbax_import  Orbax steps (tree metadata; arrays read with TensorStore)
+    interop       finding a foreign checkpoint where a root was expected
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from tensorstore_py.checkpoint.api import leaf_paths, open_array, restore, save
 from tensorstore_py.checkpoint.coordination import Coordinator, JaxCoordinator, SingleProcess
 from tensorstore_py.checkpoint.manager import CheckpointManager
 from tensorstore_py.checkpoint.restoring import ReadStats
+from tensorstore_py.checkpoint.safetensors_io import restore_safetensors
 from tensorstore_py.checkpoint.saving import SaveOptions
 from tensorstore_py.checkpoint.storage import StepInfo
 
@@ -50,5 +55,6 @@ __all__ = [
     "SingleProcess",
     "StepInfo",
     "restore",
+    "restore_safetensors",
     "save",
 ]

@@ -9,6 +9,7 @@ from typing import Any, Union
 
 from tensorstore_py.checkpoint.assembly import Assemble
 from tensorstore_py.checkpoint.coordination import Coordinator
+from tensorstore_py.checkpoint.interop import restore_foreign_root
 from tensorstore_py.checkpoint.leaves import array_leaves, open_leaf
 from tensorstore_py.checkpoint.restoring import ReadStats, restore_step
 from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator, run_save, snapshot
@@ -187,11 +188,29 @@ def restore(
     unless ``cast=True`` asks for the conversion (numpy ``astype``). ``progress``:
     True draws a bar (a summary line when stderr is not a terminal); a callable
     is called with ``(bytes read, bytes to read)``.
+
+    Foreign checkpoints are read too (read-only), when ``root`` holds no native
+    step: an Orbax step folder, or an Orbax run folder (``step`` or its newest
+    step); a ``.safetensors`` file URL or a Hugging Face folder (see
+    :func:`restore_safetensors` for key mapping). docs/CHECKPOINTS.md lists what
+    is supported.
     """
-    return Root(root).restore(
-        step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
-        cast=cast, assemble=assemble,
-    )
+    from_url = isinstance(root, str)
+    if from_url and str(root).rstrip("/").endswith(".safetensors"):
+        return restore_foreign_root(root, None, step, target, cast=cast,
+                                    max_bytes_in_flight=max_bytes_in_flight, stats=stats)[1]
+    r = Root(root)
+    try:
+        return r.restore(
+            step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
+            cast=cast, assemble=assemble,
+        )
+    except NotFoundError:
+        found, tree = restore_foreign_root(root, r.kv, step, target, cast=cast,
+                                           max_bytes_in_flight=max_bytes_in_flight, stats=stats)
+        if not found:
+            raise
+        return tree
 
 
 def leaf_paths(root: RootLike, *, step: int | None = None) -> Future[list[str]]:

@@ -10,6 +10,7 @@ from typing import Any, Literal, Self
 from tensorstore_py.checkpoint.api import Root, RootLike
 from tensorstore_py.checkpoint.assembly import Assemble
 from tensorstore_py.checkpoint.coordination import Coordinator
+from tensorstore_py.checkpoint.interop import foreign_steps, restore_foreign_root
 from tensorstore_py.checkpoint.restoring import ReadStats
 from tensorstore_py.checkpoint.saving import SaveOptions
 from tensorstore_py.checkpoint.storage import StepInfo
@@ -170,8 +171,9 @@ class CheckpointManager:
 
     # -- listing and restoring -------------------------------------------------
     def all_steps(self) -> list[int]:
-        """Every committed step, ascending."""
-        return run_sync(self._root.store.list_steps())
+        """Every committed step, ascending (of an Orbax run folder: its finished steps)."""
+        steps = run_sync(self._root.store.list_steps())
+        return steps if steps else run_sync(foreign_steps(self._root.kv))
 
     def latest_step(self) -> int | None:
         steps = self.all_steps()
@@ -208,11 +210,21 @@ class CheckpointManager:
         assemble: Assemble = "auto",
     ) -> Any:
         """Restore ``step`` (default: the latest); see :func:`tensorstore_py.checkpoint.restore`
-        (a target leaf of another dtype needs ``cast=True``)."""
-        return self._root.restore(
-            step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
-            cast=cast, assemble=assemble,
-        )
+        (a target leaf of another dtype needs ``cast=True``). Over an Orbax run folder
+        it reads the Orbax step (read-only)."""
+        try:
+            return self._root.restore(
+                step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
+                cast=cast, assemble=assemble,
+            )
+        except NotFoundError:  # no such native step: an Orbax run folder?
+            found, tree = restore_foreign_root(
+                None, self._root.kv, step if step is not None else self.latest_step(), target,
+                cast=cast, max_bytes_in_flight=max_bytes_in_flight, stats=stats,
+            )
+            if not found:
+                raise
+            return tree
 
     def delete(self, step: int) -> None:
         """Delete ``step`` now: one commit unpublishes it, then its bytes are freed."""

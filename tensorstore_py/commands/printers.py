@@ -94,6 +94,12 @@ def ls(data: dict[str, Any]) -> str:
                  v["message"]] for v in data["versions"]]
         out.append(format_table(["VERSION", "TIME", "KIND", "KEYS", "WRITTEN", "WRITE-ID", "TAGS",
                                  "MESSAGE"], rows, right=[0, 3, 4]) if rows else "(no versions)")
+    elif data["kind"] == "orbax run":
+        rows = [[s["step"], human_time(s["time"]), ",".join(s["items"]) or "-", _metrics(s["metrics"])]
+                for s in data["steps"]]
+        out.append(format_table(["STEP", "TIME", "ITEMS", "METRICS"], rows, right=[0]))
+    elif data["kind"] == "orbax step":
+        out.append("items: " + (", ".join(i or "(the step itself)" for i in data["items"])))
     else:
         out.append(_arrays_table(data["arrays"], detail=False))
     return "\n".join(out)
@@ -214,3 +220,13 @@ def export(data: dict[str, Any]) -> str:
     return (f"exported step {data['step']} of {data['root']} -> {data['dest']}: {data['arrays']} zarr v3 "
             f"array(s), {data['scalars']} scalar(s) in the root group's attributes, "
             f"{data['objects']} object(s), {human_size(data['bytes'])}")
+
+
+def export_safetensors(data: dict[str, Any]) -> str:
+    return (f"exported step {data['step']} of {data['root']} -> {data['dest']}: {data['tensors']} tensor(s) "
+            f"in {len(data['files'])} file(s) ({', '.join(data['files'])}), {human_size(data['bytes'])}")
+
+
+def convert(data: dict[str, Any]) -> str:
+    line = f"converted {data['src']} -> {data['dest']}: step(s) {data['converted'] or 'none'}"
+    return line + (f"; already there: {data['skipped']}" if data["skipped"] else "")
