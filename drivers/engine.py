@@ -353,7 +353,9 @@ class ChunkedArray(ArrayDriver):
             await self._read_part(p, target[p.out + (Ellipsis,)])
 
         await run_bounded(parts, one, budget=self._budget, cost=self._chunk_nbytes,
-                          max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=False))
+                          max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=False,
+                                                slots=self.kvstore.requests_in_flight,
+                                                budget_bytes=self._budget.limit))
         return out
 
     def _sync_read_tasks(self) -> int:
@@ -470,7 +472,8 @@ class ChunkedArray(ArrayDriver):
         await run_bounded(
             chunk_parts(index, self._chunk_shape, self._shape), one,
             budget=self._budget, cost=self._write_cost,
-            max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=True),
+            max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=True,
+                                  slots=self.kvstore.requests_in_flight, budget_bytes=self._budget.limit),
         )
 
     def _check_write_allocation(self, index: Index) -> None:

@@ -208,6 +208,11 @@ class KvStore(ABC):
     driver: ClassVar[str] = ""
     #: True when the store rejects every mutation
     read_only: bool = False
+    #: requests the store keeps in flight at once (a remote store's
+    #: ``concurrency``), None when it has no such bound (local stores). Array
+    #: drivers keep that many chunk requests going, as far as their byte budget
+    #: allows: at cloud latency throughput is bytes in flight over the round trip.
+    requests_in_flight: int | None = None
 
     def __init__(self, *, path: str = "") -> None:
         self.path = path

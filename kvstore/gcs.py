@@ -224,7 +224,7 @@ class GcsKvStore(ObjectKvStore):
         ):
             raise InvalidSpecError(f"gcs: concurrency must be an int >= 1, got {concurrency!r}")
         self._concurrency_option = concurrency
-        self.concurrency = concurrency or DEFAULT_CONCURRENCY
+        self.concurrency = self.requests_in_flight = concurrency or DEFAULT_CONCURRENCY
         mode = check_mode("gcs", credentials)
         self._credentials_option = credentials
         # "auto": no credentials for an emulator, nor over unencrypted http

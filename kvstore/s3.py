@@ -230,7 +230,7 @@ class S3KvStore(ObjectKvStore):
         if style == "auto":
             style = "path" if self.endpoint_url or "." in self.bucket else "virtual"
         self.addressing_style: AddressingStyle = style
-        self.concurrency = _int_option("concurrency", opt["concurrency"], 1)
+        self.concurrency = self.requests_in_flight = _int_option("concurrency", opt["concurrency"], 1)
         self.checksum = check_algorithm("s3", opt["checksum"])
         self.part_size = _int_option("part_size", opt["part_size"], MIN_PART)
         self.multipart_threshold = _int_option("multipart_threshold", opt["multipart_threshold"], 1)

@@ -244,6 +244,13 @@ class VersionedRoot:
             await asyncio.shield(probe)
         return self.known
 
+    def start_probe(self) -> asyncio.Future[int]:
+        """:meth:`newest` in the background, for :meth:`commit`'s ``probe``: a
+        writer looks the newest version up while it uploads its data."""
+        probe = asyncio.ensure_future(self.newest())
+        probe.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return probe
+
     async def _run_probe(self, seq: int) -> int:
         try:
             v = await self._find_newest()
@@ -318,24 +325,35 @@ class VersionedRoot:
         return await scan(self.load_node, root, prefix)
 
     # -- the commit engine -----------------------------------------------------------
-    async def commit(self, plan_fn: Planner) -> CommitRecord | None:
+    async def commit(self, plan_fn: Planner, *, probe: asyncio.Future[int] | None = None) -> CommitRecord | None:
         """Commit what ``plan_fn`` plans against the newest version.
 
         ``plan_fn(parent)`` is called once per attempt with the parent record
         (None for the empty store); it may raise (e.g. ConflictError) to abort
         or return None for "nothing to commit". Returns the new record.
+
+        ``probe``: a :meth:`newest` the caller started earlier, to overlap the
+        search for the newest version with its own work (uploading data): the
+        first attempt plans against its answer. An answer that is stale by then
+        costs nothing but a lost race: the create of the commit record fails
+        and the next attempt re-plans against a fresh probe.
+
         Holds a writer lease (§9.3) while it writes nodes and the record: a
         coordinator that wrote nothing else has none of its own.
         """
         async with self.leases.writing():
-            return await self._commit(plan_fn)
+            return await self._commit(plan_fn, probe)
 
-    async def _commit(self, plan_fn: Planner) -> CommitRecord | None:
+    async def _commit(self, plan_fn: Planner, probe: asyncio.Future[int] | None) -> CommitRecord | None:
         failures = 0
         while True:
             checked: asyncio.Future[bool] | None = None
             try:
-                n = await self.newest()
+                if probe is not None:
+                    first, probe = probe, None
+                    n = await first
+                else:
+                    n = await self.newest()
                 # Dense versions rest on "commits/<n+1> is only created by a writer
                 # that read commits/<n>": re-read it from the store (not the cache)
                 # while the attempt is built, so a store deleted and recreated under

@@ -64,6 +64,7 @@ from tensorstore_py.kvstore.registry import open_kvstore, register_kvstore, requ
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.data import (
     INLINE_MAX,
+    LARGE_MIN,
     blocking_reader,
     make_entry,
     read_entry,
@@ -372,8 +373,11 @@ class VersionedKvStore(KvStore, RootView):
             await self._submit("put", key, entry, if_equal)
         else:  # a writer lease keeps the data object until the commit references it
             async with self._root.leases.writing():
-                entry = await make_entry(self._root, value)
-                await self._submit("put", key, entry, if_equal)
+                # a large value is uploaded now: look the newest version up meanwhile
+                large = len(memoryview(value).cast("B")) >= LARGE_MIN
+                probe = self._root.start_probe() if large else None
+                entry = await make_entry(self._root, value)  # on failure the probe just ends
+                await submit(self._root, "put", key, entry, if_equal, probe=probe)
         return Generation(entry.stamp)
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
