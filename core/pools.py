@@ -9,7 +9,8 @@ parent's worker threads do not exist in a child).
 Sizes (:class:`Concurrency`): ``cpu`` threads for codec work, one per CPU this
 process may use (``os.sched_getaffinity``, so a container or ``taskset`` limit
 is honoured); ``io`` threads for blocking I/O, ``max(32, 4 * cpus)`` (calls that
-wait on a disk or fsync hold a thread without using a CPU). A Context may ask
+wait on a disk or fsync hold a thread without using a CPU); :data:`COPY_THREADS`
+threads for copies that allocate large host buffers (:func:`run_copy`). A Context may ask
 for other sizes (``data_copy_concurrency`` / ``file_io_concurrency``): each
 distinct size gets a pool of its own, shared by every array that asks for it.
 """
@@ -26,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Concurrency", "at_exit_before_pools", "available_cpus", "cpu_pool", "io_pool", "run_cpu", "run_in",
-           "run_io"]
+__all__ = ["COPY_THREADS", "Concurrency", "at_exit_before_pools", "available_cpus", "copy_pool", "cpu_pool",
+           "io_pool", "run_copy", "run_cpu", "run_in", "run_io"]
 
 T = TypeVar("T")
 
@@ -36,6 +37,8 @@ _pools_lock = threading.Lock()
 _default: Concurrency | None = None  # Concurrency.default(), once per process
 #: the least number of I/O threads (blocking calls mostly wait, they need no CPU)
 MIN_IO_THREADS = 32
+#: threads of the pool for copies that allocate large host buffers (:func:`copy_pool`)
+COPY_THREADS = 4
 
 
 def available_cpus() -> int:
@@ -98,6 +101,24 @@ def cpu_pool() -> concurrent.futures.ThreadPoolExecutor:
     return Concurrency.default().cpu_pool()
 
 
+def copy_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The pool for copies that allocate large, short-lived host buffers (a
+    chunk copied off a device): :data:`COPY_THREADS` threads, whatever the
+    CPUs or the I/O pool's size.
+
+    Why a pool of its own: the C allocator gives each thread that allocates an
+    arena of its own (up to 8 per CPU), and memory freed into an arena stays
+    with the process for that arena's next allocations (buffers of a few MiB
+    are past the allocator's adaptive mmap threshold once one was freed). Run
+    on the I/O pool, whose threads multiply whenever a burst of blocking calls
+    needs them (a restore, a commit's presence checks), the copies of one
+    bounded stream of chunks land in ever more arenas and the process keeps up
+    to one chunk per arena; here they reuse the memory of at most
+    :data:`COPY_THREADS` arenas.
+    """
+    return _pool("copy", COPY_THREADS)
+
+
 async def run_in(pool: concurrent.futures.Executor, fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(*args)`` on ``pool`` from the loop."""
     return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
@@ -106,6 +127,12 @@ async def run_in(pool: concurrent.futures.Executor, fn: Callable[..., T], *args:
 async def run_io(fn: Callable[..., T], *args: Any) -> T:
     """Run blocking ``fn(*args)`` on the default I/O pool from the loop."""
     return await run_in(io_pool(), fn, *args)
+
+
+async def run_copy(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking ``fn(*args)``, a copy that allocates a large host buffer, on
+    :func:`copy_pool` from the loop."""
+    return await run_in(copy_pool(), fn, *args)
 
 
 async def run_cpu(fn: Callable[..., T], *args: Any) -> T:

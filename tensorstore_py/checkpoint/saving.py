@@ -67,7 +67,7 @@ from tensorstore_py.checkpoint.staging import (
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
 from tensorstore_py.core.budget import MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
-from tensorstore_py.core.pools import run_cpu, run_io
+from tensorstore_py.core.pools import run_copy, run_cpu, run_io
 from tensorstore_py.drivers.dtypes import dtype_to_v3, is_variable_length
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
@@ -389,7 +389,10 @@ async def _write_chunks(
     async def one(c: _Chunk) -> None:
         if c.fetch is not None:
             fetch, c.fetch = c.fetch, None
-            c.data = await run_io(fetch)  # device -> (pinned) host, inside the budget
+            # device -> (pinned) host, inside the budget, on the few threads of the
+            # copy pool: the host memory of freed chunks is reused, not kept per
+            # I/O thread (core/pools.py copy_pool)
+            c.data = await run_copy(fetch)
             del fetch  # the last reference to the staged shard may go now
             if c.reads_caller:
                 snap.chunk_staged()
