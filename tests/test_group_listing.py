@@ -1,0 +1,60 @@
+"""Group members by delimiter listing: a group over many chunk keys is listed in a
+handful of requests on GCS and S3 (counted at a loopback proxy in front of the real
+test servers), not one page per 1,000 keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import tensorstore_py as tsp
+from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.testing.fault_proxy import FaultProxy
+
+T = 120
+
+
+def _fill_group(kv: KvStore, chunks: int) -> None:
+    """A zarr3 group with an array ``img`` of ``chunks`` chunk keys, an empty array
+    ``mask``, a subgroup ``sub`` and a folder ``junk/`` that is neither."""
+    tsp.open_group(kv, create=True).result(T)
+    for name in ("img", "mask"):
+        tsp.open({"driver": "zarr3", "kvstore": kv.with_path(name + "/")}, create=True,
+                 shape=(chunks, 1), dtype="uint8", chunks=(1, 1)).result(T)
+    tsp.open_group(kv.with_path("sub/"), create=True).result(T)
+    kv.write("junk/x", b"x").result(T)
+    pending = [kv.write(f"img/c/{i}/0", b"\x01") for i in range(chunks)]
+    for f in pending:
+        f.result(T)
+
+
+def _members_requests(upstream: str, spec: dict[str, Any], endpoint_field: str, page: int,
+                      chunks: int) -> int:
+    with FaultProxy(upstream, fault_rate=0.0) as proxy:
+        kv = tsp.KvStore.open({**spec, endpoint_field: proxy.endpoint}).result(T)
+        kv.list_page_size = page
+        group = tsp.open_group(kv).result(T)
+        proxy.reset_counters()
+        members = group.members().result(T)
+        n = proxy.counters()["requests"]
+    print(f"members of a group over {chunks} chunk keys: {n} requests")
+    assert members == {"img": "array", "mask": "array", "sub": "group"}
+    return n
+
+
+@pytest.mark.parametrize("chunks,page", [(1200, 50), pytest.param(24000, 1000, marks=pytest.mark.slow)])
+def test_gcs_group_members_in_a_handful_of_requests(gcs_emulator: Any, chunks: int, page: int) -> None:
+    spec = gcs_emulator.spec(gcs_emulator.create_bucket(), path="vol/")
+    direct = tsp.KvStore.open(spec).result(T)
+    _fill_group(direct, chunks)
+    # one delimiter listing, then zarr.json of 4 children and the other documents of junk/
+    assert _members_requests(gcs_emulator.endpoint, spec, "endpoint", page, chunks) == 1 + 4 + 3
+
+
+@pytest.mark.parametrize("chunks,page", [(600, 25), pytest.param(24000, 1000, marks=pytest.mark.slow)])
+def test_s3_group_members_in_a_handful_of_requests(s3_server: Any, chunks: int, page: int) -> None:
+    spec = s3_server.spec(s3_server.create_bucket(), path="vol/")
+    direct = tsp.KvStore.open(spec).result(T)
+    _fill_group(direct, chunks)
+    assert _members_requests(s3_server.endpoint, spec, "endpoint_url", page, chunks) == 1 + 4 + 3
