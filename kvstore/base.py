@@ -234,6 +234,9 @@ class KvStore(ABC):
     driver: ClassVar[str] = ""
     #: True when the store rejects every mutation
     read_only: bool = False
+    #: True when :meth:`list_folder` asks the store for one level (a delimiter
+    #: listing, a directory read) rather than listing every key below
+    lists_folders_natively: ClassVar[bool] = False
 
     def __init__(self, *, path: str = "") -> None:
         self.path = path

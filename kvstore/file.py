@@ -567,6 +567,8 @@ class FileKvStore(KvStore):
                     out.append(full)
         return out
 
+    lists_folders_natively = True
+
     async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
         return await run_io(list_folder_sync, folder)
 

@@ -259,6 +259,8 @@ class FsspecKvStore(KvStore):
                 out.append(key)
         return out
 
+    lists_folders_natively = True
+
     async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
         return await run_io(self._list_folder_sync, folder)
 

@@ -526,6 +526,8 @@ class GcsKvStore(ObjectKvStore):
             if not token:
                 return items
 
+    lists_folders_natively = True
+
     async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
         """One listing with ``delimiter=/``: the objects directly in ``folder`` and
         the server's ``prefixes`` (one page per ``list_page_size`` children)."""

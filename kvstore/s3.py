@@ -512,6 +512,8 @@ class S3KvStore(ObjectKvStore):
             if not token:
                 return out
 
+    lists_folders_natively = True
+
     async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
         """ListObjectsV2 with ``delimiter=/``: the objects directly in ``folder`` and
         the ``CommonPrefixes`` (one page per ``list_page_size`` children)."""

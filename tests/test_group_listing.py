@@ -58,3 +58,31 @@ def test_s3_group_members_in_a_handful_of_requests(s3_server: Any, chunks: int, 
     direct = tsp.KvStore.open(spec).result(T)
     _fill_group(direct, chunks)
     assert _members_requests(s3_server.endpoint, spec, "endpoint_url", page, chunks) == 1 + 4 + 3
+
+
+def test_cli_finds_arrays_without_listing_their_chunks(gcs_emulator: Any, monkeypatch: Any) -> None:
+    """What the CLI resolves a folder URL to and the arrays it finds there (inspect,
+    verify, copy), by folder listings that never enter an array's folder."""
+    import asyncio
+
+    from tensorstore_py.commands.target import list_arrays, resolve
+    from tensorstore_py.kvstore.gcs import GcsKvStore
+
+    bucket = gcs_emulator.create_bucket()
+    spec = gcs_emulator.spec(bucket, path="vol/")
+    _fill_group(tsp.KvStore.open(spec).result(T), 600)
+    monkeypatch.setattr(GcsKvStore, "list_page_size", 25)
+    with FaultProxy(gcs_emulator.endpoint, fault_rate=0.0) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)
+
+        async def run() -> Any:
+            target = await resolve(f"gs://{bucket}/vol/")
+            return target.kind, await list_arrays(target.store)
+
+        proxy.reset_counters()
+        kind, arrays = asyncio.run(run())
+        n = proxy.counters()["requests"]
+    print(f"CLI resolve + list_arrays over 600 chunk keys: {n} requests")
+    assert kind == "folder"
+    assert arrays == [("img", "zarr3"), ("mask", "zarr3")]
+    assert n <= 20  # 600 chunk keys at 25 per page would be 24 pages for each listing
