@@ -86,3 +86,23 @@ def test_cli_finds_arrays_without_listing_their_chunks(gcs_emulator: Any, monkey
     assert kind == "folder"
     assert arrays == [("img", "zarr3"), ("mask", "zarr3")]
     assert n <= 20  # 600 chunk keys at 25 per page would be 24 pages for each listing
+
+
+def test_versioned_store_and_transactions_list_folders(tmp_path: Any) -> None:
+    """Stores without a delimiter listing (the versioned store, a transaction's view)
+    group their keys; a transaction sees its own staged keys."""
+    kv = tsp.KvStore.open(f"versioned+file://{tmp_path}/v/").result(T)
+    for k in ("a/1", "a/b/2", "c", "d/e/f"):
+        kv.write(k, b"x").result(T)
+    top = kv.list_folder().result(T)
+    assert (top.keys, top.folders) == (["c"], ["a/", "d/"])
+    txn = tsp.Transaction()
+    view = kv.with_transaction(txn)
+    view.write("a/new", b"y").result(T)
+    view.delete("a/1").result(T)
+    a = view.list_folder("a/").result(T)
+    assert (a.keys, a.folders) == (["a/new"], ["a/b/"])
+    assert kv.list_folder("a/").result(T).keys == ["a/1"]
+    _fill_group(kv.with_path("g/"), 20)
+    assert tsp.open_group(kv.with_path("g/")).result(T).members().result(T) == {
+        "img": "array", "mask": "array", "sub": "group"}
