@@ -10,6 +10,7 @@ import bz2
 import gzip
 import json
 import lzma
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -90,3 +91,11 @@ def test_a_corrupt_suffixed_chunk_names_the_file(tmp_path: Path) -> None:
     arr = tsp.open(f"file://{root}").result()
     with pytest.raises(tsp.errors.DataCorruptionError, match=r"16-32_0-16_0-8\.gz.*gzip"):
         arr[16:20, 0:4, 0:2].read().result()
+
+
+def test_a_view_of_a_cloudvolume_volume_pickles(tmp_path: Path) -> None:
+    data = _volume()
+    _cloudvolume_write(tmp_path / "vol", data, (16, 16, 8), ".gz")
+    view = tsp.open(f"file://{tmp_path}/vol").result()[3:30, ::2]
+    back = pickle.loads(pickle.dumps(view))
+    np.testing.assert_array_equal(back.read().result(), data[3:30, ::2])
