@@ -99,3 +99,15 @@ def test_a_view_of_a_cloudvolume_volume_pickles(tmp_path: Path) -> None:
     view = tsp.open(f"file://{tmp_path}/vol").result()[3:30, ::2]
     back = pickle.loads(pickle.dumps(view))
     np.testing.assert_array_equal(back.read().result(), data[3:30, ::2])
+
+
+def test_a_partial_write_of_zeros_deletes_the_suffixed_chunk(tmp_path: Path) -> None:
+    data = np.zeros((32, 16, 8, 1), np.uint16)
+    data[1, 2, 3] = 77
+    root = tmp_path / "vol"
+    _cloudvolume_write(root, data, (16, 16, 8), ".zstd")
+    arr = tsp.open(f"file://{root}").result()
+    assert arr[1, 2, 3].read().result().tolist() == [77]
+    arr[0:4, 0:4, 0:4].write(np.zeros((4, 4, 4, 1), np.uint16)).result()  # read-modify-write to all zeros
+    assert not list((root / "4_4_40").glob("0-16_0-16_0-8*"))
+    assert not tsp.open(f"file://{root}").result().read().result().any()

@@ -156,13 +156,15 @@ class SuffixedChunks(KvStore):
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
         if if_equal is not None and not if_equal.is_no_value:
-            current = await self._read(key, None, None)
-            if current.generation != if_equal:
-                await self.base.delete(key, if_equal=if_equal)  # raises naming the key
+            sibling = await self._sibling_with(key, if_equal)
+            if sibling is not None:  # the value read came from a suffixed copy
+                await self.base.delete(sibling, if_equal=if_equal)
+                await self._drop_siblings(key)
                 return
+        # copies first: until the plain key goes, it shadows them (a failed
+        # condition on it leaves what readers see unchanged)
         await self._drop_siblings(key)
-        await self.base.delete(key, if_equal=None if if_equal is None or not if_equal.is_no_value
-                               else if_equal)
+        await self.base.delete(key, if_equal=if_equal)
 
     async def _list(self, prefix: str) -> list[str]:
         keys = await self.base.list(prefix)
