@@ -111,3 +111,23 @@ def test_a_partial_write_of_zeros_deletes_the_suffixed_chunk(tmp_path: Path) -> 
     arr[0:4, 0:4, 0:4].write(np.zeros((4, 4, 4, 1), np.uint16)).result()  # read-modify-write to all zeros
     assert not list((root / "4_4_40").glob("0-16_0-16_0-8*"))
     assert not tsp.open(f"file://{root}").result().read().result().any()
+
+
+def test_brotli_chunks_read_or_name_the_missing_package(tmp_path: Path) -> None:
+    try:
+        import brotli  # type: ignore[import-not-found]
+    except ImportError:
+        brotli = None
+    data = _volume()
+    root = tmp_path / "vol"
+    COMPRESS[".br"] = (lambda b: brotli.compress(b)) if brotli is not None else (lambda b: b"\x0b\x02\x80")
+    try:
+        _cloudvolume_write(root, data, (16, 16, 8), ".br")
+    finally:
+        del COMPRESS[".br"]
+    arr = tsp.open(f"file://{root}").result()
+    if brotli is not None:
+        np.testing.assert_array_equal(arr.read().result(), data)
+    else:
+        with pytest.raises(tsp.errors.UnsupportedError, match=r"16-32_0-16_0-8\.br.*'brotli'"):
+            arr[16:20, 0:4, 0:2].read().result()
