@@ -55,6 +55,7 @@ from tensorstore_py.drivers.codecs.sharding import ShardingCodec, is_fill
 from tensorstore_py.drivers.dtypes import element_nbytes
 from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, dim_parts, out_shape
+from tensorstore_py.drivers.raw_regions import read_region_async, wants_ranges
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.drivers.shard_reads import ShardIndexCache, read_part, run_async
 from tensorstore_py.drivers.sizing import (
@@ -373,8 +374,8 @@ class ChunkedArray(ArrayDriver):
 
     async def _prepare(self, p: ChunkPart) -> BlockingRead | None:
         """The store's prepared whole-value read of ``p``'s chunk, if it has one."""
-        if self._shard is not None and not p.full:
-            return None  # partial shard reads fetch byte ranges
+        if (self._shard is not None or self._ranged(p)) and not p.full:
+            return None  # partial shard reads, and parts of large raw chunks, fetch byte ranges
         return await self.kvstore._prepare_read(self.kvstore._full(self.chunk_key(p.cell)))
 
     async def _fetch(self, key: str) -> tuple[ReadResult, np.ndarray | None]:
@@ -389,6 +390,10 @@ class ChunkedArray(ArrayDriver):
             return res, hit[1]
         return res, None
 
+    def _ranged(self, p: ChunkPart) -> bool:
+        return (not p.full and self._shard is None and self._cache is None
+                and wants_ranges(self._chunk_nbytes, self._codec.raw, p.chunk))
+
     def _remember(self, key: str, gen: Generation, arr: np.ndarray) -> None:
         if self._cache is not None:
             ck = (self.kvstore._identity(), self.kvstore.path, key)
@@ -398,6 +403,10 @@ class ChunkedArray(ArrayDriver):
         key = self.chunk_key(p.cell)
         if self._shard is not None and not p.full:
             await self._read_sharded(key, p, dest)
+            return
+        if self._ranged(p):  # a part of a large raw chunk: only its byte ranges (drivers/raw_regions.py)
+            await read_region_async(lambda r: self.kvstore.read(key, byte_range=r), key, self._chunk_shape,
+                                    p.chunk, dest, self._fill_arr)
             return
         res, cached = await self._fetch(key)
         if res.state == "missing":

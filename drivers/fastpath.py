@@ -28,9 +28,10 @@ from tensorstore_py.core.future import submit_blocking
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
+from tensorstore_py.drivers.raw_regions import LARGE_CHUNK_BYTES, read_region_blocking, wants_ranges
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.drivers.shard_reads import ShardIndexCache, read_part, run_blocking
-from tensorstore_py.kvstore.base import KvStore, ReadResult
+from tensorstore_py.kvstore.base import ByteRange, KvStore, ReadResult
 
 __all__ = ["ChunkOps", "batches", "has_sync_io", "read_batch", "read_blocking", "read_prepared_batch", "write_batch"]
 
@@ -124,7 +125,24 @@ def read_blocking(arr: ChunkOps, kv: Any, index: tuple[slice, ...], out: np.ndar
 
 
 def read_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:
-    """Read, decode and copy every part of ``parts`` into ``out`` (blocking)."""
+    """Read, decode and copy every part of ``parts`` into ``out`` (blocking); parts
+    of large raw chunks by their byte ranges only (drivers/raw_regions.py)."""
+    if arr._shard is None and arr._codec.raw and arr._chunk_nbytes > LARGE_CHUNK_BYTES:
+        rest = []
+        for p in parts:
+            if p.full or not wants_ranges(arr._chunk_nbytes, True, p.chunk):
+                rest.append(p)
+                continue
+            key = arr.chunk_key(p.cell)
+            full = kv.path + key
+
+            def read(r: ByteRange, full: str = full) -> ReadResult:
+                return kv._read_blocking(full, r, None)
+
+            read_region_blocking(read, key, arr._chunk_shape, p.chunk, out[p.out + (Ellipsis,)], arr._fill_arr)
+        parts = rest
+        if not parts:
+            return
     if arr._codec.raw and arr._shard is None and hasattr(kv, "_read_into_blocking"):
         _read_raw_batch(arr, kv, parts, out)
     else:

@@ -9,12 +9,14 @@ n5         ``attributes.json`` without              every member of
            ``dimensions``                           ``attributes.json``
 =========  =======================================  ==============================
 
-Members are found by listing the group's keys: a member is a direct child
+Members are found by listing the group's folder (``KvStore.list_folder``: a
+delimiter listing on GCS and S3, one directory read on the file store, so no
+key below a child, chunks included, is visited): a member is a direct child
 folder holding an array or group document (``<name>/zarr.json``,
-``<name>/.zarray``, ``<name>/.zgroup``, ``<name>/attributes.json``). A store
-that cannot list cannot enumerate members (its members still open by name).
-The kvstore contract has no delimiter listing, so the listing visits every key
-below the group (chunks included).
+``<name>/.zarray``, ``<name>/.zgroup``, ``<name>/attributes.json``): one
+read of ``zarr.json`` per child, then the other three at once where it is
+absent. A store that cannot list cannot enumerate members
+(its members still open by name).
 
 Creating a group is create-only on its document: of two concurrent creators
 one writes it and the other opens it. Attribute updates are atomic
@@ -186,29 +188,36 @@ async def update_group_attributes(kv: KvStore, fmt: GroupFormat, changes: Mappin
 
 async def list_members(kv: KvStore) -> dict[str, NodeKind]:
     """The members of the group at ``kv``: direct child folders holding an
-    array or a group, name -> "array" | "group", sorted by name."""
+    array or a group, name -> "array" | "group", sorted by name. One folder
+    listing of the group (``kv.list_folder``: no key below a child is visited),
+    then each child's documents read concurrently."""
     try:
-        keys = await kv.list("")
+        listing = await kv.list_folder("")
     except UnsupportedError as e:
         raise UnsupportedError(f"the members of the group at {url_of(kv)} cannot be listed: {e}") from None
-    candidates: dict[str, set[str]] = {}
-    for k in keys:
-        name, sep, doc = k.partition("/")
-        if sep and doc in _DOCUMENTS:
-            candidates.setdefault(name, set()).add(doc)
-    names = sorted(candidates)
-    found = await asyncio.gather(*(_member_kind(kv.with_path(n), candidates[n]) for n in names))
+    names = [f[:-1] for f in listing.folders]
+    found = await asyncio.gather(*(_member_kind(kv.with_path(n)) for n in names))
     return {n: kind for n, kind in zip(names, found) if kind is not None}
 
 
-async def _member_kind(kv: KvStore, docs: set[str]) -> NodeKind | None:
-    if ZARRAY_KEY in docs and ZARR3_KEY not in docs:
-        return "array"
-    if ZGROUP_KEY in docs and ZARR3_KEY not in docs:
-        return "group"
-    key = ZARR3_KEY if ZARR3_KEY in docs else N5_KEY
-    found = _kind(key, _json(await kv.read(key), key))
-    return None if found is None else found[1]
+async def _member_kind(kv: KvStore) -> NodeKind | None:
+    """What the folder at ``kv`` holds (zarr v3 wins over zarr v2 over N5), or None."""
+    node = await _kind_of_documents(kv)
+    return None if node is None else node[1]
+
+
+async def _kind_of_documents(kv: KvStore) -> tuple[GroupFormat, NodeKind] | None:
+    """zarr.json first (one read for a zarr v3 member), then the others at once."""
+    first = _kind(ZARR3_KEY, _json(await kv.read(ZARR3_KEY), ZARR3_KEY))
+    if first is not None:
+        return first
+    rest = _DOCUMENTS[1:]
+    docs = {k: _json(r, k) for k, r in zip(rest, await asyncio.gather(*(kv.read(k) for k in rest)))}
+    for key in rest:
+        found = _kind(key, docs[key])
+        if found is not None:
+            return found
+    return None
 
 
 async def not_an_array_error(kv: KvStore, what: str) -> InvalidSpecError | None:

@@ -21,6 +21,8 @@ from tensorstore_py.kvstore.base import Generation
 
 __all__ = [
     "META_DIR",
+    "is_utf8_name",
+    "list_folder_sync",
     "NO_XATTRS",
     "TMP_SUFFIX",
     "TOKEN_LEN",
@@ -226,3 +228,39 @@ def sweep_temporaries_under(root: str, changed_before: float, dry_run: bool) -> 
                 except OSError as err:
                     raise StorageError(f"file kvstore: removing {e.path!r}: {err}") from err
     return sorted(found)
+
+
+def is_utf8_name(name: str) -> bool:
+    """Whether a file name read from the OS is valid UTF-8 (names that are not
+    come back with lone surrogates, and keys never contain those)."""
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def list_folder_sync(folder: str) -> tuple[list[str], list[str]]:
+    """One read of directory ``folder`` (a path ending in ``/``): its files as
+    keys, its directories as folders (``.../name/``); the reserved folder and
+    names that can not be keys are skipped."""
+    keys: list[str] = []
+    folders: list[str] = []
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.name == META_DIR or not is_utf8_name(e.name):
+                    continue
+                try:
+                    is_dir = e.is_dir()
+                except OSError:
+                    continue  # deleted since it was listed
+                if is_dir:
+                    folders.append(folder + e.name + "/")
+                else:
+                    keys.append(folder + e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return [], []
+    return keys, folders

@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape
 
 from tensorstore_py.core.errors import StorageError
 
-__all__ = ["complete_body", "error_code", "error_message", "find_text", "parse_list_page"]
+__all__ = ["common_prefixes", "complete_body", "error_code", "error_message", "find_text", "parse_list_page"]
 
 
 def _local(tag: str) -> str:
@@ -79,6 +79,16 @@ def parse_list_page(body: bytes, what: str) -> tuple[list[tuple[str, int | None,
     if truncated and not token:
         raise StorageError(f"s3 {what}: a truncated listing without a continuation token")
     return items, token
+
+
+def common_prefixes(body: bytes) -> list[str]:
+    """The ``CommonPrefixes/Prefix`` values of a ListObjectsV2 page asked with a
+    delimiter (as sent: URL-encoded when asked for ``encoding-type=url``)."""
+    root = _root(body)
+    if root is None:
+        return []
+    return [p for node in root if _local(node.tag) == "CommonPrefixes"
+            for p in [_text(node, "Prefix")] if p is not None]
 
 
 def find_text(body: bytes, name: str) -> str | None:

@@ -35,7 +35,7 @@ import copy
 import inspect
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, cast, runtime_checkable
 
@@ -55,6 +55,7 @@ __all__ = [
     "BlockingRead",
     "Buffer",
     "ByteRange",
+    "FolderListing",
     "Generation",
     "KeyInfo",
     "KvStore",
@@ -62,6 +63,7 @@ __all__ = [
     "ReadResult",
     "ReadState",
     "TransactionLike",
+    "split_folder",
     "validate_key",
     "validate_prefix",
 ]
@@ -123,6 +125,30 @@ class KeyInfo:
     key: str
     size: int | None = None
     mtime: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FolderListing:
+    """The direct children of a folder (:meth:`KvStore.list_folder`): ``keys`` in
+    it and ``folders`` below it (each ending in ``/``), sorted."""
+
+    keys: list[str]
+    folders: list[str]
+
+
+def split_folder(folder: str, keys: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``keys`` (all starting with ``folder``) as the keys directly in it and the
+    subfolders (``folder + name + "/"``) holding the others."""
+    direct: list[str] = []
+    below: set[str] = set()
+    n = len(folder)
+    for k in keys:
+        cut = k.find("/", n)
+        if cut < 0:
+            direct.append(k)
+        else:
+            below.add(k[:cut + 1])
+    return direct, sorted(below)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +234,9 @@ class KvStore(ABC):
     driver: ClassVar[str] = ""
     #: True when the store rejects every mutation
     read_only: bool = False
+    #: True when :meth:`list_folder` asks the store for one level (a delimiter
+    #: listing, a directory read) rather than listing every key below
+    lists_folders_natively: ClassVar[bool] = False
     #: requests the store keeps in flight at once (a remote store's
     #: ``concurrency``), None when it has no such bound (local stores). Array
     #: drivers keep that many chunk requests going, as far as their byte budget
@@ -380,6 +409,25 @@ class KvStore(ABC):
         validate_prefix(prefix)
         return spawn(self._list_relative(prefix))
 
+    def list_folder(self, folder: str = "") -> Future[FolderListing]:
+        """The direct children of ``folder`` (``""`` or ending in ``/``), relative to
+        this store's path: the keys in it with no further ``/`` and the subfolders
+        (``"<folder><name>/"``) holding at least one key, each sorted. Object stores
+        ask the server with ``delimiter=/`` (one request per page of *children*, not
+        of every key below), the file store reads one directory (where a folder
+        emptied by deletes may still be listed); other stores list every key below
+        ``folder`` and group them. Like :meth:`list`, not a snapshot."""
+        validate_prefix(folder)
+        if folder and not folder.endswith("/"):
+            raise InvalidArgumentError(f"list_folder: {folder!r} is not a folder (end it with '/')")
+
+        async def run() -> FolderListing:
+            n = len(self.path)
+            keys, folders = await self._list_folder(self.path + folder)
+            return FolderListing(sorted(k[n:] for k in keys), sorted(f[n:] for f in folders))
+
+        return spawn(run())
+
     def list_info(self, prefix: str = "") -> Future[list[KeyInfo]]:
         """Like :meth:`list`, with each key's size and modification time where the
         store knows them from the listing itself (None otherwise). Sorted by key."""
@@ -471,6 +519,12 @@ class KvStore(ABC):
         """Full keys starting with the full ``prefix`` with size and mtime; stores
         that know them override this (the default knows neither)."""
         return [KeyInfo(k) for k in await self._list(prefix)]
+
+    async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
+        """Full keys directly in the full ``folder`` and its full subfolder names
+        (ending in ``/``), in any order. The default lists every key below and
+        groups them; stores with a delimiter listing override it."""
+        return split_folder(folder, await self._list(folder))
 
     async def _delete_range(self, prefix: str) -> None:
         keys = await self._list(prefix)

@@ -422,6 +422,12 @@ class FaultKvStore(KvStore):
         self._after(after, "list", prefix, n)
         return keys
 
+    async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
+        after, _rng, n = await self._before("list", folder)
+        listing = await self.base.list_folder(folder)
+        self._after(after, "list", folder, n)
+        return listing.keys, listing.folders
+
     async def _delete_range(self, prefix: str) -> None:
         after, _rng, n = await self._before("delete_range", prefix)
         await self.base.delete_range(prefix)

@@ -91,10 +91,14 @@ from tensorstore_py.kvstore._files import (
     fsync_dir,
     generation,
     get_token,
+    list_folder_sync,
     makedirs,
     set_token,
     sweep_temporaries_under,
     write_all,
+)
+from tensorstore_py.kvstore._files import (
+    is_utf8_name as _is_utf8,
 )
 from tensorstore_py.kvstore.base import (
     Buffer,
@@ -108,18 +112,6 @@ from tensorstore_py.kvstore.base import (
 from tensorstore_py.kvstore.registry import register_kvstore
 
 __all__ = ["META_DIR", "FileKvStore"]
-
-
-def _is_utf8(name: str) -> bool:
-    """Whether a file name read from the OS is valid UTF-8 (names that are not
-    come back with lone surrogates, and keys never contain those)."""
-    if name.isascii():
-        return True
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class FileKvStore(KvStore):
@@ -574,6 +566,11 @@ class FileKvStore(KvStore):
                 if full.startswith(prefix) and _is_utf8(f):
                     out.append(full)
         return out
+
+    lists_folders_natively = True
+
+    async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
+        return await run_io(list_folder_sync, folder)
 
     async def _list_info(self, prefix: str) -> list[KeyInfo]:
         return await run_io(self._list_info_sync, prefix)

@@ -259,6 +259,34 @@ class FsspecKvStore(KvStore):
                 out.append(key)
         return out
 
+    lists_folders_natively = True
+
+    async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
+        return await run_io(self._list_folder_sync, folder)
+
+    def _list_folder_sync(self, folder: str) -> tuple[list[str], list[str]]:
+        """One ``fs.ls`` of the folder (filesystems with delimiter listings,
+        s3fs and gcsfs among them, ask the server for one level)."""
+        try:
+            entries = self.fs.ls(self.root + folder, detail=True)
+        except FileNotFoundError:
+            return [], []
+        except OSError as e:
+            raise StorageError(f"fsspec kvstore {self.root_url!r}: listing folder {folder!r}: {e}") from e
+        n = len(self.root)
+        keys: list[str] = []
+        folders: list[str] = []
+        for e in entries:
+            name = str(e["name"]).rstrip("/")
+            if not name.startswith(self.root) or name[n:] in ("", folder.rstrip("/")):
+                continue
+            rel = name[n:]
+            if e.get("type") == "directory":
+                folders.append(rel + "/")
+            else:
+                keys.append(rel)
+        return keys, folders
+
 
 def _fsspec_knows(scheme: str) -> bool:
     """True when fsspec has a filesystem for the URL scheme ``scheme``."""

@@ -528,6 +528,33 @@ class GcsKvStore(ObjectKvStore):
             if not token:
                 return items
 
+    lists_folders_natively = True
+
+    async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
+        """One listing with ``delimiter=/``: the objects directly in ``folder`` and
+        the server's ``prefixes`` (one page per ``list_page_size`` children)."""
+        keys: list[str] = []
+        folders: list[str] = []
+        token: str | None = None
+        what = f"list of {self._where(folder + '*')} by folder"
+        while True:
+            query: dict[str, Any] = {"prefix": folder, "delimiter": "/", "maxResults": self.list_page_size,
+                                     "fields": "items(name),prefixes,nextPageToken"}
+            if token:
+                query["pageToken"] = token
+            resp = await self._call("GET", self._url(f"/storage/v1/b/{quote(self.bucket, safe='')}/o", query),
+                                    what=what)
+            if resp.status == 404:
+                raise NotFoundError(f"gcs {what}: bucket {self.bucket!r} does not exist")
+            if resp.status != 200:
+                raise self._fail(what, resp)
+            page = resp.json()
+            keys.extend(i["name"] for i in page.get("items", ()) if not i["name"].endswith("/"))
+            folders.extend(page.get("prefixes", ()))
+            token = page.get("nextPageToken")
+            if not token:
+                return keys, folders
+
     async def _delete_range(self, prefix: str) -> None:
         """List, then delete concurrently (bounded by ``concurrency``); not atomic."""
         await delete_all(await self._list_names(prefix), lambda k: self._delete(k, None))

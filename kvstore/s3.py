@@ -102,7 +102,7 @@ from tensorstore_py.kvstore._objstore import (
     new_write_id,
 )
 from tensorstore_py.kvstore._s3_auth import S3Auth, default_region, require_botocore
-from tensorstore_py.kvstore._s3_xml import error_code, error_message, parse_list_page
+from tensorstore_py.kvstore._s3_xml import common_prefixes, error_code, error_message, parse_list_page
 from tensorstore_py.kvstore.base import (
     Buffer,
     ByteRange,
@@ -517,6 +517,29 @@ class S3KvStore(ObjectKvStore):
                 out.append(KeyInfo(name, size, mtime))
             if not token:
                 return out
+
+    lists_folders_natively = True
+
+    async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
+        """ListObjectsV2 with ``delimiter=/``: the objects directly in ``folder`` and
+        the ``CommonPrefixes`` (one page per ``list_page_size`` children)."""
+        keys: list[str] = []
+        folders: list[str] = []
+        token: str | None = None
+        what = f"list of {self._where(folder + '*')} by folder"
+        while True:
+            query: dict[str, Any] = {"list-type": 2, "prefix": folder, "delimiter": "/",
+                                     "encoding-type": "url", "max-keys": self.list_page_size}
+            if token:
+                query["continuation-token"] = token
+            resp = await self._call("GET", self._url(None, query), what=what)
+            if resp.status != 200:
+                raise self._fail(what, resp)
+            items, token = parse_list_page(resp.body, what)
+            keys.extend(k for k in (unquote(i[0]) for i in items) if not k.endswith("/"))
+            folders.extend(unquote(p) for p in common_prefixes(resp.body))
+            if not token:
+                return keys, folders
 
     async def _delete_range(self, prefix: str) -> None:
         """List, then delete concurrently (bounded by ``concurrency``); not atomic."""

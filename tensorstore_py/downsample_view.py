@@ -34,6 +34,7 @@ from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.downsample_kernels import check_method, reduce_blocks
 from tensorstore_py.drivers.base import ArrayDriver, Index
 from tensorstore_py.drivers.grid import out_shape
+from tensorstore_py.indexing import IndexTransform
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.tensorstore import TensorStore
 
@@ -126,6 +127,12 @@ class DownsampleDriver(ArrayDriver):
     def __repr__(self) -> str:
         return f"DownsampleDriver({self.spec()!r})"
 
+    def reduce_view(self, transform: dict[str, Any] | None, context: Any) -> tuple[Any, ...]:
+        """How a view of this driver pickles: as the members of its spec (the base
+        view, which pickles as its own spec, the factors and the method) and the
+        view's transform; the receiving process reopens the base and downsamples it."""
+        return (_unpickle_downsampled, (self.base, self.factors, self.method, transform, context))
+
     async def write(self, index: Index, value: np.ndarray) -> None:
         raise ReadOnlyError(f"a downsampled view is read-only ({self.method} of {self.base!r})")
 
@@ -176,3 +183,12 @@ class DownsampleDriver(ArrayDriver):
             reduce_blocks(data, fs, heads, self.method, dest)
         else:
             await run_cpu(reduce_blocks, data, fs, heads, self.method, dest)
+
+
+def _unpickle_downsampled(base: TensorStore, factors: tuple[int, ...], method: str,
+                          transform: dict[str, Any] | None, context: Any) -> TensorStore:
+    """A pickled downsampled view, rebuilt over its (already reopened) base."""
+    view = TensorStore(DownsampleDriver(base, tuple(factors), method), None, context)
+    if transform is None:
+        return view
+    return view._view(IndexTransform.from_json(transform, len(view.shape)))

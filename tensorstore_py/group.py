@@ -90,7 +90,9 @@ class Group:
 
     def members(self) -> Future[dict[str, NodeKind]]:
         """Member name -> ``"array"`` or ``"group"``, sorted by name, found by
-        listing the group's keys (UnsupportedError on a store that cannot list)."""
+        listing the group's folder by delimiter (one directory on a local disk, one
+        request per page of children on GCS and S3; no key below a member is visited),
+        then reading each child's documents (UnsupportedError on a store that cannot list)."""
         return spawn(list_members(self._kv))
 
     def open(self, name: str) -> Future[TensorStore | Group]:

@@ -13,7 +13,9 @@ is *not* atomic as a whole unless it runs in a transaction
 (:meth:`TensorStore.with_transaction`). Argument errors (shape, dtype, bounds)
 are raised before any byte is read or written.
 
-A view pickles as its spec (kvstore, metadata, transform) and its Context: the
+A view pickles as its spec (kvstore, metadata, transform) and its Context (a
+downsampled view as its base view, factors and method: the members of
+TensorStore's ``downsample`` spec): the
 receiving process reopens the array (reading its metadata once per process and
 Context; later copies reuse the open array) with that process's resources. A
 view whose store can not travel (a memory store without a name, a store bound
@@ -222,9 +224,12 @@ class TensorStore:
         """Pickle as the spec and the Context (see the module doc); the kvstore
         travels as an object, so its own rules apply (a version pin travels, a
         store that can not be reopened elsewhere raises UnsupportedError)."""
+        t = self.spec().get("transform")
+        own = getattr(self._driver, "reduce_view", None)
+        if own is not None:  # a view over other views (tsp.downsample): the driver says how
+            return own(t, self._context)
         spec = dict(self._driver.spec())
         spec["kvstore"] = self._driver.kvstore
-        t = self.spec().get("transform")
         gen = getattr(self._driver, "_metadata_generation", None)
         if isinstance(gen, Generation) and gen.is_no_value and hasattr(self._driver, "from_metadata"):
             # metadata no stored document holds (a checkpoint leaf described by its

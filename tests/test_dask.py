@@ -277,3 +277,38 @@ def test_failed_task_on_the_cluster_commits_nothing(cluster: Any, tmp_path: Path
     with pytest.raises(RuntimeError, match="block 2 fails"):
         cluster.compute(tspd.store(src, ts, compute=False)).result(timeout=60)
     assert ts.kvstore.newest_version().result() == v
+
+
+# -- downsampled views on every scheduler -------------------------------------------------------------------
+def _downsampled(tmp_path: Path) -> tuple[list[Any], list[np.ndarray]]:
+    data = expected((18, 26))
+    plain = tsp.open(f"file://{tmp_path}/ds/", create=True, shape=data.shape, dtype="uint16",
+                     chunks=(6, 8)).result()
+    plain.write(data).result()
+    vers = tsp.open(f"versioned+file://{tmp_path}/dsv/", create=True, shape=data.shape, dtype="uint16",
+                    chunks=(6, 8)).result()
+    vers.write(data).result()
+    views = [tsp.downsample(plain, [2, 3], "mean"), tsp.downsample(vers, 2, "max")[1:, ::-2],
+             tsp.downsample(tsp.downsample(plain[3:], 2, "stride"), [1, 2], "min")]
+    want = [v.read().result() for v in views]
+    assert want[0].shape == (9, 9) and want[0].any()
+    return views, want
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "sync", "processes"])
+def test_downsampled_views_on_local_schedulers(tmp_path: Path, scheduler: str) -> None:
+    views, want = _downsampled(tmp_path)
+    if scheduler == "processes":
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(2, mp_context=spawn) as pool, dask.config.set(scheduler="processes", pool=pool):
+            got = [tspd.to_dask(v).compute() for v in views]
+    else:
+        got = [tspd.to_dask(v).compute(scheduler=scheduler) for v in views]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_downsampled_views_on_a_local_cluster(cluster: Any, tmp_path: Path) -> None:
+    views, want = _downsampled(tmp_path)
+    for v, w in zip(views, want):
+        np.testing.assert_array_equal(cluster.compute(tspd.to_dask(v)).result(), w)

@@ -3,6 +3,8 @@ method, every class of data type, odd shapes, origins that cut blocks, sub-views
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -148,3 +150,17 @@ def test_large_reads_go_in_slabs(monkeypatch: pytest.MonkeyPatch) -> None:
     got = tsp.downsample(_stored(data, (3, 1, 0)), [3, 2, 4], "median").read().result()
     want = ts.downsample(ts.array(data)[ts.d[:].translate_to[3, 1, 0]], [3, 2, 4], "median").read().result()
     _equal(got, want)
+
+
+def test_downsampled_views_pickle_as_their_spec(tmp_path: Path) -> None:
+    data = np.arange(40 * 30, dtype=np.int32).reshape(40, 30)
+    base = tsp.open(f"file://{tmp_path}/a/", create=True, shape=data.shape, dtype="int32", chunks=(7, 9)).result()
+    base.write(data).result()
+    for view in (tsp.downsample(base, [4, 3], "mean"), tsp.downsample(base[5:], 2, "median")[2:, ::-1],
+                 tsp.downsample(tsp.downsample(base.T, 2, "max"), 3, "mode")):
+        back = pickle.loads(pickle.dumps(view))
+        assert back.spec() == view.spec()
+        assert back.spec()["driver"] == "downsample"
+        np.testing.assert_array_equal(back.read().result(), view.read().result())
+    base.write(np.zeros_like(data)).result()  # the copy reads the stored data, not a snapshot
+    assert not pickle.loads(pickle.dumps(tsp.downsample(base, 2, "max"))).read().result().any()

@@ -15,7 +15,10 @@ builds, see :func:`build_metadata`).
 The array has the dimensions ``x, y, z, channel``; its domain starts at the
 scale's ``voxel_offset`` (channel at 0), and its chunk grid starts there too.
 Unsharded chunks are read and written through the chunk engine (edge chunks
-are stored clipped to the volume: :meth:`PrecomputedArray.codec_at`); sharded
+are stored clipped to the volume: :meth:`PrecomputedArray.codec_at`); on a
+local disk, chunks CloudVolume stored with a compression suffix (``<key>.gz``,
+``.br``, ``.zstd``, ``.xz``, ``.bz2``) are read as ``<key>`` and replaced by
+the plain form when written (:mod:`.suffixed`); sharded
 scales go through :mod:`.shard_io` (ranged reads of the shard and minishard
 indexes and the chunks; whole-shard read-modify-write).
 
@@ -66,6 +69,7 @@ from tensorstore_py.drivers.precomputed.metadata import (
 from tensorstore_py.drivers.precomputed.shard_io import ShardedChunks
 from tensorstore_py.drivers.precomputed.sharding import shard_cells, shard_shape, sharding_for
 from tensorstore_py.drivers.precomputed.spec import ResolvedScale, resolve_scale, scale_spec
+from tensorstore_py.drivers.precomputed.suffixed import SuffixedChunks, has_suffixed_chunks
 from tensorstore_py.kvstore.base import Buffer, Generation, KvStore
 
 __all__ = ["DRIVER", "PrecomputedArray", "build_metadata", "encoding_members", "open_precomputed",
@@ -158,6 +162,8 @@ class PrecomputedArray(ChunkedArray):
                  budget: ByteBudget | None = None) -> None:
         codec = ChunkCodec.for_scale(resolved.info, resolved.index)
         store, prefix = scale_location(volume_kvstore, resolved.scale.key)
+        if kvstore is None and resolved.scale.sharding is None and has_suffixed_chunks(store, prefix):
+            store = SuffixedChunks(store)  # CloudVolume's <key>.gz chunks on a local disk
         layout = _layout(resolved, codec, prefix)
         super().__init__(kvstore=kvstore or store, metadata=resolved.info.to_json(), parsed=layout,
                          metadata_generation=info_generation, cache_pool=cache_pool, budget=budget)
@@ -250,6 +256,8 @@ class PrecomputedArray(ChunkedArray):
     def with_kvstore(self, kvstore: KvStore) -> PrecomputedArray:
         """The same scale with its chunks read and written through ``kvstore`` (a view
         of :attr:`kvstore`, e.g. bound to a transaction), under the same prefix."""
+        if isinstance(self.kvstore, SuffixedChunks) and not isinstance(kvstore, SuffixedChunks):
+            kvstore = SuffixedChunks(kvstore)
         return PrecomputedArray(volume_kvstore=self.volume_kvstore, resolved=self.resolved,
                                 info_generation=self._metadata_generation, kvstore=kvstore,
                                 cache_pool=self._cache, budget=self._budget)

@@ -25,6 +25,7 @@ Errors a user can act on: a URL with nothing recognisable raises
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -39,7 +40,7 @@ from tensorstore_py.core.errors import (
     NotFoundError,
     UnsupportedError,
 )
-from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.base import FolderListing, KvStore
 from tensorstore_py.kvstore.registry import open_kvstore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.gc import is_layout_object
@@ -155,7 +156,7 @@ async def _plain_target(url: str, base: KvStore, version: int | None) -> Target:
     if (await base.read(".zarray")).state == "value":
         return Target(url, "array", base, base, array_driver="zarr")
     try:
-        keys = await base.list("")
+        top = await base.list_folder("")
     except UnsupportedError:
         if res.state == "value":  # a zarr v3 group over HTTP: still a folder
             return Target(url, "folder", base, base)
@@ -164,11 +165,27 @@ async def _plain_target(url: str, base: KvStore, version: int | None) -> Target:
             f"{_FIRST_COMMIT}, zarr.json and .zarray); this store can not list keys, "
             f"so give the URL of the array or checkpoint itself"
         ) from None
-    if not keys:
+    if not top.keys and not top.folders:
         raise NotFoundError(f"{url}: nothing stored here (no keys); check the URL")
-    if any(is_layout_object(k) for k in keys):
+    if await _has_layout_objects(base, top):
         return await _versioned_target(url, base, VersionedKvStore(base), version)
     return Target(url, "folder", base, base)
+
+
+#: the folders holding a versioned store's layout objects one level down (docs/FORMAT.md §2)
+_LAYOUT_FOLDERS = ("commits/", "nodes/", "data/", "changes/", "gc/", "leases/")
+
+
+async def _has_layout_objects(base: KvStore, top: FolderListing) -> bool:
+    """Whether the folder listed as ``top`` holds a versioned store's layout object,
+    looking only into the layout's own folders (an array's chunks are never listed)."""
+    if any(is_layout_object(k) for k in top.keys):
+        return True
+    present = [f for f in top.folders if f in _LAYOUT_FOLDERS]
+    for listing in await asyncio.gather(*(base.list_folder(f) for f in present)):
+        if any(is_layout_object(k) for k in listing.keys):
+            return True
+    return "txns/" in top.folders and any(is_layout_object(k) for k in await base.list("txns/"))
 
 
 _FORMAT_RE = re.compile(r"commit record '([^']+)' is malformed: format (\d+), expected (\d+)")
@@ -225,13 +242,30 @@ async def key_sizes(target: Target, prefix: str) -> dict[str, int] | None:
 
 
 async def list_arrays(store: KvStore, prefix: str = "") -> list[tuple[str, str]]:
-    """``(path, driver)`` of every zarr array below ``prefix`` (needs listing)."""
+    """``(path, driver)`` of every zarr array below ``prefix`` (needs listing). On
+    stores that list a folder natively (file, gcs, s3, fsspec) the folders are
+    walked level by level and an array's folder is not entered, so its chunks are
+    never listed; elsewhere every key below ``prefix`` is listed."""
+    if not store.lists_folders_natively or (prefix and not prefix.endswith("/")):
+        return [(path, driver) for _k, path, driver in await _arrays_in(store, await store.list(prefix))]
+    out: list[tuple[str, str, str]] = []
+    level = [prefix]
+    while level:
+        listings = await asyncio.gather(*(store.list_folder(f) for f in level))
+        arrays = await asyncio.gather(*(_arrays_in(store, lst.keys) for lst in listings))
+        out.extend(a for found in arrays for a in found)
+        level = [sub for lst, found in zip(listings, arrays) if not found for sub in lst.folders]
+    return [(path, driver) for _k, path, driver in sorted(out)]
+
+
+async def _arrays_in(store: KvStore, keys: list[str]) -> list[tuple[str, str, str]]:
+    """``(document key, path, driver)`` of the arrays whose documents are among ``keys``."""
     out = []
-    for k in await store.list(prefix):
+    for k in sorted(keys):
         name = k.rsplit("/", 1)[-1]
         path = k[: -len(name)].rstrip("/")
         if name == ".zarray":
-            out.append((path, "zarr"))
+            out.append((k, path, "zarr"))
         elif name == "zarr.json":
             res = await store.read(k)
             try:
@@ -239,7 +273,7 @@ async def list_arrays(store: KvStore, prefix: str = "") -> list[tuple[str, str]]
             except ValueError:
                 meta = {}
             if isinstance(meta, dict) and meta.get("node_type") == "array":
-                out.append((path, "zarr3"))
+                out.append((k, path, "zarr3"))
     return out
 
 

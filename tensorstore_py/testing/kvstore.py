@@ -55,6 +55,7 @@ import pytest
 
 from tensorstore_py.core.errors import (
     ConditionFailedError,
+    InvalidArgumentError,
     InvalidKeyError,
     ReadOnlyError,
     UnsupportedError,
@@ -364,6 +365,25 @@ class KvStoreConformance(_Common):
         assert self._res(store.list("c/d")) == ["c/d/e"]
         assert self._res(store.list("zzz/")) == []
 
+    def test_list_folder(self, store: KvStore) -> None:
+        empty = self._res(store.list_folder())
+        assert (empty.keys, empty.folders) == ([], [])
+        self._fill(store, ["b", "a/2", "a/1", "ab", "a/x/y", "a/x/z/w", "c/d/e", "a0", "a/x0"])
+        top = self._res(store.list_folder())
+        assert (top.keys, top.folders) == (["a0", "ab", "b"], ["a/", "c/"])
+        a = self._res(store.list_folder("a/"))
+        assert (a.keys, a.folders) == (["a/1", "a/2", "a/x0"], ["a/x/"])
+        ax = self._res(store.list_folder("a/x/"))
+        assert (ax.keys, ax.folders) == (["a/x/y"], ["a/x/z/"])
+        c = self._res(store.list_folder("c/"))
+        assert (c.keys, c.folders) == ([], ["c/d/"])
+        none = self._res(store.list_folder("zzz/"))
+        assert (none.keys, none.folders) == ([], [])
+        sub = self._res(store.with_path("a/").list_folder("x/"))
+        assert (sub.keys, sub.folders) == (["x/y"], ["x/z/"])
+        _raises(InvalidArgumentError, lambda: store.list_folder("a"), self.timeout)
+        _raises(InvalidKeyError, lambda: store.list_folder("../"), self.timeout)
+
     def test_delete_range(self, store: KvStore) -> None:
         keys = ["a/1", "a/2", "a/x/y", "ab", "b", "a0"]
         self._fill(store, keys)
@@ -488,6 +508,14 @@ class ReadOnlyKvStoreConformance(_Common):
             assert r.state == "value", k
             assert bytes(r.value) == expected_values[k], k
             assert not r.generation.is_no_value
+
+    def test_list_folder(self, populated_store: KvStore, expected_values: dict[str, bytes]) -> None:
+        if not self.supports_list:
+            _raises(UnsupportedError, lambda: populated_store.list_folder(), self.timeout)
+            return
+        top = self._res(populated_store.list_folder())
+        assert top.keys == sorted(k for k in expected_values if "/" not in k)
+        assert top.folders == sorted({k.split("/")[0] + "/" for k in expected_values if "/" in k})
 
     def test_read_missing(self, populated_store: KvStore) -> None:
         r = self._res(populated_store.read("no/such/key"))
