@@ -173,7 +173,7 @@ def spawn(coro: Coroutine[Any, Any, T]) -> Future[T]:
             if t.cancelled():
                 cf.cancel()
             elif t.exception() is not None:
-                cf.set_exception(t.exception())  # type: ignore[arg-type]
+                cf.set_exception(t.exception())
             else:
                 cf.set_result(t.result())
 
