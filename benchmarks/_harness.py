@@ -28,7 +28,7 @@ def scratch_dir(prefix: str, parent: str | None = None) -> Iterator[str]:
 def fresh(path: str) -> str:
     """``path`` as a new, empty folder."""
     shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
+    os.makedirs(path, exist_ok=True)  # a late background write may have made it again
     return path
 
 

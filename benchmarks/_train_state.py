@@ -12,6 +12,8 @@ restores it into the same device sharding and checks every leaf bit-exact):
 * ``tsp_pinned`` / ``tsp_device`` / ``tsp_host``: the same with
   ``SaveOptions(staging=...)`` forced (and, for the first two,
   ``restore(assemble="device")``): the other staging paths, measured.
+* ``tsp_warm``: ``tsp`` with ``CheckpointManager(warm_staging=<state bytes>)``:
+  pinned staging memory pinned when the manager is created (its first save).
 * ``orbax``: ``ocp.StandardCheckpointer()`` with its defaults.
 * ``floor``: what the hardware allows, measured in the same run: the on-device
   copy of every leaf, device->host into pinned memory (first and warm),
@@ -19,6 +21,13 @@ restores it into the same device sharding and checks every leaf bit-exact):
   disk written by 16 threads as 64 MiB files with write + fsync, read back cold
   by 16 threads, and read cold + ``device_put`` (16 threads). Its save is the
   warm pinned D2H plus the disk write; its restore the cold read + device_put.
+
+``--hbm-full`` fills the device's memory before every save (a ballast array
+raising ``bytes_limit - peak_bytes_in_use`` above all but half the state's
+size, as a training step that uses all of HBM does), so that ``"auto"`` must
+choose pinned staging; every system saves beside the same ballast. Each save
+process reports its first save (``first_*``: pinning, compiling) and its second,
+steady-state one.
 
 Before every restore (and the floor's cold reads) the page cache is dropped
 (``sync; echo 3 > /proc/sys/vm/drop_caches``) when this process may write that
@@ -49,6 +58,7 @@ GiB = 1 << 30
 LAYERS = 24
 SYSTEMS = ["tsp", "tsp_pinned", "orbax", "floor"]
 _FORCED = {"tsp_pinned": "pinned_host", "tsp_device": "device", "tsp_host": "host"}
+HBM_FULL = False  # set by --hbm-full (main, and the children through the environment)
 _PIECE = 64 * MiB  # the floor's file size
 
 
@@ -200,20 +210,46 @@ def _device(kind: str) -> Any:
     return dev
 
 
+def fill_hbm(dev: Any, need: int) -> list[Any]:
+    """Ballast on ``dev`` leaving less than half of ``need`` bytes of room beside
+    the peak (``bytes_limit - peak_bytes_in_use``): a device a training step
+    fills. Nothing where the device reports no memory statistics (CPU)."""
+    import jax.numpy as jnp
+
+    ballast: list[Any] = []
+    while True:
+        stats = dev.memory_stats() or {}
+        if "bytes_limit" not in stats:
+            return ballast
+        room = stats["bytes_limit"] - max(stats.get("peak_bytes_in_use", 0), stats.get("bytes_in_use", 0))
+        if room < need // 2:
+            return ballast
+        n = min(GiB, room - need // 2 + MiB)
+        try:
+            ballast.append(jnp.zeros((n,), jnp.uint8, device=dev).block_until_ready())
+        except Exception:  # out of memory: full enough
+            return ballast
+
+
 def child_save(system: str, gib: float, kind: str, root: str) -> dict[str, Any]:
     import jax
 
     dev = _device(kind)
     state = make_state(gib, dev)
-    out: dict[str, Any] = {"leaves": len(jax.tree_util.tree_leaves(state)),
-                           "data_gib": sum(x.nbytes for x in jax.tree_util.tree_leaves(state)) / GiB}
+    nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
+    out: dict[str, Any] = {"leaves": len(jax.tree_util.tree_leaves(state)), "data_gib": nbytes / GiB}
+    ballast = fill_hbm(dev, nbytes) if HBM_FULL else []
+    out["ballast_gib"] = sum(b.nbytes for b in ballast) / GiB
     if system.startswith("tsp"):
         import tensorstore_py as tsp
         from tensorstore_py.checkpoint.jax_adapter import shards_to_save
         from tensorstore_py.checkpoint.staging import choose_staging
 
         staging = _FORCED.get(system, "auto")
-        mgr = tsp.CheckpointManager(f"file://{root}/", options=tsp.checkpoint.SaveOptions(staging=staging))
+        t0 = time.perf_counter()
+        mgr = tsp.CheckpointManager(f"file://{root}/", options=tsp.checkpoint.SaveOptions(staging=staging),
+                                    warm_staging=nbytes if system == "tsp_warm" else 0)
+        out["manager_s"] = time.perf_counter() - t0
         shards = [p for x in jax.tree_util.tree_leaves(state) for _, p in shards_to_save(x)[3]]
         out["staging"] = choose_staging(staging, shards)
 
@@ -241,6 +277,7 @@ def child_save(system: str, gib: float, kind: str, root: str) -> dict[str, Any]:
         out[prefix + "blocked"], out[prefix + "durable"] = blocked, durable
         out[prefix + "save_extra_rss_mib"] = peak.extra() / MiB
     out["disk_gib"] = _disk_bytes(root) / 2 / GiB
+    del ballast
     return out
 
 
@@ -321,6 +358,8 @@ def child_floor(gib: float, kind: str, root: str) -> dict[str, Any]:
 # -- the driver ----------------------------------------------------------------------------
 def _child(op: str, kind: str, gib: float, system: str, root: str) -> dict[str, Any]:
     env = dict(os.environ)
+    if HBM_FULL:
+        env["TSP_BENCH_HBM_FULL"] = "1"
     if kind == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
     args = ["--child", "--op", op, "--device", kind, "--gib", str(gib), "--system", system, "--dir", root]
@@ -333,6 +372,8 @@ def _child(op: str, kind: str, gib: float, system: str, root: str) -> dict[str, 
 
 def run_child(op: str, system: str, gib: float, kind: str, root: str) -> None:
     """The child's entry point (``--child OP``): prints one JSON line."""
+    global HBM_FULL
+    HBM_FULL = os.environ.get("TSP_BENCH_HBM_FULL") == "1"
     if op == "save":
         out = child_save(system, gib, kind, root)
     elif op == "restore":
@@ -342,7 +383,9 @@ def run_child(op: str, system: str, gib: float, kind: str, root: str) -> None:
     print(json.dumps(out), flush=True)
 
 
-def main(kind: str, gib: float, systems: list[str], reps: int, scratch: str) -> None:
+def main(kind: str, gib: float, systems: list[str], reps: int, scratch: str, hbm_full: bool = False) -> None:
+    global HBM_FULL
+    HBM_FULL = hbm_full
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     dropped = True
     for rep in range(reps):
@@ -364,14 +407,18 @@ def main(kind: str, gib: float, systems: list[str], reps: int, scratch: str) -> 
     print(f"train state: {data:.2f} GiB, {len(leaf_specs(gib))} leaves, hidden size {hidden_size(gib)}, "
           f"device {kind}, medians of {reps} run(s); page cache "
           + ("dropped before every restore" if dropped else
-             "NOT dropped (no permission to write /proc/sys/vm/drop_caches): restores read a warm cache"))
-    print(f"{'system':8s} {'blocked s':>9s} {'durable s':>9s} {'restore s':>9s} "
-          f"{'save +RSS MiB':>13s} {'restore +RSS MiB':>16s} {'on disk GiB':>11s}  note")
+             "NOT dropped (no permission to write /proc/sys/vm/drop_caches): restores read a warm cache")
+          + ("; HBM filled before saves (--hbm-full)" if hbm_full else ""))
+    print(f"{'system':10s} {'1st blocked':>11s} {'1st durable':>11s} {'blocked s':>9s} {'durable s':>9s} "
+          f"{'restore s':>9s} {'save +RSS MiB':>13s} {'restore +RSS MiB':>16s} {'on disk GiB':>11s}  note")
     for s, r in res.items():
         note = f"staging={r['staging']}" if "staging" in r else ""
+        if r.get("ballast_gib"):
+            note += f" ballast={r['ballast_gib']:.1f}GiB"
         if "checked_leaves" in r:
             note += f" {r['checked_leaves']} leaves bit-exact"
-        print(f"{s:8s} {r['blocked']:9.3f} {r['durable']:9.2f} {r['restore']:9.2f} "
+        print(f"{s:10s} {r.get('first_blocked', float('nan')):11.3f} {r.get('first_durable', float('nan')):11.2f} "
+              f"{r['blocked']:9.3f} {r['durable']:9.2f} {r['restore']:9.2f} "
               f"{r.get('save_extra_rss_mib', float('nan')):13.0f} "
               f"{r.get('restore_extra_rss_mib', float('nan')):16.0f} "
               f"{r.get('disk_gib', data):11.2f}  {note.strip()}")

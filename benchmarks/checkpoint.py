@@ -18,12 +18,22 @@ the repository root::
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
       && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/checkpoint.py --device gpu --gib 8 --reps 3
 
+The table with HBM full (``"auto"`` must pin; ``tsp_warm`` pins at manager
+creation) next to the device-snapshot path, one command::
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 \
+      && python3 benchmarks/checkpoint.py --device gpu --gib 8 --reps 2 --systems tsp,orbax \
+      && python3 benchmarks/checkpoint.py --device gpu --gib 8 --reps 2 --hbm-full \
+           --systems tsp,tsp_warm,tsp_pinned,orbax,floor
+
 Without ``--device``, the CPU cases:
 
 Cases (JAX arrays on CPU devices, ``file://`` roots in one scratch folder):
 
 * ``single_1gib``: one process, one device, one 1 GiB float32 array.
 * ``small_leaves``: one process, 2,000 leaves of 64 KiB each.
+* ``tiny_leaves``: one process, 10,000 leaves of 1 KiB each (per-leaf overhead).
 * ``two_proc_1gib``: 2 processes x 4 devices (``jax.distributed`` on 127.0.0.1),
   a 1 GiB float32 array sharded over a 2x4 mesh; restored with the save-time
   sharding and, as ``restore_resharded``, into the transposed sharding.
@@ -34,7 +44,9 @@ defaults), ``orbax_4mib`` (the same with ``SaveArgs(chunk_byte_size=4 MiB)``) an
 for scale, ``floor``: the same bytes written as 64 MiB files by 16 threads with
 plain ``os.write`` + ``fsync`` and read back (no format, no checksums, no
 commit: what the disk allows).
-Every (case, system) runs in a fresh process (or pair of processes), so the
+``tsp`` and the Orbax systems save twice (steps 1 and 2: ``save``/``blocked`` is
+the first save, ``save2``/``blocked2`` the second, steady-state one) and
+restore step 2. Every (case, system) runs in a fresh process (or pair of processes), so the
 reported peak RSS (``ru_maxrss``) is that case's alone ("extra" = the peak minus
 the peak once the state was built); save then restore of the same step, page
 cache warm for every system alike. With ``--reps N`` each (case, system) runs N
@@ -63,12 +75,12 @@ from _floor import read_files, write_files
 
 MiB = 1 << 20
 SYSTEMS = ["tsp", "orbax", "orbax_4mib", "floor"]
-CASES = ["single_1gib", "small_leaves", "two_proc_1gib"]
+CASES = ["single_1gib", "small_leaves", "tiny_leaves", "two_proc_1gib"]
 
 
 def _sizes(small: bool) -> dict[str, int]:
     return {"big_bytes": (64 if small else 1024) * MiB, "leaves": 200 if small else 2000,
-            "leaf_bytes": 64 << 10}
+            "leaf_bytes": 64 << 10, "tiny_leaves": 2000 if small else 10000, "tiny_bytes": 1 << 10}
 
 
 # -- the measured side (runs in a child process) -----------------------------------------
@@ -109,9 +121,10 @@ def _child(args: argparse.Namespace) -> None:
     else:
         mesh = Mesh(devices[:1].reshape(1, 1), ("a", "b"))
         specs, resharded = None, None
-    if args.case == "small_leaves":
-        n = sizes["leaf_bytes"] // 4
-        shapes = {f"leaf_{i:05d}": (n // 128, 128) for i in range(sizes["leaves"])}
+    if args.case in ("small_leaves", "tiny_leaves"):
+        tiny = args.case == "tiny_leaves"
+        n = sizes["tiny_bytes" if tiny else "leaf_bytes"] // 4
+        shapes = {f"leaf_{i:05d}": (n // 128, 128) for i in range(sizes["tiny_leaves" if tiny else "leaves"])}
     else:
         side = int((sizes["big_bytes"] // 4) ** 0.5)
         shapes = {"x": (side, side)}
@@ -138,19 +151,20 @@ def _child(args: argparse.Namespace) -> None:
         import tensorstore_py as tsp
 
         mgr = tsp.CheckpointManager(f"file://{root}/")
+        for step in (1, 2):  # the first save, then the steady state of a training run
+            t0 = time.perf_counter()
+            mgr.save(step, state)
+            out["save_blocked" if step == 1 else "save2_blocked"] = time.perf_counter() - t0
+            mgr.wait_until_finished()
+            out["save" if step == 1 else "save2"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        mgr.save(1, state)
-        out["save_blocked"] = time.perf_counter() - t0
-        mgr.wait_until_finished()
-        out["save"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        got = mgr.restore(1, target=abstract(specs))
+        got = mgr.restore(2, target=abstract(specs))
         jax.block_until_ready(got)
         out["restore"] = time.perf_counter() - t0
         if resharded:
             del got
             t0 = time.perf_counter()
-            got = mgr.restore(1, target=abstract(resharded))
+            got = mgr.restore(2, target=abstract(resharded))
             jax.block_until_ready(got)
             out["restore_resharded"] = time.perf_counter() - t0
     elif args.system == "floor":
@@ -160,16 +174,17 @@ def _child(args: argparse.Namespace) -> None:
         import orbax.checkpoint as ocp
 
         ckptr = ocp.StandardCheckpointer()
-        path = os.path.join(root, "1")
-        t0 = time.perf_counter()
-        if args.system == "orbax_4mib":
-            save_args = jax.tree_util.tree_map(lambda _: ocp.SaveArgs(chunk_byte_size=4 * MiB), state)
-            ckptr.save(path, state, save_args=save_args)
-        else:
-            ckptr.save(path, state)
-        out["save_blocked"] = time.perf_counter() - t0
-        ckptr.wait_until_finished()
-        out["save"] = time.perf_counter() - t0
+        for step in (1, 2):
+            path = os.path.join(root, str(step))
+            t0 = time.perf_counter()
+            if args.system == "orbax_4mib":
+                save_args = jax.tree_util.tree_map(lambda _: ocp.SaveArgs(chunk_byte_size=4 * MiB), state)
+                ckptr.save(path, state, save_args=save_args)
+            else:
+                ckptr.save(path, state)
+            out["save_blocked" if step == 1 else "save2_blocked"] = time.perf_counter() - t0
+            ckptr.wait_until_finished()
+            out["save" if step == 1 else "save2"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         got = ckptr.restore(path, abstract(specs))
         jax.block_until_ready(got)
@@ -258,6 +273,8 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "gpu"],
                     help="run the train-state case on jax's first device of this kind")
     ap.add_argument("--gib", type=float, help="train-state size in GiB (default: 8 on gpu, 0.25 on cpu)")
+    ap.add_argument("--hbm-full", action="store_true",
+                    help="with --device: fill device memory before saving, so that staging 'auto' must pin")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--op", help=argparse.SUPPRESS)
     ap.add_argument("--case", help=argparse.SUPPRESS)
@@ -277,15 +294,16 @@ def main() -> None:
     scratch = args.dir or tempfile.mkdtemp(prefix="tsp-ckpt-bench-")
     if args.device:
         systems = args.systems.split(",") if args.systems != ",".join(SYSTEMS) else _train_state.SYSTEMS
-        _train_state.main(args.device, gib, systems, args.reps, scratch)
+        _train_state.main(args.device, gib, systems, args.reps, scratch, hbm_full=args.hbm_full)
         if not args.dir:
             shutil.rmtree(scratch, ignore_errors=True)
         return
     results: dict[tuple[str, str], dict[str, Any]] = {}
-    ops = ["save", "restore", "restore_resharded"]
+    ops = ["save", "save_blocked", "save2", "save2_blocked", "restore", "restore_resharded"]
     systems = args.systems.split(",")
-    print(f"{'case':15s} {'system':11s} {'save s':>8s} {'blocked s':>9s} {'restore s':>9s} "
-          f"{'reshard s':>9s} {'peak RSS MiB':>12s} {'extra RSS MiB':>13s} {'data MiB':>8s}", flush=True)
+    print(f"{'case':15s} {'system':11s} {'save s':>8s} {'blocked s':>9s} {'save2 s':>8s} {'blocked2 s':>10s} "
+          f"{'restore s':>9s} {'reshard s':>9s} {'peak RSS MiB':>12s} {'extra RSS MiB':>13s} {'data MiB':>8s}",
+          flush=True)
     for case in args.cases.split(","):
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
         for rep in range(args.reps):
@@ -295,7 +313,8 @@ def main() -> None:
         for system in systems:
             r = {k: statistics.median(x[k] for x in runs[system]) for k in runs[system][0]}
             results[(case, system)] = r
-            print(f"{case:15s} {system:11s} {r['save']:8.2f} {r['save_blocked']:9.2f} "
+            print(f"{case:15s} {system:11s} {r['save']:8.2f} {r['save_blocked']:9.3f} "
+                  f"{r.get('save2', float('nan')):8.2f} {r.get('save2_blocked', float('nan')):10.3f} "
                   f"{r['restore']:9.2f} {r.get('restore_resharded', float('nan')):9.2f} "
                   f"{r['peak_rss_mib']:12.0f} {r['extra_rss_mib']:13.0f} {r['data_mib']:8.0f}", flush=True)
     for case in args.cases.split(","):

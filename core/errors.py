@@ -20,7 +20,9 @@ catches ``KeyError`` or ``ValueError`` keeps working::
     ├── StorageError (OSError)          an I/O failure of the backing store (after retries)
     │   └── CommitOutcomeUnknownError   a conditional write / commit may or may not have landed
     ├── DeadlineExceededError (TimeoutError)  a deadline passed
-    └── LoopError (RuntimeError)        misuse of the event loop (``.result()`` on the loop)
+    ├── ResourceExhaustedError (MemoryError)  a result too large to allocate
+    ├── LoopError (RuntimeError)        misuse of the event loop (``.result()`` on the loop)
+    └── ParticipantFailedError          another process of a multi-writer commit / save failed
 
 Messages name the key or URL, the store or driver, and what was expected versus
 what was found.
@@ -45,7 +47,9 @@ __all__ = [
     "StorageError",
     "CommitOutcomeUnknownError",
     "DeadlineExceededError",
+    "ResourceExhaustedError",
     "LoopError",
+    "ParticipantFailedError",
 ]
 
 
@@ -137,19 +141,43 @@ class CommitOutcomeUnknownError(StorageError):
     Deliberately not a :class:`ConditionFailedError`: treating it as "not
     applied" and retrying could apply an update twice. ``write_id`` identifies
     the attempt; on the versioned store ``VersionedKvStore.find_write_id`` says
-    whether (and as which version) it committed. ``key`` names the key or
-    object concerned where there is one.
+    whether (and as which version) it committed: pass it the error itself, as
+    ``kv.find_write_id(err)``. ``key`` names the key or object concerned where
+    there is one; ``version`` is the only version a commit record can land
+    as, where the attempt had one.
     """
 
-    def __init__(self, message: str, *, write_id: str | None = None, key: str | None = None) -> None:
+    def __init__(self, message: str, *, write_id: str | None = None, key: str | None = None,
+                 version: int | None = None) -> None:
         super().__init__(message)
         self.write_id = write_id
         self.key = key
+        self.version = version
 
 
 class DeadlineExceededError(TensorStoreError, TimeoutError):
     """An operation did not finish before its deadline."""
 
 
+class ResourceExhaustedError(TensorStoreError, MemoryError):
+    """A result can not be allocated: reading a region of an absurd shape (more
+    bytes than the address space, or than this machine can give) asks for it.
+
+    Nothing was read or changed; read a smaller region.
+    """
+
+
 class LoopError(TensorStoreError, RuntimeError):
     """The event loop was misused, e.g. blocking on a Future from the loop thread."""
+
+
+class ParticipantFailedError(TensorStoreError):
+    """Another process of a multi-writer transaction (or multi-process checkpoint
+    save) failed before delivering its part; nothing was committed. The message
+    names the process and its error; ``process_index`` is that process and
+    ``cause`` its error's class name."""
+
+    def __init__(self, message: str, *, process_index: int | None = None, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.process_index = process_index
+        self.cause = cause

@@ -142,7 +142,7 @@ class Future(Generic[T]):
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if task is not None and running is task.get_loop():
+        if isinstance(task, asyncio.Future) and running is task.get_loop():
             return (yield from task.__await__())
         return (yield from asyncio.wrap_future(self._cf).__await__())
 
@@ -158,29 +158,71 @@ class Future(Generic[T]):
         return f"<tensorstore_py.Future {state}>"
 
 
-def spawn(coro: Coroutine[Any, Any, T]) -> Future[T]:
+def spawn(coro: Coroutine[Any, Any, T], *, cancel_reports_outcome: bool = False) -> Future[T]:
     """Run ``coro`` on the library loop and return its Future.
 
     From the loop thread the coroutine becomes a task directly (no thread hop);
-    from any other thread it is scheduled thread-safely.
+    from any other thread it is scheduled thread-safely. With
+    ``cancel_reports_outcome``, :meth:`Future.cancel` interrupts the coroutine
+    and the Future then reports what the coroutine made of that (it may turn
+    the cancellation into another error, e.g. an unknown outcome), instead of
+    reading as cancelled at once.
     """
     loop = get_loop()
     if in_loop_thread():
         task = loop.create_task(coro)
         cf: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def _copy(t: asyncio.Future[T]) -> None:
-            if t.cancelled():
-                cf.cancel()
-            elif t.exception() is not None:
-                cf.set_exception(t.exception())
-            else:
-                cf.set_result(t.result())
-
-        task.add_done_callback(_copy)
+        task.add_done_callback(_copy_into(cf))
         return Future(cf, task)
-    cf2 = asyncio.run_coroutine_threadsafe(coro, loop)
-    return Future(cf2)
+    if not cancel_reports_outcome:
+        cf2 = asyncio.run_coroutine_threadsafe(coro, loop)
+        return Future(cf2)
+    cf3: concurrent.futures.Future[T] = concurrent.futures.Future()
+    handle = _TaskHandle(loop)
+
+    def start() -> None:
+        task = loop.create_task(coro)
+        task.add_done_callback(_copy_into(cf3))
+        handle.started(task)
+
+    loop.call_soon_threadsafe(start)
+    return Future(cf3, handle)  # type: ignore[arg-type]
+
+
+def _copy_into(cf: concurrent.futures.Future[T]) -> Callable[[asyncio.Future[T]], None]:
+    def copy(t: asyncio.Future[T]) -> None:
+        if t.cancelled():
+            cf.cancel()
+        elif t.exception() is not None:
+            cf.set_exception(t.exception())
+        else:
+            cf.set_result(t.result())
+
+    return copy
+
+
+class _TaskHandle:
+    """A task started on the loop later (spawned from another thread): what
+    :meth:`Future.cancel` needs of it, including before it has started."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._task: asyncio.Task[Any] | None = None
+        self._cancel = False
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def started(self, task: asyncio.Task[Any]) -> None:  # loop thread
+        self._task = task
+        if self._cancel:
+            task.cancel()
+
+    def cancel(self) -> None:  # loop thread
+        if self._task is None:
+            self._cancel = True
+        else:
+            self._task.cancel()
 
 
 def ready(value: T) -> Future[T]:

@@ -7,7 +7,9 @@ groups nearby ranges into fewer requests.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from typing import Any
 
 from tensorstore_py.core.errors import InvalidArgumentError
 
@@ -30,6 +32,11 @@ class ByteRange:
     stop: int | None = None
 
     def __post_init__(self) -> None:
+        # integers only (numpy integers are taken as ints): a float or a string
+        # bound is the caller's mistake, reported as one, never truncated
+        object.__setattr__(self, "start", _bound(self.start, "start", self))
+        if self.stop is not None:
+            object.__setattr__(self, "stop", _bound(self.stop, "stop", self))
         if self.start < 0 and self.stop is not None:
             raise InvalidArgumentError(
                 f"byte range: a suffix (negative start {self.start}) takes no stop, got {self.stop}"
@@ -47,8 +54,8 @@ class ByteRange:
         if isinstance(r, slice):
             if r.step not in (None, 1):
                 raise InvalidArgumentError(f"byte range: step must be 1, got {r.step}")
-            start = 0 if r.start is None else int(r.start)
-            stop = None if r.stop is None else int(r.stop)
+            start = 0 if r.start is None else _bound(r.start, "start", r)
+            stop = None if r.stop is None else _bound(r.stop, "stop", r)
             if start < 0 and stop is not None:
                 raise InvalidArgumentError(
                     f"byte range {r}: a suffix range is slice(-n, None)"
@@ -71,6 +78,19 @@ class ByteRange:
         """This range of ``data`` (clipped), without copying memoryviews."""
         start, stop = self.clip(len(data))
         return data[start:stop]
+
+
+def _bound(value: Any, what: str, where: Any) -> int:
+    """``value`` as an int, or InvalidArgumentError naming the range (bools,
+    floats, strings and None are refused; numpy integers are accepted)."""
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"byte range {where!r}: {what} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"byte range {where!r}: {what} must be an integer, got {type(value).__name__} {value!r}"
+        ) from None
 
 
 def coalesce(

@@ -38,6 +38,7 @@ import numpy as np
 
 import tensorstore_py.drivers.fastpath as fastpath
 from tensorstore_py.core.budget import ByteBudget, default_bytes_in_flight, run_bounded
+from tensorstore_py.core.buffers import new_array
 from tensorstore_py.core.errors import (
     ConditionFailedError,
     InvalidArgumentError,
@@ -280,7 +281,7 @@ class ChunkedArray(ArrayDriver):
     def _out(self, index: Index, out: np.ndarray | None) -> np.ndarray:
         shape = out_shape(index)
         if out is None:
-            return np.empty(shape, dtype=self._dtype)
+            return new_array(shape, self._dtype, what=f"reading {shape} of the array on {self.kvstore!r}")
         if out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
             raise InvalidArgumentError(
                 f"out must be a writeable {self._dtype} array of shape {shape}, "
@@ -352,7 +353,9 @@ class ChunkedArray(ArrayDriver):
             await self._read_part(p, target[p.out + (Ellipsis,)])
 
         await run_bounded(parts, one, budget=self._budget, cost=self._chunk_nbytes,
-                          max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=False))
+                          max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=False,
+                                                slots=self.kvstore.requests_in_flight,
+                                                budget_bytes=self._budget.limit))
         return out
 
     def _sync_read_tasks(self) -> int:
@@ -469,7 +472,8 @@ class ChunkedArray(ArrayDriver):
         await run_bounded(
             chunk_parts(index, self._chunk_shape, self._shape), one,
             budget=self._budget, cost=self._write_cost,
-            max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=True),
+            max_tasks=async_tasks(self._threads, self._chunk_nbytes, write=True,
+                                  slots=self.kvstore.requests_in_flight, budget_bytes=self._budget.limit),
         )
 
     def _check_write_allocation(self, index: Index) -> None:

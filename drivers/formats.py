@@ -25,7 +25,7 @@ from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.cache import CachePool
 from tensorstore_py.drivers.dtypes import as_dtype, element_nbytes
 from tensorstore_py.drivers.grid import default_chunks
-from tensorstore_py.kvstore.base import Buffer, KvStore
+from tensorstore_py.kvstore.base import Buffer, KvStore, ReadResult
 
 __all__ = [
     "ArrayFormat",
@@ -34,6 +34,7 @@ __all__ = [
     "array_format",
     "array_formats",
     "detect_format",
+    "probe_formats",
     "register_array_format",
 ]
 
@@ -47,6 +48,9 @@ class OpenOptions:
     delete_existing: bool
     cache_pool: CachePool | None
     budget: ByteBudget
+    #: reads of metadata keys made just before (format detection), by key: the
+    #: open's first look at its metadata uses them instead of asking the store again
+    prefetched: Mapping[str, ReadResult] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +144,19 @@ def array_format(name: Any) -> ArrayFormat:
 
 async def detect_format(kv: KvStore) -> ArrayFormat | None:
     """The format of the array stored at ``kv``, or None if there is none."""
+    return (await probe_formats(kv))[0]
+
+
+async def probe_formats(kv: KvStore) -> tuple[ArrayFormat | None, dict[str, ReadResult]]:
+    """The format of the array stored at ``kv`` (or None) and the reads that
+    found it, by key: every format's probe key, read concurrently (one round
+    trip). Passed on as ``OpenOptions.prefetched``, they spare the open a
+    second read of the metadata document."""
     formats = array_formats()
-    results = await asyncio.gather(*(kv.read(f.probe_key) for f in formats))
-    for fmt, res in zip(formats, results):
+    keys = list(dict.fromkeys(f.probe_key for f in formats))
+    results = dict(zip(keys, await asyncio.gather(*(kv.read(k) for k in keys)), strict=True))
+    for fmt in formats:
+        res = results[fmt.probe_key]
         if res.state == "value" and fmt.is_array(res.value):
-            return fmt
-    return None
+            return fmt, results
+    return None, results

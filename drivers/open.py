@@ -36,7 +36,7 @@ from tensorstore_py.drivers.documents import url_of
 from tensorstore_py.drivers.formats import MetadataOptions, OpenOptions, array_format
 from tensorstore_py.drivers.grid import default_chunks
 from tensorstore_py.drivers.groups import not_an_array_error
-from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.base import Generation, KvStore, ReadResult
 from tensorstore_py.kvstore.registry import open_kvstore
 
 __all__ = ["DocumentFormat", "build_metadata", "default_chunks", "open_document", "open_driver", "url_of"]
@@ -75,6 +75,7 @@ async def open_driver(
     cache_pool: CachePool | None = None,
     bytes_in_flight: int | None = None,
     concurrency: Concurrency | None = None,
+    prefetched: Mapping[str, ReadResult] | None = None,
 ) -> ArrayDriver:
     """Open (and/or create) the array described by ``spec``.
 
@@ -85,6 +86,9 @@ async def open_driver(
     Given metadata fields must match the stored ones (InvalidSpecError naming
     the field otherwise). ``bytes_in_flight`` / ``concurrency``: the array's
     byte budget and threads (defaults from the usable CPUs, see core/budget.py).
+    ``prefetched``: reads of keys under the array's path made just before
+    (:func:`~tensorstore_py.drivers.formats.probe_formats`), used instead of
+    reading the metadata document again.
     """
     if not isinstance(spec, Mapping):
         raise InvalidSpecError(f"array spec must be a dict, got {type(spec).__name__}")
@@ -102,7 +106,8 @@ async def open_driver(
     options = OpenOptions(
         create=create, open=(not delete_existing) if open is None else open,
         delete_existing=delete_existing, cache_pool=cache_pool,
-        budget=ByteBudget(bytes_in_flight or default_bytes_in_flight(), concurrency=concurrency))
+        budget=ByteBudget(bytes_in_flight or default_bytes_in_flight(), concurrency=concurrency),
+        prefetched=None if delete_existing else prefetched)
     return await fmt.open(spec, kv, options)
 
 
@@ -176,8 +181,10 @@ async def open_document(cls: DocumentFormat, spec: Mapping[str, Any], kv: KvStor
     key, url = cls.metadata_key, url_of(kv)
     if options.delete_existing:
         await kv.delete_range("")
-    for _attempt in range(5):
-        res = await kv.read(key)
+    prefetched = options.prefetched or {}
+    for attempt in range(5):
+        # the first look may use the detection's read of the document (one round trip less)
+        res = prefetched[key] if attempt == 0 and key in prefetched else await kv.read(key)
         if res.state == "value":
             stored = cls.decode_metadata(res.value)
             if cls.is_array_document(stored):

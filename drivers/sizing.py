@@ -58,10 +58,20 @@ def write_tasks(c: Concurrency) -> int:
     return _cap(c, max(16, 2 * c.cpu))
 
 
-def async_tasks(c: Concurrency, chunk_nbytes: int, *, write: bool) -> int:
+def async_tasks(c: Concurrency, chunk_nbytes: int, *, write: bool,
+                slots: int | None = None, budget_bytes: int | None = None) -> int:
     """Chunk operations in flight on the generic async path (remote stores,
-    wrappers): ~``max(floor, per-CPU bytes x cpu)`` of chunks, at least 4."""
+    wrappers): ~``max(floor, per-CPU bytes x cpu)`` of chunks, at least 4.
+
+    ``slots``: the store's requests in flight (``KvStore.requests_in_flight``).
+    A remote store's throughput is the bytes in flight over the round trip (the
+    bandwidth-delay product), not a matter of CPUs: its slots are all kept busy,
+    as far as ``budget_bytes`` (the array's byte budget) holds their chunks."""
     per, floor = ((_ASYNC_WRITE_BYTES_PER_CPU, _ASYNC_WRITE_FLOOR) if write
                   else (_ASYNC_READ_BYTES_PER_CPU, _ASYNC_READ_FLOOR))
     nbytes = max(floor, per * c.cpu)
-    return max(4, min(default_max_tasks(), nbytes // max(1, chunk_nbytes)))
+    n = max(4, min(default_max_tasks(), nbytes // max(1, chunk_nbytes)))
+    if slots:
+        fit = slots if budget_bytes is None else budget_bytes // max(1, chunk_nbytes)
+        n = max(n, min(slots, default_max_tasks(), fit))
+    return n

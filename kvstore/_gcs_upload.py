@@ -100,7 +100,12 @@ async def resumable_upload(store: _Store, key: str, value: Buffer, query: Mappin
         session = resp.headers.get("Location")
         if resp.status != 200 or not session:
             return resp  # a precondition (412), a missing bucket (404), ...: the caller's
-        resp = await _send(store, yarl.URL(session, encoded=True), view, what)
+        try:
+            resp = await _send(store, yarl.URL(session, encoded=True), view, what)
+        except RetriesExhaustedError as e:
+            # a chunk was sent: the last one may have finalized the object even
+            # if only the status queries after it failed (refused outright)
+            raise RetriesExhaustedError(str(e), maybe_applied=True) from e
         if resp.status not in (404, 410):
             return resp
     raise StorageError(f"gcs {what}: the upload session expired {_SESSION_ATTEMPTS} times")

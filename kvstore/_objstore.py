@@ -21,6 +21,15 @@ reads the object back and decides.
   write-id and key, never ConditionFailedError (a caller that retried on it
   could apply an update twice).
 
+**Unconditional writes** are retried as they are (a second landing of the same
+value is harmless), but when the attempts run out after one may have landed,
+or a retried multipart completion answers that the upload is gone (S3's
+``NoSuchUpload``: completed by the attempt whose answer was lost, or
+aborted), :func:`settle_overwrite` looks: our write-id on the object means it
+landed (its generation is returned); otherwise the outcome is unknown
+(:class:`~tensorstore_py.errors.CommitOutcomeUnknownError`), never a plain
+StorageError that says "not written" about a value that may be there.
+
 **Conditional deletes** carry no write-id (there is no object left to hold it),
 so :func:`settle_delete` can only tell a refusal that no attempt preceded
 (ConditionFailedError) from one after a possibly-landed attempt (outcome
@@ -53,6 +62,7 @@ __all__ = [
     "new_write_id",
     "part_ranges",
     "settle_delete",
+    "settle_overwrite",
     "settle_write",
 ]
 
@@ -112,6 +122,11 @@ class ObjectKvStore(KvStore):
             refused=refused, maybe_applied=maybe_applied,
             current=lambda: self._object_state(key),
             lost=lambda st: self._condition_failed("write", key, if_equal, st))
+
+    async def _settle_overwrite(self, key: str, write_id: str, what: str, why: str) -> Generation:
+        """:func:`settle_overwrite` for this store."""
+        return await settle_overwrite(what=f"{self.driver} {what}", key=key, write_id=write_id,
+                                      why=why, current=lambda: self._object_state(key))
 
     async def _send_delete(self, key: str, if_equal: Generation | None, what: str,
                            send: Callable[[], Awaitable[Response]]) -> Response:
@@ -184,6 +199,22 @@ async def settle_write(
         raise lost(state)
     found = "the key is absent" if state is None else "another writer's value is there"
     raise _unknown(what, key, write_id, f"an earlier attempt may have landed and {found}")
+
+
+async def settle_overwrite(
+    *, what: str, key: str, write_id: str, why: str, current: StateFn,
+) -> Generation:
+    """The result of an unconditional write whose last answer does not tell
+    whether it landed (``why`` says what happened): the object's generation if
+    it carries our write-id, else CommitOutcomeUnknownError (see the module doc)."""
+    try:
+        state = await current()
+    except (TimeoutError, StorageError, OSError) as e:
+        raise _unknown(what, key, write_id, f"{why}, and the object could not be read back") from e
+    if state is not None and state.write_id == write_id:
+        return state.generation  # it landed; the answer saying so was lost
+    found = "the key is absent" if state is None else "another writer's value is there"
+    raise _unknown(what, key, write_id, f"{why}, and {found}")
 
 
 def settle_delete(

@@ -209,6 +209,11 @@ class KvStore(ABC):
     driver: ClassVar[str] = ""
     #: True when the store rejects every mutation
     read_only: bool = False
+    #: requests the store keeps in flight at once (a remote store's
+    #: ``concurrency``), None when it has no such bound (local stores). Array
+    #: drivers keep that many chunk requests going, as far as their byte budget
+    #: allows: at cloud latency throughput is bytes in flight over the round trip.
+    requests_in_flight: int | None = None
 
     def __init__(self, *, path: str = "") -> None:
         self.path = path
@@ -331,6 +336,11 @@ class KvStore(ABC):
         the value changes between requests, the read is retried.
         """
         full = self._full(key)
+        if isinstance(ranges, (str, bytes, slice, ByteRange)) or not hasattr(ranges, "__iter__"):
+            raise InvalidArgumentError(
+                f"read_ranges of key {key!r}: ranges must be a sequence of slices or ByteRanges, "
+                f"got {type(ranges).__name__}"
+            )
         norm = [ByteRange.of(r) or ByteRange(0) for r in ranges]
         return spawn(self._read_ranges(full, norm, coalesce_gap))
 

@@ -224,7 +224,7 @@ class GcsKvStore(ObjectKvStore):
         ):
             raise InvalidSpecError(f"gcs: concurrency must be an int >= 1, got {concurrency!r}")
         self._concurrency_option = concurrency
-        self.concurrency = concurrency or DEFAULT_CONCURRENCY
+        self.concurrency = self.requests_in_flight = concurrency or DEFAULT_CONCURRENCY
         mode = check_mode("gcs", credentials)
         self._credentials_option = credentials
         # "auto": no credentials for an emulator, nor over unencrypted http
@@ -438,8 +438,10 @@ class GcsKvStore(ObjectKvStore):
                 resp = await self._call("POST", url, what=what, data=body,
                                         headers={"Content-Type": content_type})
         except RetriesExhaustedError as e:
-            if if_equal is None or not e.maybe_applied:
+            if not e.maybe_applied:
                 raise
+            if if_equal is None:
+                return await self._settle_overwrite(key, write_id, what, f"every attempt failed ({e})")
             return await self._settle_write(key, write_id, if_equal, what, refused=False,
                                       maybe_applied=True)
         if resp.status in (200, 201):

@@ -107,7 +107,7 @@ class HttpKvStore(KvStore):
             raise InvalidSpecError("http kvstore: request_timeout must be > 0")
         super().__init__(path=path)
         self.base_url = f"{parts.scheme}://{parts.netloc}"
-        self.max_concurrency = max_concurrency
+        self.max_concurrency = self.requests_in_flight = max_concurrency
         self.request_timeout = float(request_timeout)
         self.retry_policy = _policy(retries, max_retries, backoff_base)
         self._retries_option = retries_spec(retries)

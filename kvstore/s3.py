@@ -230,7 +230,7 @@ class S3KvStore(ObjectKvStore):
         if style == "auto":
             style = "path" if self.endpoint_url or "." in self.bucket else "virtual"
         self.addressing_style: AddressingStyle = style
-        self.concurrency = _int_option("concurrency", opt["concurrency"], 1)
+        self.concurrency = self.requests_in_flight = _int_option("concurrency", opt["concurrency"], 1)
         self.checksum = check_algorithm("s3", opt["checksum"])
         self.part_size = _int_option("part_size", opt["part_size"], MIN_PART)
         self.multipart_threshold = _int_option("multipart_threshold", opt["multipart_threshold"], 1)
@@ -436,8 +436,10 @@ class S3KvStore(ObjectKvStore):
                                         headers={**cond, **await self._put_headers(value, write_id)},
                                         retry_statuses=_CONFLICT)
         except RetriesExhaustedError as e:
-            if if_equal is None or not e.maybe_applied:
+            if not e.maybe_applied:
                 raise
+            if if_equal is None:
+                return await self._settle_overwrite(key, write_id, what, f"every attempt failed ({e})")
             return await self._settle_write(key, write_id, if_equal, what, refused=False, maybe_applied=True)
         if resp.status == 200 and not (multipart and error_code(resp.body)):
             return _gen(resp.headers)
@@ -446,6 +448,10 @@ class S3KvStore(ObjectKvStore):
                                      or (multipart and code == "NoSuchUpload")):
             return await self._settle_write(key, write_id, if_equal, what, refused=True,
                                       maybe_applied=resp.maybe_applied)
+        if if_equal is None and multipart and code == "NoSuchUpload" and resp.maybe_applied:
+            # the completion whose answer was lost completed the upload (or it was aborted)
+            return await self._settle_overwrite(
+                key, write_id, what, "a retried completion found the upload gone (NoSuchUpload)")
         raise self._fail(what, resp)
 
     async def _put_headers(self, value: Buffer, write_id: str) -> dict[str, str]:

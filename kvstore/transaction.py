@@ -109,6 +109,7 @@ tour of the guarantees.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 import uuid
@@ -119,6 +120,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeVar
 
 from tensorstore_py.core.errors import (
+    CommitOutcomeUnknownError,
     ConditionFailedError,
     ConflictError,
     InvalidArgumentError,
@@ -140,9 +142,24 @@ from tensorstore_py.kvstore.ids import check_id
 
 _T = TypeVar("_T")
 
-__all__ = ["Barrier", "CommitInfo", "Participant", "Transaction", "TransactionalKvStore"]
+__all__ = [
+    "Barrier", "CommitInfo", "Participant", "Transaction", "TransactionalKvStore", "note_may_land",
+]
 
-TxnState = Literal["open", "committing", "committed", "aborted", "failed"]
+TxnState = Literal["open", "committing", "committed", "aborted", "failed", "unknown"]
+
+#: set by a commit while it runs: a one-element list that becomes [True] once
+#: something that can make the commit visible was sent (see note_may_land)
+_MAY_LAND: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("tsp_may_land", default=None)
+
+
+def note_may_land() -> None:
+    """Called by a participant right before it sends what can make the running
+    commit visible (a commit record, a multi-writer fragment): from then on an
+    interrupted commit has an unknown outcome, not a failed one."""
+    flag = _MAY_LAND.get()
+    if flag is not None:
+        flag[0] = True
 Isolation = Literal["snapshot", "serializable"]
 ISOLATION_LEVELS: tuple[Isolation, ...] = ("snapshot", "serializable")
 
@@ -338,9 +355,10 @@ class Transaction:
         :class:`~tensorstore_py.errors.CommitOutcomeUnknownError`: the commit
         may or may not have landed. Do NOT treat it as a failure and simply
         retry (that could apply the transaction twice); once the store answers
-        again, ask ``kv.find_write_id(err.write_id)`` (``err.write_id`` is
+        again, ask ``kv.find_write_id(err)`` (``err.write_id`` is
         :attr:`write_id`): a version number means it committed as that
-        version, None means it did not and the transaction may be redone. A
+        version, None means it did not and never will (the transaction may be
+        redone); while it still could land, the outcome is unknown again. A
         multi-writer transaction may instead simply be run again with the same
         ``txn_id``: it commits at most once (see the module doc).
         """
@@ -349,7 +367,7 @@ class Transaction:
                 return self._commit_future
             self._check_open("commit")
             self.state = "committing"
-            self._commit_future = spawn(self._commit(wait))
+            self._commit_future = spawn(self._commit(wait), cancel_reports_outcome=True)
         return self._commit_future
 
     # -- writes issued but not yet staged ------------------------------------------------
@@ -376,12 +394,30 @@ class Transaction:
         await self._issued_waiter.wait()
 
     async def _commit(self, wait: bool) -> CommitInfo:
+        may_land = [False]
+        _MAY_LAND.set(may_land)  # this task's context (and the tasks it starts)
         try:
             await self._wait_issued()
             if self._writer is None:
                 info = await self._commit_without_writes(wait)
             else:
                 info = await self._writer.commit(self, wait=wait)
+        except asyncio.CancelledError:
+            if not may_land[0]:
+                self.state = "failed"  # nothing was sent that could make it visible
+                raise
+            # cancelled after its commit record (or fragment) was sent: it may
+            # still land, so the outcome is unknown, never "failed"
+            self.state = "unknown"
+            raise CommitOutcomeUnknownError(
+                f"{self!r}: the commit was cancelled after what makes it visible was sent; it may "
+                f"or may not have landed (write-id {self.write_id}). Once the store answers, "
+                f"kv.find_write_id(err) tells whether it committed",
+                write_id=self.write_id,
+            ) from None
+        except CommitOutcomeUnknownError:
+            self.state = "unknown"
+            raise
         except BaseException:
             self.state = "failed"
             raise

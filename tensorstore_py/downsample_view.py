@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from tensorstore_py.core.buffers import new_array
 from tensorstore_py.core.errors import InvalidArgumentError, ReadOnlyError, UnsupportedError
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.downsample_kernels import check_method, reduce_blocks
@@ -139,14 +140,14 @@ class DownsampleDriver(ArrayDriver):
     async def read(self, index: Index, *, out: np.ndarray | None = None) -> np.ndarray:
         shape = out_shape(index)
         if out is None:
-            out = np.empty(shape, self.dtype)
+            out = new_array(shape, self.dtype, what=f"reading {shape} of a downsampled view")
         if out.size == 0:
             return out
         # output coordinates of the request; strided requests read the span they cover
         first = [o + s.start for o, s in zip(self._origin, index)]
         span = [(n - 1) * s.step + 1 for n, s in zip(shape, index)]
         whole = all(s.step == 1 for s in index)
-        dest = out if whole else np.empty(span, self.dtype)
+        dest = out if whole else new_array(tuple(span), self.dtype, what=f"reading {span} of a downsampled view")
         in_row = self.dtype.itemsize * int(np.prod([f * n for f, n in zip(self.factors[1:], span[1:])]))
         rows = max(1, _SLAB_BYTES // max(1, in_row * self.factors[0]))
         for r0 in range(0, span[0], rows):

@@ -19,10 +19,11 @@ from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError, N
 from tensorstore_py.core.future import Future, spawn
 from tensorstore_py.drivers.base import ArrayDriver
 from tensorstore_py.drivers.dtypes import as_dtype
-from tensorstore_py.drivers.formats import array_format, array_formats, detect_format
+from tensorstore_py.drivers.formats import array_format, array_formats, probe_formats
 from tensorstore_py.drivers.groups import not_an_array_error
 from tensorstore_py.drivers.open import build_metadata, open_driver, url_of
 from tensorstore_py.indexing import IndexTransform
+from tensorstore_py.kvstore.base import ReadResult
 from tensorstore_py.kvstore.registry import open_kvstore
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.tensorstore import TensorStore
@@ -142,16 +143,18 @@ def _check_fill(value: Any, dtype: np.dtype) -> None:
         raise InvalidArgumentError(f"open: fill_value={value!r} is not a scalar of dtype {dtype}")
 
 
-async def _detect(spec: Mapping[str, Any], create: bool) -> str | None:
+async def _detect(spec: Mapping[str, Any], create: bool) -> tuple[str | None, dict[str, ReadResult]]:
+    """The driver of the array at the spec's kvstore (None: none there) and
+    the reads that told, which the open reuses instead of reading again."""
     kv = await open_kvstore(spec["kvstore"])
     if spec.get("path"):
         kv = kv.with_path(str(spec["path"]))
-    fmt = await detect_format(kv)
+    fmt, reads = await probe_formats(kv)
     if fmt is None and not create:
         probes = ", ".join(sorted({f.probe_key for f in array_formats()}))
         raise await not_an_array_error(kv, "an array") or NotFoundError(
             f"open: no array at {url_of(kv)} (none of {probes} found)")
-    return None if fmt is None else fmt.driver
+    return (None if fmt is None else fmt.driver), reads
 
 
 async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing: bool,
@@ -175,8 +178,10 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
             f"open: driver={driver!r} contradicts the spec's driver {spec['driver']!r}"
         )
     name = driver or spec.get("driver")
-    if name is None:
-        name = (None if delete_existing else await _detect(spec, create)) or "zarr3"
+    prefetched: dict[str, ReadResult] | None = None
+    if name is None and not delete_existing:
+        name, prefetched = await _detect(spec, create)
+    name = name or "zarr3"
     spec["driver"] = array_format(name).driver
 
     given = {k: v for k, v in opts.items() if v is not None}
@@ -192,7 +197,7 @@ async def _open(spec: Any, *, create: bool, open_: bool | None, delete_existing:
             spec["metadata"] = built
     drv = await open_driver(spec, create=create, open=open_, delete_existing=delete_existing,
                             cache_pool=context.cache_pool, bytes_in_flight=context.bytes_in_flight,
-                            concurrency=context.concurrency)
+                            concurrency=context.concurrency, prefetched=prefetched)
     if not create and given:
         _check_matches(drv, given, spec["kvstore"])
     if transaction is not None:

@@ -23,6 +23,7 @@ to a transaction) raises UnsupportedError when pickled.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,7 @@ import numpy as np
 
 from tensorstore_py.context import Context, default_context
 from tensorstore_py.core.budget import ByteBudget, default_bytes_in_flight
-from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.buffers import new_array
 from tensorstore_py.core.errors import (
     InvalidArgumentError,
     UnsupportedError,
@@ -305,11 +306,11 @@ class TensorStore:
         return spawn(self._read(plan))
 
     async def _read(self, plan: Plan) -> np.ndarray:
-        box = await self._driver.read(plan.index, out=_aligned_empty(plan.box_shape, self.dtype))
+        box = await self._driver.read(plan.index, out=_aligned_empty(plan.box_shape, self.dtype, self))
         return plan.to_view(box)
 
     def _read_blocking(self, plan: Plan) -> np.ndarray:
-        box = self._driver.read_blocking(plan.index, _aligned_empty(plan.box_shape, self.dtype))
+        box = self._driver.read_blocking(plan.index, _aligned_empty(plan.box_shape, self.dtype, self))
         return plan.to_view(box)
 
     def write(self, value: Any) -> Future[None]:
@@ -471,17 +472,17 @@ def _translate(ts: TensorStore, dims: list[int], amount: Any, *, to: bool) -> Te
 _ALIGN_MIN_BYTES = 1 << 16
 
 
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised C-order array; page-aligned when large.
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, view: TensorStore) -> np.ndarray:
+    """An uninitialised C-order array for a read of ``view``; page-aligned when large.
 
     The kernel copies file data into page-aligned buffers several times faster
     than into malloc'ed ones (see core/buffers.py), and chunks that map 1:1
-    onto the result are read straight into it.
+    onto the result are read straight into it. A result that can not be
+    allocated (an absurd shape) raises ResourceExhaustedError.
     """
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if n < _ALIGN_MIN_BYTES or is_variable_length(dtype):  # strings/bytes: pointers, not data
-        return np.empty(shape, dtype)
-    return aligned_empty(shape, dtype)
+    n = math.prod(shape) * dtype.itemsize
+    small = n < _ALIGN_MIN_BYTES or is_variable_length(dtype)  # strings/bytes: pointers, not data
+    return new_array(shape, dtype, what=f"reading {view.domain} of the array on {view._driver.kvstore!r}", aligned=not small)
 
 
 def _shape_probe(ts: TensorStore) -> np.ndarray:

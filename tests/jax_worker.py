@@ -214,6 +214,80 @@ def main() -> None:
             report["result"] = f"{type(e).__name__}: {e}"
         report["seconds"] = time.perf_counter() - t0
         report["steps"] = mgr.all_steps()
+    elif scenario == "fail1":
+        # process 1's data writes fail: process 0 must not wait for its part
+        mesh = Mesh(devices.reshape(2, 4), ("a", "b"))
+        from jax.sharding import NamedSharding
+
+        g = np.ones((1024, 1024), np.float32)
+        big = {"big": jax.make_array_from_callback(g.shape, NamedSharding(mesh, P("a", "b")), lambda i: g[i])}
+        base = tsp.KvStore.open(root).result()
+        store = FailingStore(base) if pid_i == 1 else base
+        mgr = tsp.CheckpointManager(store, options=SaveOptions(commit_timeout=60.0))
+        t0 = time.perf_counter()
+        try:
+            mgr.save(1, big).result()
+            report["result"] = "committed"
+        except Exception as e:
+            report["result"] = f"{type(e).__name__}: {e}"
+        report["seconds"] = time.perf_counter() - t0
+        report["steps"] = mgr.all_steps()
+    elif scenario in ("stage_fail0", "stage_fail1"):
+        # process 0's or 1's device runs out of memory while staging step 1 (on CPU
+        # devices nothing runs out: the error jax raises is injected into the
+        # staging call); the next save, step 2, must commit on both processes
+        from jax.sharding import NamedSharding
+
+        from tensorstore_py.checkpoint import saving
+
+        mesh = Mesh(devices.reshape(2, 4), ("a", "b"))
+        g = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+        tree = {"w": jax.make_array_from_callback(g.shape, NamedSharding(mesh, P("a", "b")), lambda i: g[i])}
+        real_stage = saving.stage
+        calls = {"n": 0}
+
+        def stage(shards: Any, mode: str, **kw: Any) -> Any:
+            calls["n"] += 1
+            if pid_i == int(scenario[-1]) and calls["n"] == 1:
+                raise jax.errors.JaxRuntimeError(
+                    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 16.00GiB (injected)")
+            return real_stage(shards, mode, **kw)
+
+        saving.stage = stage
+        mgr = tsp.CheckpointManager(root, options=SaveOptions(commit_timeout=20.0, staging="device"))
+        t0 = time.perf_counter()
+        try:
+            mgr.save(1, tree)
+            mgr.wait_until_finished()  # raises step 1's error, once
+            report["step1"] = "committed"
+        except Exception as e:
+            report["step1"] = f"{type(e).__name__}: {e}"
+        report["step1_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        try:
+            mgr.save(2, tree).result()
+            report["step2"] = "committed"
+        except Exception as e:
+            report["step2"] = f"{type(e).__name__}: {e}"
+        report["step2_s"] = time.perf_counter() - t0
+        report["steps"] = mgr.all_steps()
+        if report["step2"] == "committed":
+            out = mgr.restore(2)
+            report["restored"] = bool(np.array_equal(out["w"], g))
+    elif scenario == "exit_abandon":
+        # both processes return from main while step 1 is in flight; process 0's
+        # data writes are slow, so the save outlives exit_timeout on both: each
+        # abandons it and exits 0, process 1 without waiting out commit_timeout
+        from jax.sharding import NamedSharding
+
+        mesh = Mesh(devices.reshape(2, 4), ("a", "b"))
+        g = np.ones((1024, 1024), np.float32)
+        big = {"big": jax.make_array_from_callback(g.shape, NamedSharding(mesh, P("a", "b")), lambda i: g[i])}
+        base = tsp.KvStore.open(root).result()
+        store = SlowStore(base, marker=os.devnull) if pid_i == 0 else base
+        opts = SaveOptions(commit_timeout=60.0, exit_timeout=2.0)
+        tsp.checkpoint.save(store, big, step=1, options=opts)
+        report["returned"] = True
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     with open(out_path, "w") as f:

@@ -178,3 +178,30 @@ def test_every_error_class_is_tsp_name() -> None:
         assert name in tsp.__all__
     assert tsp.OutOfRangeError is errors_mod.OutOfRangeError
     assert issubclass(tsp.OutOfRangeError, IndexError)
+
+
+@pytest.mark.parametrize("bounds", [(1.5, 3), (0, 2.0), ("1", 3), (0, "9"), (True, 3), (0, None, "x")])
+def test_byte_ranges_with_non_integer_bounds_are_refused(store: tsp.KvStore, bounds: tuple) -> None:
+    """A float, string or bool bound is the caller's mistake: InvalidArgumentError
+    naming the range, never a raw TypeError/ValueError nor a silently truncated range."""
+    store.write("k", b"0123456789").result()
+    start, stop = bounds[0], bounds[1]
+    if len(bounds) == 2:
+        with pytest.raises(InvalidArgumentError, match="must be an integer"):
+            tsp.ByteRange(start, stop)
+    with pytest.raises(InvalidArgumentError):
+        store.read("k", byte_range=slice(start, stop, *bounds[2:])).result()
+    with pytest.raises(InvalidArgumentError):
+        store.read_ranges("k", [slice(0, 2), slice(start, stop, *bounds[2:])]).result()
+    # numpy integers are integers
+    np = pytest.importorskip("numpy")
+    assert bytes(store.read("k", byte_range=tsp.ByteRange(np.int64(2), np.uint8(4))).result().value) == b"23"
+    got = store.read_ranges("k", [slice(np.int32(1), np.int64(3))]).result()
+    assert [bytes(v) for v in got.values] == [b"12"]
+
+
+@pytest.mark.parametrize("ranges", [None, 5, slice(0, 2), "0:2", [(0, 2)]])
+def test_read_ranges_with_malformed_ranges_is_refused(store: tsp.KvStore, ranges: object) -> None:
+    store.write("k", b"0123456789").result()
+    with pytest.raises(InvalidArgumentError):
+        store.read_ranges("k", ranges).result()  # type: ignore[arg-type]

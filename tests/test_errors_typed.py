@@ -363,3 +363,29 @@ def test_fuzzed_commit_records_fail_typed() -> None:
             pass
 
     run()
+
+
+@pytest.mark.parametrize("shape", [(10**18, 10**18), (10**9, 10**9), (2**62,)])
+@pytest.mark.parametrize("kvstore", ["memory://", "file"])
+def test_reading_an_array_of_absurd_shape_is_resource_exhausted(
+        tmp_path: Path, shape: tuple[int, ...], kvstore: str) -> None:
+    """Reading the whole of a 10^18 x 10^18 array raised numpy's ValueError
+    (more than the address space) or MemoryError (10^18 bytes); now
+    ResourceExhaustedError (still a MemoryError) names the region and the size,
+    and nothing was read or written."""
+    url = kvstore if kvstore != "file" else f"file://{tmp_path}/a/"
+    a = tsp.open({"driver": "zarr3", "kvstore": url}, create=True, dtype="uint8", shape=shape,
+                 chunks=[64] * len(shape)).result()
+    nbytes = np.prod([float(s) for s in shape])
+    with pytest.raises(tsp.ResourceExhaustedError, match="read a smaller region") as info:
+        a.read().result()
+    assert isinstance(info.value, MemoryError)
+    assert str(shape[0]) in str(info.value)
+    with pytest.raises(tsp.ResourceExhaustedError):
+        np.asarray(a)
+    with pytest.raises(tsp.ResourceExhaustedError):
+        tsp.downsample(a, [2] * len(shape), "mean").read().result()
+    assert nbytes > 2**59
+    # a region that fits reads (fill value)
+    assert a[(slice(0, 2),) * len(shape)].read().result().tolist() == (
+        [[0, 0], [0, 0]] if len(shape) == 2 else [0, 0])

@@ -140,3 +140,86 @@ def test_coordinator_failure_releases_the_other_process_quickly(tmp_path: Path) 
         assert "injected failure" in r["result"], r
         assert r["seconds"] < 30, r  # not the 60 s commit timeout
         assert r["steps"] == []
+
+
+def test_other_process_failure_releases_process_0_quickly(tmp_path: Path) -> None:
+    reports = _run("fail1", 2, f"file://{tmp_path / 'ckpt'}/", tmp_path)
+    r0, r1 = reports
+    assert r1["result"].startswith("StorageError") and "injected failure" in r1["result"], r1
+    # process 0 fails with process 1's error, typed, long before the 60 s commit timeout
+    assert r0["result"].startswith("ParticipantFailedError"), r0
+    assert "process 1 of 2" in r0["result"] and "StorageError" in r0["result"], r0
+    assert "injected failure" in r0["result"], r0
+    for r in reports:
+        assert r["seconds"] < 30, r
+        assert r["steps"] == []
+
+
+@pytest.mark.parametrize("failing", [1, 0])
+def test_staging_failure_on_one_process_leaves_later_saves_working(tmp_path: Path, failing: int) -> None:
+    reports = _run(f"stage_fail{failing}", 2, f"file://{tmp_path / 'ckpt'}/", tmp_path)
+    bad, other = reports[failing], reports[1 - failing]
+    assert bad["step1"].startswith("JaxRuntimeError: RESOURCE_EXHAUSTED"), bad
+    assert other["step1"].startswith("ParticipantFailedError"), other
+    assert f"process {failing} of 2" in other["step1"] and "RESOURCE_EXHAUSTED" in other["step1"], other
+    assert other["step1_s"] < 10, other  # not the 20 s commit timeout
+    for r in reports:
+        assert r["step2"] == "committed", r
+        assert r["step2_s"] < 10, r
+        assert r["steps"] == [2], r
+        assert r["restored"] is True, r
+
+
+@pytest.mark.slow
+def test_exit_with_a_save_in_flight_abandons_it_on_every_process(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    t = time.monotonic()
+    procs, outs = _launch("exit_abandon", 2, f"file://{root}/", tmp_path)
+    logs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        logs.append(out.decode(errors="replace"))
+    elapsed = time.monotonic() - t
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, f"worker failed ({p.returncode}):\n{log[-4000:]}"
+        # abandoned here, or failed because the other process abandoned it first
+        assert "checkpoint step 1" in log, log[-4000:]
+        assert ("was abandoned at interpreter exit" in log
+                or ("failed while the interpreter exited" in log and "abandoned" in log)), log[-4000:]
+    assert elapsed < 45, elapsed  # nobody waited out the 60 s commit timeout
+    assert tsp.CheckpointManager(f"file://{root}/").all_steps() == []
+    from tensorstore_py.kvstore.versioned.verify import verify
+
+    assert verify(tsp.KvStore.open(f"file://{root}/").result(60)).result(60) == []
+
+
+_ABANDON_WAIT = """
+import sys, threading, time
+import jax
+jax.distributed.initialize(coordinator_address="127.0.0.1:" + sys.argv[1], num_processes=1, process_id=0)
+from jax._src import distributed
+from tensorstore_py.checkpoint import coordination
+c = coordination.JaxCoordinator(distributed.global_state.client, 0, 1)
+threading.Timer(0.5, coordination.ABANDONED.set).start()
+t = time.monotonic()
+try:
+    c.wait_for("never-published", 60.0)
+except Exception as e:
+    print(type(e).__name__, e)
+print("waited", time.monotonic() - t)
+"""
+
+
+def test_coordination_wait_ends_when_saves_are_abandoned_at_exit() -> None:
+    # a process whose save is abandoned at exit while it waits for its peers
+    # must not hold the exit for the whole commit_timeout
+    r = subprocess.run([sys.executable, "-c", _ABANDON_WAIT, str(_free_port())], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "DeadlineExceededError" in r.stdout and "abandoned at interpreter exit" in r.stdout, r.stdout
+    assert float(r.stdout.split("waited")[1]) < 5, r.stdout

@@ -246,9 +246,11 @@ import jax, jax.numpy as jnp
 import tensorstore_py as tsp
 from tensorstore_py.checkpoint import SaveOptions
 root, n, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+limit = None if sys.argv[4] == "default" else int(sys.argv[4])
 state = {f"w{i}": jnp.full((n // 4 // 4 // 1024, 1024), float(i), jnp.float32) for i in range(4)}
 jax.block_until_ready(state)
-opts = SaveOptions(staging="pinned_host", max_bytes_in_flight=budget, target_chunk_bytes=budget // 4)
+opts = SaveOptions(staging="pinned_host", max_bytes_in_flight=budget, target_chunk_bytes=budget // 4,
+                   max_staging_bytes=limit)
 mgr = tsp.CheckpointManager(root, options=opts)
 mgr.save(0, state).result()  # load the code paths (and compile the slices) first
 
@@ -265,20 +267,35 @@ print(json.dumps({"extra": status("VmHWM:") - base}))
 """
 
 
-@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs /proc/self/clear_refs")
-def test_a_streamed_save_holds_the_budget_not_the_state(tmp_path: Path) -> None:
-    # "pinned_host" staging on CPU devices: the state stays on the (host-backed)
-    # device; host memory grows by the chunks in flight, not by the state. (On CPU
-    # a chunk cut from a shard is first sliced into a device buffer, which is host
-    # memory there: up to twice the budget; on an accelerator that slice is on the
-    # device.)
-    n, budget = 256 << 20, 32 << 20
-    r = subprocess.run([sys.executable, "-c", _SAVE_RSS, f"file://{tmp_path}/", str(n), str(budget)],
+def _save_extra_rss(tmp_path: Path, n: int, budget: int, limit: str) -> int:
+    r = subprocess.run([sys.executable, "-c", _SAVE_RSS, f"file://{tmp_path}/", str(n), str(budget), limit],
                        capture_output=True, text=True, timeout=300, check=False,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert r.returncode == 0, r.stderr
-    extra = json.loads(r.stdout.strip().splitlines()[-1])["extra"]
+    return int(json.loads(r.stdout.strip().splitlines()[-1])["extra"])
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs /proc/self/clear_refs")
+def test_a_streamed_save_holds_the_budget_not_the_state(tmp_path: Path) -> None:
+    # "pinned_host" staging on CPU devices with a host staging limit below the
+    # state: it streams; host memory grows by the chunks in flight, not by the
+    # state. (Each 64 MiB shard is larger than the 32 MiB budget, so it leaves
+    # chunk by chunk; on CPU a chunk cut from a shard is first sliced into a
+    # device buffer, which is host memory there: up to twice the budget; on an
+    # accelerator that slice is on the device.)
+    n, budget = 256 << 20, 32 << 20
+    extra = _save_extra_rss(tmp_path, n, budget, str(budget))
     assert extra < 2 * budget + (48 << 20), extra / 2**20
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs /proc/self/clear_refs")
+def test_a_staged_save_holds_the_state_once(tmp_path: Path) -> None:
+    # the default staging limit (half the available RAM) holds the 256 MiB state:
+    # one batched copy into pinned memory, then writes from views of it. Host
+    # memory grows by the staged state once (within 1.25x), not by a second copy
+    n, budget = 256 << 20, 32 << 20
+    extra = _save_extra_rss(tmp_path, n, budget, "default")
+    assert extra <= 1.25 * n + (16 << 20), extra / 2**20
 
 
 _KILLED_SAVE = """

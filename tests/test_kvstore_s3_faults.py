@@ -11,7 +11,7 @@ import pytest
 from _objstore_faults import PATIENT, ledger_race, lost_answer_scenarios
 
 import tensorstore_py as tsp
-from tensorstore_py.errors import ConditionFailedError
+from tensorstore_py.errors import CommitOutcomeUnknownError, ConditionFailedError
 from tensorstore_py.kvstore.s3 import S3KvStore
 from tensorstore_py.testing.fault_proxy import FaultProxy
 from tensorstore_py.testing.kvstore import cas_increment
@@ -107,3 +107,53 @@ def test_cas_ledger_race_through_faults(s3_server: S3Server, bucket: str,
         c = proxy.counters()
     print("ledger race:", out, c)
     assert c["faults"] > 0, c
+
+
+def test_unconditional_multipart_whose_completion_answers_no_such_upload(
+        s3_server: S3Server, bucket: str, direct: S3KvStore) -> None:
+    """The completion lands, its answer is lost, and its retry is told the
+    upload is gone (NoSuchUpload, as S3 may answer): the write-id on the object
+    says it landed, so the write returns its generation (a StorageError before).
+    When another writer's value is there instead, the outcome is unknown."""
+    data = os.urandom(11 << 20)
+    other: dict[str, Any] = {}
+
+    def another_writer(kind: str, head: bytes) -> None:
+        act = other.pop("act", None)
+        if act is not None:
+            act()
+
+    with FaultProxy(s3_server.endpoint, fault_rate=0.0, on_fault=another_writer) as proxy:
+        kv = _store(s3_server, bucket, proxy, multipart_threshold=6 << 20, part_size=5 << 20)
+        # create, 3 parts, complete (lost), complete again (NoSuchUpload), abort
+        proxy.script([None, None, None, None, "lost_response", "no_such_upload"])
+        g = kv.write("big", data).result(T)
+        assert proxy.counters()["by_kind"]["lost_response"] == 1
+        r = direct.read("big").result(T)
+        assert r.generation == g and bytes(r.value) == data
+
+        other["act"] = lambda: direct.write("big", b"theirs").result(T)
+        proxy.script([None, None, None, None, "lost_response", "no_such_upload"])
+        with pytest.raises(CommitOutcomeUnknownError) as info:
+            kv.write("big", data[::-1]).result(T)
+        assert info.value.write_id and info.value.key is not None and info.value.key.endswith("big")
+        assert "NoSuchUpload" in str(info.value)
+        assert bytes(direct.read("big").result(T).value) == b"theirs"
+
+
+@pytest.mark.parametrize("size", [100, 7 << 20])
+def test_unconditional_write_whose_every_answer_was_lost_is_settled(
+        s3_server: S3Server, bucket: str, direct: S3KvStore, size: int) -> None:
+    """Every attempt of a plain write (a PUT, or a multipart completion) landed
+    but lost its answer: RetriesExhaustedError before, though the value is
+    there; now the write-id read back returns its generation."""
+    data = os.urandom(size)
+    with FaultProxy(s3_server.endpoint, fault_rate=0.0) as proxy:
+        kv = _store(s3_server, bucket, proxy, multipart_threshold=6 << 20, part_size=5 << 20,
+                    retries={"max_attempts": 2, "initial_delay": 0.002, "max_delay": 0.01})
+        before = [None, None, None] if size > (6 << 20) else []  # create, 2 parts
+        proxy.script(before + ["lost_response", "lost_response"])
+        g = kv.write("k", data).result(T)
+        assert proxy.counters()["by_kind"]["lost_response"] == 2
+    r = direct.read("k").result(T)
+    assert r.generation == g and bytes(r.value) == data

@@ -16,6 +16,8 @@ import tensorstore_py as tsp
 from tensorstore_py.errors import (
     ConflictError,
     InvalidArgumentError,
+    ParticipantFailedError,
+    StorageError,
 )
 from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
@@ -266,3 +268,29 @@ def test_participant_finds_a_commit_whose_result_was_never_published() -> None:
     assert t0.commit().result(T).version == 1
     assert mem.read("txns/lost/result").result(T).state == "missing"
     assert fut.result(T).version == 1
+
+
+def test_participant_failing_before_its_fragment_releases_the_others_at_once() -> None:
+    base = MemoryKvStore()
+    VersionedKvStore(base).write("x", b"0").result(T)
+    failing = FaultKvStore(base)
+    failing.inject(op="write", key_pattern="data/*")  # participant 2 can not store its data
+    stores = [VersionedKvStore(base), VersionedKvStore(base), VersionedKvStore(failing)]
+    coord = ThreadCoordinator()
+
+    def run(i: int) -> Any:
+        txn = tsp.Transaction(process_index=i, process_count=3, txn_id="f1", coordinator=coord, timeout=60)
+        stores[i].with_transaction(txn).write(f"k{i}", b"v" * 5000).result(T)  # staged until the commit
+        return txn.commit().result(T)
+
+    t = time.monotonic()
+    res = in_threads(3, run)
+    assert time.monotonic() - t < 20  # not the 60 s timeout
+    assert isinstance(res[2], StorageError) and "injected fault" in str(res[2]), res
+    for r in res[:2]:  # process 0 and the other participant: process 2's error, typed
+        assert isinstance(r, ParticipantFailedError), res
+        assert "process 2 of 3" in str(r) and "StorageError" in str(r) and "injected fault" in str(r)
+    assert res[0].process_index == 2 and res[0].cause == "StorageError"
+    assert json.loads(coord._kv["tsp/f1/fragment/2"])["failed"]["process"] == 2
+    kv = VersionedKvStore(base)
+    assert kv.newest_version().result(T) == 1 and kv.list().result(T) == ["x"]

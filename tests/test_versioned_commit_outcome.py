@@ -129,3 +129,87 @@ def test_multi_writer_participants_hear_the_unknown_outcome_and_a_rerun_commits_
     res = run([VersionedKvStore(mem), VersionedKvStore(mem)], b"x")
     assert [r.version for r in res] == [1, 1], res
     assert kv.list().result(T) == ["p0", "p1"]
+
+
+def test_find_write_id_answers_none_only_once_it_is_final() -> None:
+    """A commit record can only land as the version it was attempted at, and a
+    delayed request may still land it: "not found" is final only once that
+    version exists. Asked with the error, find_write_id raises the unknown
+    outcome again until then, and answers None (final) after."""
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    fault.inject(op="write", key_pattern="commits/*")
+    txn = tsp.Transaction()
+    kv.with_transaction(txn).write("a", b"2").result(T)
+    err = _unknown(txn.commit())
+    assert err.version == 2 and err.write_id == txn.write_id
+    fault.clear()
+    again = _unknown(kv.find_write_id(err))
+    assert again.write_id == err.write_id and again.version == 2 and "version 2" in str(again)
+    _unknown(kv.find_write_id(err.write_id, version=2))
+    # without the attempted version only "not among the versions so far" can be said
+    assert kv.find_write_id(err.write_id).result(T) is None
+    other = VersionedKvStore(mem)
+    other._root = type(other._root)(mem)  # another process
+    other.write("b", b"x").result(T)  # version 2 exists now: it is not ours
+    assert kv.find_write_id(err).result(T) is None
+    assert kv.find_write_id(err, since=1).result(T) is None
+    with pytest.raises(InvalidArgumentError):
+        kv.find_write_id(err.write_id, version=0)
+
+
+def test_a_commit_cancelled_after_its_record_was_sent_has_an_unknown_outcome() -> None:
+    """Cancelling the commit Future while the commit record write is in flight:
+    the record may still land, so the transaction is not "failed" (nor the
+    Future merely cancelled) but its outcome is unknown:
+    CommitOutcomeUnknownError with the write-id and the version it can land as."""
+    import time
+
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    fault.inject(op="write", key_pattern="commits/*", error=None, latency=2.0)  # a slow record write
+    txn = tsp.Transaction()
+    kv.with_transaction(txn).write("a", b"2").result(T)
+    fut = txn.commit()
+    deadline = time.monotonic() + 10
+    while not fault.faults["write"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fut.cancel()
+    err = _unknown(fut)
+    assert err.write_id == txn.write_id and txn.state == "unknown"
+    fault.clear()
+    # here the cancellation stopped the write before the store: it did not land,
+    # which is final only once version 2 exists
+    _unknown(kv.find_write_id(err.write_id, version=2))
+    kv.write("b", b"x").result(T)
+    assert kv.find_write_id(err.write_id, version=2).result(T) is None
+    assert kv.read("a").result(T).value == b"1"
+
+
+def test_a_commit_cancelled_before_its_record_was_sent_failed() -> None:
+    """Cancelled while its data is written, before anything can make it
+    visible: a plain cancellation, the transaction failed, nothing committed."""
+    import concurrent.futures
+    import time
+
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    fault.inject(op="write", key_pattern="nodes/*", error=None, latency=2.0)
+    txn = tsp.Transaction()
+    kv.with_transaction(txn).write("a", b"2").result(T)
+    fut = txn.commit()
+    deadline = time.monotonic() + 10
+    while not fault.faults["write"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fut.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        fut.result(T)
+    assert txn.state == "failed"
+    time.sleep(2.2)
+    assert kv.newest_version().result(T) == 1 and kv.read("a").result(T).value == b"1"

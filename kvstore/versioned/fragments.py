@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError
+from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, ParticipantFailedError
 from tensorstore_py.kvstore.versioned.format import (
     FORMAT,
     MAGIC_ATTEMPT,
@@ -34,7 +35,8 @@ from tensorstore_py.kvstore.versioned.tree import Change
 __all__ = [
     "Attempt", "Fragment", "attempt_name", "attempts_prefix", "decode_attempt", "decode_fragment",
     "decode_outcome", "encode_attempt", "encode_fragment", "encode_outcome", "failed_name",
-    "fragment_name", "fragments_prefix", "merge_fragments", "result_name", "txn_prefix",
+    "fragment_key", "fragment_name", "fragments_prefix", "merge_fragments", "participant_failed",
+    "participant_failure", "result_name", "txn_prefix",
 ]
 
 _NONCE_RE = re.compile(r"[0-9a-f]{32}\Z")
@@ -189,6 +191,37 @@ def decode_outcome(data: Any, name: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise _bad(name, "is a malformed result")
     return check_outcome(body, name)
+
+
+def fragment_key(txn_id: str, index: int) -> str:
+    """The coordination-object key where participant ``index`` announces its fragment
+    (the fragment's object name) or its failure (:func:`participant_failure`)."""
+    return f"tsp/{txn_id}/fragment/{index}"
+
+
+def participant_failure(index: int, error: BaseException) -> str:
+    """What participant ``index`` publishes under :func:`fragment_key` instead of a
+    fragment name when it fails before delivering one (JSON; object names never
+    start with ``{``), so that process 0 stops waiting for it."""
+    message = str(error) or "abandoned (cancelled)"
+    return json.dumps({"failed": {"process": index, "error": type(error).__name__, "message": message}})
+
+
+def participant_failed(txn_id: str, count: int, value: str) -> ParticipantFailedError | None:
+    """The error that a value published under :func:`fragment_key` announces, or
+    None when it is a fragment name."""
+    if not value.startswith("{"):
+        return None
+    try:
+        body = json.loads(value)["failed"]
+        index, error, message = int(body["process"]), str(body["error"]), str(body["message"])
+    except (ValueError, KeyError, TypeError):
+        raise _bad(f"tsp/{txn_id}/fragment", f"announces a malformed failure: {value!r:.200}") from None
+    return ParticipantFailedError(
+        f"multi-writer transaction {txn_id!r}: process {index} of {count} failed before delivering "
+        f"its part ({error}: {message}); nothing was committed",
+        process_index=index, cause=error,
+    )
 
 
 def check_outcome(body: Any, where: str) -> dict[str, Any]:

@@ -36,12 +36,18 @@ class _Op:
     value: Entry | Pending | None
     if_equal: Generation | None
     future: asyncio.Future[Any]
+    probe: asyncio.Future[int] | None = None
 
 
-async def submit(root: VersionedRoot, kind: str, key: str, value: Any, if_equal: Generation | None) -> Any:
+async def submit(root: VersionedRoot, kind: str, key: str, value: Any, if_equal: Generation | None,
+                 *, probe: asyncio.Future[int] | None = None) -> Any:
     """Queue one operation (``kind``: "put", "delete" or "delete_prefix") and
-    wait until the version holding it is committed (or its condition failed)."""
-    op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future())
+    wait until the version holding it is committed (or its condition failed).
+
+    ``probe``: a ``root.start_probe()`` the caller started while it uploaded the
+    value, which the batch's commit plans against first (one round trip less;
+    a stale answer only costs a lost race and a re-plan)."""
+    op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future(), probe)
     root.queue.append(op)
     if root.committer is None:
         root.committer = asyncio.ensure_future(_run_queue(root))
@@ -76,9 +82,16 @@ async def _commit_batch(root: VersionedRoot, batch: list[_Op]) -> None:
 
 async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
     pending = [op for op in batch if isinstance(op.value, Pending)]
+    probe = next((op.probe for op in batch if op.probe is not None), None)
     if pending:
-        for op, e in zip(pending, await pack(root, [op.value for op in pending])):
-            op.value = e
+        # the newest version is looked up while the data uploads: one round trip less
+        probe = probe or root.start_probe()
+        try:
+            for op, e in zip(pending, await pack(root, [op.value for op in pending])):
+                op.value = e
+        except BaseException:
+            probe.cancel()
+            raise
     outcome: dict[int, BaseException | None] = {}
     added = sorted({op.value.object for op in batch if isinstance(op.value, RefEntry)})
 
@@ -114,7 +127,7 @@ async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
             return None
         return Plan(sorted(effective.items()), kind="data", before_publish=check)
 
-    await root.commit(plan)
+    await root.commit(plan, probe=probe)
     for i, op in enumerate(batch):
         if op.future.done():
             continue

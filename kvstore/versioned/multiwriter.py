@@ -41,7 +41,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.core.retry import RetryPolicy
-from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
+from tensorstore_py.kvstore.transaction import CommitInfo, Transaction, note_may_land
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.data import require_present
 from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, crc32c, new_write_id
@@ -58,10 +58,13 @@ from tensorstore_py.kvstore.versioned.fragments import (
     encode_fragment,
     encode_outcome,
     failed_name,
+    fragment_key,
     fragment_name,
     fragments_prefix,
     merge_fragments,
     outcome_body,
+    participant_failed,
+    participant_failure,
     result_name,
     txn_prefix,
 )
@@ -110,8 +113,14 @@ class MultiWriterParticipant(VersionedParticipant):
     async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
         deadline = time.monotonic() + txn.timeout
         try:
-            changes = await self.finalize()
-            base = await self.pin()
+            try:
+                changes = await self.finalize()
+                base = await self.pin()
+            except BaseException as e:  # process 0 waits for this part: tell it (FORMAT.md §7.1)
+                if txn.process_index > 0 and txn.coordinator is not None:
+                    key = fragment_key(txn.txn_id or "", txn.process_index)
+                    await _quietly(run_io(txn.coordinator.publish, key, participant_failure(txn.process_index, e)))
+                raise
             reads = self.reads or ReadSet()
             mine = Fragment(txn.process_index, base, changes, sorted(reads.keys), sorted(reads.prefixes))
             if txn.process_index == 0:
@@ -316,11 +325,14 @@ async def _gather(root: VersionedRoot, txn: Transaction, a: Attempt, deadline: f
     names = [fragment_name(txn_id, a.number, a.nonce, i) for i in range(1, n)]
     if txn.coordinator is not None:
         for i in range(1, n):
-            await _coord_wait(
-                txn, f"tsp/{txn_id}/fragment/{i}", deadline,
+            got = await _coord_wait(
+                txn, fragment_key(txn_id, i), deadline,
                 f"multi-writer transaction {txn_id!r}: participant {i} of {n} delivered no fragment "
                 f"within {txn.timeout} s; nothing was committed",
             )
+            failed = participant_failed(txn_id, n, got)
+            if failed is not None:  # it gave up: fail now, not at the deadline
+                raise failed
     else:
         want = set(names)
         missing: set[str] = set(want)
@@ -490,6 +502,7 @@ async def _deliver(root: VersionedRoot, txn: Transaction, a: Attempt, mine: Frag
             f"this process with process_count={txn.process_count}"
         )
     name = fragment_name(a.txn_id, a.number, a.nonce, mine.index)
+    note_may_land()  # process 0 may commit what this fragment holds
     if not await create_object(root.base, name, encode_fragment(a.txn_id, a, txn.write_id, mine),
                                exists="compare"):
         return False

@@ -38,6 +38,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.transaction import note_may_land
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
     HINT_NAME,
@@ -243,6 +244,13 @@ class VersionedRoot:
             await asyncio.shield(probe)
         return self.known
 
+    def start_probe(self) -> asyncio.Future[int]:
+        """:meth:`newest` in the background, for :meth:`commit`'s ``probe``: a
+        writer looks the newest version up while it uploads its data."""
+        probe = asyncio.ensure_future(self.newest())
+        probe.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return probe
+
     async def _run_probe(self, seq: int) -> int:
         try:
             v = await self._find_newest()
@@ -255,13 +263,35 @@ class VersionedRoot:
         return v == 0 or (await self.read_record(v)) is not None
 
     async def _find_newest(self) -> int:
+        """Probe for the newest version, checking (never trusting) the cached history.
+
+        The newest version this process knows is re-read from the store, with
+        its write-id, alongside the probe above it: a store deleted and
+        recreated at the same place (tests, notebooks, benchmarks) has lost or
+        replaced that record, and then everything cached of the old history is
+        dropped and the probe starts over from the store as it is.
+        """
         hint = 0
         if not self._hint_read:
             self._hint_read = True
             hint = await read_hint(self.base)
-        lo = await probe_newest(self._exists, self.known, hint)
+        known = self.known
+        if known == 0:
+            lo = await probe_newest(self._exists, 0, hint)
+        else:
+            same, lo = await asyncio.gather(self._same_record(known), probe_newest(self._exists, known, hint))
+            if not same:
+                self._forget_history()
+                self._hint_read = True
+                lo = await probe_newest(self._exists, 0, await read_hint(self.base))
         self.known = max(self.known, lo)
         return self.known
+
+    async def _same_record(self, version: int) -> bool:
+        """Whether ``commits/<version>`` still holds the record this process cached."""
+        cached = self.records.get(version)
+        rec = await self.read_record(version, cached=False)
+        return rec is not None and (cached is None or rec.write_id == cached.write_id)
 
     async def snapshot_expired(self, version: int | None, err: BaseException) -> SnapshotExpiredError | None:
         """What to raise instead of ``err`` when it is a missing object of
@@ -295,24 +325,35 @@ class VersionedRoot:
         return await scan(self.load_node, root, prefix)
 
     # -- the commit engine -----------------------------------------------------------
-    async def commit(self, plan_fn: Planner) -> CommitRecord | None:
+    async def commit(self, plan_fn: Planner, *, probe: asyncio.Future[int] | None = None) -> CommitRecord | None:
         """Commit what ``plan_fn`` plans against the newest version.
 
         ``plan_fn(parent)`` is called once per attempt with the parent record
         (None for the empty store); it may raise (e.g. ConflictError) to abort
         or return None for "nothing to commit". Returns the new record.
+
+        ``probe``: a :meth:`newest` the caller started earlier, to overlap the
+        search for the newest version with its own work (uploading data): the
+        first attempt plans against its answer. An answer that is stale by then
+        costs nothing but a lost race: the create of the commit record fails
+        and the next attempt re-plans against a fresh probe.
+
         Holds a writer lease (§9.3) while it writes nodes and the record: a
         coordinator that wrote nothing else has none of its own.
         """
         async with self.leases.writing():
-            return await self._commit(plan_fn)
+            return await self._commit(plan_fn, probe)
 
-    async def _commit(self, plan_fn: Planner) -> CommitRecord | None:
+    async def _commit(self, plan_fn: Planner, probe: asyncio.Future[int] | None) -> CommitRecord | None:
         failures = 0
         while True:
             checked: asyncio.Future[bool] | None = None
             try:
-                n = await self.newest()
+                if probe is not None:
+                    first, probe = probe, None
+                    n = await first
+                else:
+                    n = await self.newest()
                 # Dense versions rest on "commits/<n+1> is only created by a writer
                 # that read commits/<n>": re-read it from the store (not the cache)
                 # while the attempt is built, so a store deleted and recreated under
@@ -391,6 +432,7 @@ class VersionedRoot:
         name = commit_name(rec.version)
         data = rec.encode()
         last: BaseException | None = None
+        note_may_land()  # from here on, an interrupted commit may still land
         for attempt in range(1, PUBLISH_RETRY.max_attempts + 1):
             try:
                 await self.base.write(name, data, if_equal=Generation.NO_VALUE)
@@ -411,9 +453,9 @@ class VersionedRoot:
             f"versioned store {self.base!r}: commit record {name!r} (write-id {rec.write_id}) "
             f"could not be written or read back in {PUBLISH_RETRY.max_attempts} attempts "
             f"(last error: {last}); it may or may not have landed. Once the store answers, "
-            f"VersionedKvStore.find_write_id({rec.write_id!r}) tells whether it committed "
+            f"VersionedKvStore.find_write_id(err) tells whether it committed "
             f"(it can only land as version {rec.version})",
-            write_id=rec.write_id, key=name,
+            write_id=rec.write_id, key=name, version=rec.version,
         ) from last
 
     async def _landed(self, rec: CommitRecord, name: str) -> bool | None:
@@ -469,9 +511,7 @@ class VersionedRoot:
 
     async def _write_hint(self) -> None:
         try:
-            await self.base.write(HINT_NAME, frame(MAGIC_HINT, {"version": self.known}))
-        except Exception:
-            pass
+            await _write_hint_of(self.base, self.known)
         finally:
             self._hint_task = None
 
@@ -507,7 +547,12 @@ def _hint_due(ref: weakref.ref[VersionedRoot], base: KvStore, known: list[int]) 
 
 
 async def _write_hint_of(base: KvStore, version: int) -> None:
+    """Rewrite the ``latest`` hint to name ``version``, if its commit record is
+    still there: a trailing rewrite that fires after the store was deleted
+    (and maybe recreated at the same place) writes nothing into it."""
     with contextlib.suppress(Exception):
+        if version > 0 and (await base.read(commit_name(version))).state != "value":
+            return
         await base.write(HINT_NAME, frame(MAGIC_HINT, {"version": version}))
 
 

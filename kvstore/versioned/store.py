@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tensorstore_py.core.errors import (
+    CommitOutcomeUnknownError,
     DataCorruptionError,
     InvalidArgumentError,
     InvalidSpecError,
@@ -63,6 +64,7 @@ from tensorstore_py.kvstore.registry import open_kvstore, register_kvstore, requ
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
 from tensorstore_py.kvstore.versioned.data import (
     INLINE_MAX,
+    LARGE_MIN,
     blocking_reader,
     make_entry,
     read_entry,
@@ -70,6 +72,7 @@ from tensorstore_py.kvstore.versioned.data import (
 from tensorstore_py.kvstore.versioned.format import (
     FORMAT,
     CommitRecord,
+    commit_name,
     ranges_add,
     ranges_contain,
 )
@@ -370,8 +373,11 @@ class VersionedKvStore(KvStore, RootView):
             await self._submit("put", key, entry, if_equal)
         else:  # a writer lease keeps the data object until the commit references it
             async with self._root.leases.writing():
-                entry = await make_entry(self._root, value)
-                await self._submit("put", key, entry, if_equal)
+                # a large value is uploaded now: look the newest version up meanwhile
+                large = len(memoryview(value).cast("B")) >= LARGE_MIN
+                probe = self._root.start_probe() if large else None
+                entry = await make_entry(self._root, value)  # on failure the probe just ends
+                await submit(self._root, "put", key, entry, if_equal, probe=probe)
         return Generation(entry.stamp)
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:
@@ -401,25 +407,51 @@ class VersionedKvStore(KvStore, RootView):
         """The newest committed version (0 for an empty store)."""
         return spawn(self._root.newest())
 
-    def find_write_id(self, write_id: str, *, since: int | None = None) -> Future[int | None]:
-        """Did the commit stamped ``write_id`` land, and as which version? (None: it did not)
+    def find_write_id(
+        self, write_id: str | CommitOutcomeUnknownError, *, since: int | None = None,
+        version: int | None = None,
+    ) -> Future[int | None]:
+        """Did the commit stamped ``write_id`` land, and as which version?
 
-        The answer to :class:`~tensorstore_py.errors.CommitOutcomeUnknownError`
-        (``err.write_id``; a transaction's is ``txn.write_id``). Scans commit
-        records down from the newest version, so a recent commit costs a few
-        reads; ``since`` (a version older than the commit, e.g. the one the
-        transaction read) bounds the scan to versions above it. A commit record
-        can only land as the version its writer attempted, so once the store
-        answers and a newer version exists, None is final.
+        The answer to :class:`~tensorstore_py.errors.CommitOutcomeUnknownError`:
+        pass the error itself (``kv.find_write_id(err)``), or its ``write_id``
+        (a transaction's is ``txn.write_id``) and the ``version`` it was
+        attempted as. Returns the version it committed as, or None when it did
+        not commit and never will: a commit record can only land as the
+        version its writer attempted, so "not found" is final once a version at
+        or above that one exists. Until then (the attempt's request may still
+        be in flight) it raises CommitOutcomeUnknownError again rather than
+        answer None. Without a known ``version`` (a plain write-id string) None
+        only means "not committed as of the newest version now".
+
+        Scans commit records down from the newest version, so a recent commit
+        costs a few reads; ``since`` (a version older than the commit, e.g. the
+        one the transaction read) bounds the scan to versions above it.
         """
+        if isinstance(write_id, CommitOutcomeUnknownError):
+            version = write_id.version if version is None else version
+            write_id = write_id.write_id  # type: ignore[assignment]
         if not isinstance(write_id, str) or not write_id:
             raise InvalidArgumentError(f"find_write_id: write_id must be a non-empty string, got {write_id!r}")
         if since is not None and (isinstance(since, bool) or not isinstance(since, int) or since < 0):
             raise InvalidArgumentError(f"find_write_id: since must be a version >= 0, got {since!r}")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
+            raise InvalidArgumentError(f"find_write_id: version must be a version >= 1, got {version!r}")
+        wid: str = write_id
 
         async def run() -> int | None:
-            rec = await self._root.find_record(lambda r: r.write_id == write_id, since or 0)
-            return None if rec is None else rec.version
+            rec = await self._root.find_record(lambda r: r.write_id == wid, since or 0)
+            if rec is not None:
+                return rec.version
+            if version is not None and self._root.known < version:
+                raise CommitOutcomeUnknownError(
+                    f"versioned store {self._root.base!r}: the commit with write-id {wid} is not "
+                    f"among versions up to {self._root.known}, but it can still land as version "
+                    f"{version}, which does not exist yet; ask again later (the answer is final "
+                    f"once version {version} exists)",
+                    write_id=wid, key=commit_name(version), version=version,
+                )
+            return None
 
         return spawn(run())
 

@@ -27,10 +27,24 @@ from tensorstore_py.kvstore.versioned.format import (
     unframe,
 )
 
-__all__ = ["Inner", "Leaf", "Node", "NodeCache", "TreeWriter", "decode_node", "lookup", "scan", "walk"]
+__all__ = [
+    "MAX_DEPTH", "Inner", "Leaf", "Node", "NodeCache", "TreeWriter", "decode_node", "lookup", "scan",
+    "too_deep", "walk",
+]
 
 #: most entries per leaf / children per inner node written by this implementation
 MAX_FANOUT = 256
+#: most levels below a root: a tree of 2 children per node this deep would hold
+#: 2**64 keys, so a deeper descent means an index that references itself
+MAX_DEPTH = 64
+
+
+def too_deep(name: str, root: str | None) -> DataCorruptionError:
+    """The error for a descent past MAX_DEPTH (a cycle in the index)."""
+    return DataCorruptionError(
+        f"versioned store: node {name!r} lies more than {MAX_DEPTH} levels below root {root!r}: "
+        f"the index references itself (a cycle) or is otherwise corrupt"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +134,13 @@ async def lookup(load: Loader, root: str | None, key: str) -> Entry | None:
     if root is None:
         return None
     node = await load(root)
+    depth = 0
     while isinstance(node, Inner):
-        node = await load(node.children[_child_index(node.keys, key)])
+        child = node.children[_child_index(node.keys, key)]
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise too_deep(child, root)
+        node = await load(child)
     i = bisect.bisect_left(node.keys, key)
     if i < len(node.keys) and node.keys[i] == key:
         return node.entries[i]
@@ -134,7 +153,9 @@ async def scan(load: Loader, root: str | None, prefix: str) -> list[tuple[str, E
         return []
     out: list[tuple[str, Entry]] = []
 
-    async def visit(name: str) -> list[tuple[str, Entry]]:
+    async def visit(name: str, depth: int = 0) -> list[tuple[str, Entry]]:
+        if depth > MAX_DEPTH:
+            raise too_deep(name, root)
         node = await load(name)
         if isinstance(node, Leaf):
             i = bisect.bisect_left(node.keys, prefix)
@@ -151,7 +172,7 @@ async def scan(load: Loader, root: str | None, prefix: str) -> list[tuple[str, E
             if first > prefix and not first.startswith(prefix):
                 break  # child (and all after it) lie after the range
             picked.append(node.children[i])
-        parts = await asyncio.gather(*(visit(c) for c in picked))
+        parts = await asyncio.gather(*(visit(c, depth + 1) for c in picked))
         return [kv for part in parts for kv in part]
 
     out = await visit(root)
@@ -296,12 +317,18 @@ class TreeWriter:
         _, name, count = level[0]
         # an inner root left with one child is replaced by that child
         node = await self._load(name)
+        depth = 0
         while isinstance(node, Inner) and len(node.children) == 1:
             name = node.children[0]
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise too_deep(name, root)
             node = await self._load(name)
         return name, count
 
-    async def _apply(self, name: str, changes: Sequence[Change]) -> list[ChildRef]:
+    async def _apply(self, name: str, changes: Sequence[Change], depth: int = 0) -> list[ChildRef]:
+        if depth > MAX_DEPTH:
+            raise too_deep(name, None)
         node = await self._load(name)
         if isinstance(node, Leaf):
             keys, entries = _merge_leaf(node, changes)
@@ -316,7 +343,7 @@ class TreeWriter:
             a, b = bounds[i], bounds[i + 1]
             if a < b:
                 idx.append(i)
-                tasks.append(self._apply(node.children[i], changes[a:b]))
+                tasks.append(self._apply(node.children[i], changes[a:b], depth + 1))
         results = dict(zip(idx, await asyncio.gather(*tasks)))
         refs: list[ChildRef] = []
         for i in range(len(node.children)):

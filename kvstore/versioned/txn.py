@@ -172,12 +172,14 @@ class VersionedParticipant(Participant):
     def has_writes(self) -> bool:
         return bool(self.writes)
 
-    async def pin(self) -> int:
-        """The version this transaction reads (fixed at first use)."""
+    async def pin(self, probe: asyncio.Future[int] | None = None) -> int:
+        """The version this transaction reads (fixed at first use; ``probe``: a
+        ``root.start_probe()`` to take the newest version from)."""
         if self.base_version is None:
             async with self._pin_lock:
                 if self.base_version is None:
-                    v = self.snapshot if self.snapshot is not None else await self.root.newest()
+                    v = self.snapshot if self.snapshot is not None else \
+                        await (probe if probe is not None else self.root.newest())
                     rec = await self.root.record_at(v)
                     self._base_root = rec.root if rec else None
                     self.base_version = v
@@ -318,16 +320,22 @@ class VersionedParticipant(Participant):
         return out
 
     async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
+        probe: asyncio.Future[int] | None = None
         try:
+            # the newest version is looked up while pending values upload
+            probe = self.root.start_probe()
             changes = await self.finalize()
-            base = await self.pin()
+            base = await self.pin(probe)
 
             async def check() -> None:
                 await self.check_written(changes)
 
             rec = await commit_changes(self.root, changes, base, txn, reads=self.reads,
-                                       before_publish=check)
+                                       before_publish=check, probe=probe)
+            probe = None
         finally:
+            if probe is not None:
+                probe.cancel()
             self._release()
         return CommitInfo(
             version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn.txn_id,
@@ -354,6 +362,7 @@ async def commit_changes(
     root: VersionedRoot, changes: list[Change], base: int, txn: Transaction, *,
     reads: ReadSet | None = None, nonce: str | None = None, txn_from: int | None = None,
     before_publish: Callable[[], Awaitable[None]] | None = None,
+    probe: asyncio.Future[int] | None = None,
 ) -> CommitRecord:
     """Commit ``changes`` read from version ``base``: rebase, or ConflictError.
 
@@ -379,6 +388,6 @@ async def commit_changes(
             txn_id=txn.txn_id, txn_nonce=nonce, write_id=txn.write_id, before_publish=before_publish,
         )
 
-    rec = await root.commit(plan)
+    rec = await root.commit(plan, probe=probe)
     assert rec is not None
     return rec

@@ -369,6 +369,21 @@ class _Walker:
             task = self.subtrees[name] = asyncio.ensure_future(self._node(name))
         return task
 
+    def _pending_reaches(self, start: str, target: str) -> bool:
+        """Whether ``target`` is ``start`` or below it through nodes whose walk
+        is still running (a finished walk can not be waiting on ``target``)."""
+        stack, seen = [start], set()
+        while stack:
+            n = stack.pop()
+            if n == target:
+                return True
+            task = self.subtrees.get(n)
+            if n in seen or task is None or task.done():
+                continue
+            seen.add(n)
+            stack.extend(self.children.get(n, ()))
+        return False
+
     async def _load(self, name: str) -> Node | None:
         async with self.sem:
             res = await self._read(name)
@@ -403,6 +418,12 @@ class _Walker:
 
     async def _inner(self, name: str, node: Inner) -> _Sub | None:
         self.children[name] = list(node.children)
+        for child in node.children:
+            if self._pending_reaches(child, name):
+                # a node below itself: waiting on that child would wait forever
+                self._node_problem(name, "structure", f"the index references itself: child "
+                                   f"{child!r} leads back to node {name!r} (a cycle)", name)
+                return None
         subs = await asyncio.gather(*(self._subtree(c) for c in node.children))
         ok = True
         total = 0

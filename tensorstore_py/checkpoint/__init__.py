@@ -17,6 +17,9 @@ Modules, each importing only those above it (this package's ``__init__`` only
 re-exports; no module imports it)::
 
     coordination  the Coordinator protocol (publish / wait_for) and its two implementations
+    attempts      a multi-process save's name (step, attempt) and its failure reports
+    inflight      saves in flight, finished or abandoned at interpreter exit
+    prng          typed PRNG key leaves as key data
     pytree        flatten / unflatten with a JSON structure
     layout        per-leaf chunk grids, zarr v3 metadata, region math
     storage       the steps of one root: StepStore, StepInfo, list_steps, read_spans

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Union
 
 from tensorstore_py.checkpoint.assembly import Assemble
+from tensorstore_py.checkpoint.attempts import next_namespace, publish_failure
 from tensorstore_py.checkpoint.coordination import Coordinator
+from tensorstore_py.checkpoint.inflight import track
 from tensorstore_py.checkpoint.interop import restore_foreign_root
 from tensorstore_py.checkpoint.leaves import array_leaves, open_leaf
 from tensorstore_py.checkpoint.restoring import ReadStats, restore_step
@@ -24,13 +25,6 @@ from tensorstore_py.tensorstore import TensorStore
 __all__ = ["Root", "RootLike", "leaf_paths", "open_array", "open_leaf", "open_root", "restore", "save"]
 
 RootLike = Union[str, Mapping[str, Any], KvStore]  # noqa: UP007 (a runtime alias)
-
-# Every process of a job makes the same sequence of save calls, so a per-process
-# counter names each save identically everywhere (whatever spec each process
-# used to open the root) and uniquely within the job's coordination service.
-_seq_lock = threading.Lock()
-_seq = 0
-
 
 def open_root(root: RootLike) -> KvStore:
     """The kvstore of a checkpoint root (URL, spec dict or an open KvStore)."""
@@ -64,24 +58,29 @@ class Root:
     ) -> Future[StepInfo]:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InvalidArgumentError(f"checkpoint step must be an int >= 0, got {step!r}")
-        require_conditional_writes(self.kv, f"checkpoint save of step {step}")
-        metrics = dict(metrics or {})
-        try:
-            json.dumps(metrics)
-        except (TypeError, ValueError) as e:
-            raise InvalidArgumentError(f"checkpoint step {step}: metrics must be JSON-able: {e}") from e
-        coord = self._coordinator()
-        if run_sync(self.kv.read(record_key(step))).state == "value":
-            raise ConditionFailedError(f"checkpoint step {step} already exists at {self.kv!r}")
+        # named by the step and its attempt, before anything can fail (attempts.py)
+        namespace = next_namespace(step)
         options = options or SaveOptions()
-        snap = snapshot(
-            tree, process_index=coord.process_index, process_count=coord.process_count,
-            options=options,
-        )
-        global _seq
-        with _seq_lock:
-            _seq += 1
-            namespace = f"tsp/checkpoint/save-{_seq}-step-{step}"
+        coord = self._coordinator()
+        what = f"checkpoint step {step} at {self.kv!r}"
+        try:
+            require_conditional_writes(self.kv, f"checkpoint save of step {step}")
+            metrics = dict(metrics or {})
+            try:
+                json.dumps(metrics)
+            except (TypeError, ValueError) as e:
+                raise InvalidArgumentError(f"checkpoint step {step}: metrics must be JSON-able: {e}") from e
+            if run_sync(self.kv.read(record_key(step))).state == "value":
+                raise ConditionFailedError(f"checkpoint step {step} already exists at {self.kv!r}")
+            snap = snapshot(
+                tree, process_index=coord.process_index, process_count=coord.process_count,
+                options=options,
+            )
+        except BaseException as e:
+            if coord.process_count > 1:  # the others must not wait for this process's part
+                told = spawn(publish_failure(coord, namespace, e, options.commit_timeout))
+                track(told, what=f"the failure report of {what}", exit_timeout=options.exit_timeout)
+            raise
         bar = reporter(progress, f"checkpoint save of step {step}")
         if bar is not None:
             docs = sum(len(json.dumps(doc).encode()) for doc in snap.zarr_json.values())
@@ -93,6 +92,7 @@ class Root:
             )
         )
         fut.add_done_callback(lambda _f: snap.release())
+        track(fut, what=what, exit_timeout=options.exit_timeout)
         if bar is not None:
             fut.add_done_callback(lambda f: bar.close(failed=f.cancelled() or f.exception() is not None))
         # "pinned_host" staging: the writes copy the last chunks off the caller's
@@ -147,6 +147,12 @@ def save(
     arguments. Raises :class:`ConditionFailedError` if ``step`` already exists, and
     :class:`UnsupportedError` (before anything is copied or written) when the
     root's store can not do create-only writes (an fsspec URL).
+
+    A process that fails during the save (here or in the background) tells the
+    others, which raise :class:`ParticipantFailedError` naming it at once rather
+    than after ``options.commit_timeout``. A save still in flight when the
+    interpreter exits gets up to ``options.exit_timeout`` seconds to commit; then
+    it is abandoned with a warning (nothing of it visible). See docs/CHECKPOINTS.md.
 
     ``progress``: True draws a bar on stderr when it is a terminal (else prints
     one summary line when the save ends); a callable is called with ``(bytes

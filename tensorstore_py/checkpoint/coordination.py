@@ -15,12 +15,21 @@ unique per save, so each key is published once.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, Protocol, runtime_checkable
 
 from tensorstore_py.core.errors import DeadlineExceededError, InvalidArgumentError
 from tensorstore_py.kvstore.transaction import Barrier
 
-__all__ = ["Coordinator", "JaxCoordinator", "SingleProcess"]
+__all__ = ["ABANDONED", "Coordinator", "JaxCoordinator", "SingleProcess"]
+
+#: set at interpreter exit when saves in flight are abandoned (inflight.py):
+#: :meth:`JaxCoordinator.wait_for` then gives up within :data:`WAIT_SLICE` seconds
+ABANDONED = threading.Event()
+
+#: a JaxCoordinator waits in slices this long, to notice :data:`ABANDONED`
+WAIT_SLICE = 1.0
 
 
 @runtime_checkable
@@ -62,15 +71,25 @@ class JaxCoordinator:
         self.client.key_value_set(key, value)
 
     def wait_for(self, key: str, timeout: float) -> str:
-        try:
-            return str(self.client.blocking_key_value_get(key, max(1, int(timeout * 1000))))
-        except Exception as e:  # jaxlib raises its own error type on a deadline
-            text = str(e)
-            if "DEADLINE" in text.upper() or "timed out" in text.lower():
-                raise DeadlineExceededError(
-                    f"jax.distributed key {key!r} not published within {timeout} s"
-                ) from e
-            raise
+        """Waits in slices of :data:`WAIT_SLICE` seconds, so that a save abandoned
+        at interpreter exit does not hold the exit for the whole ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            step = min(WAIT_SLICE, max(0.0, deadline - time.monotonic()))
+            try:
+                return str(self.client.blocking_key_value_get(key, max(1, int(step * 1000))))
+            except Exception as e:  # jaxlib raises its own error type on a deadline
+                text = str(e)
+                if "DEADLINE" not in text.upper() and "timed out" not in text.lower():
+                    raise
+                if ABANDONED.is_set():
+                    raise DeadlineExceededError(
+                        f"jax.distributed key {key!r}: the wait was abandoned at interpreter exit"
+                    ) from e
+                if time.monotonic() >= deadline:
+                    raise DeadlineExceededError(
+                        f"jax.distributed key {key!r} not published within {timeout} s"
+                    ) from e
 
     def __repr__(self) -> str:
         return f"JaxCoordinator(process {self.process_index} of {self.process_count})"

@@ -132,15 +132,24 @@ def assemble_all(items: list[tuple[Any, Any, list[tuple[Any, np.ndarray]]]]) -> 
     """Global ``jax.Array``s from ``(target, sharding, [(device, host block)])``
     items: one batched ``device_put`` of every block (into the memory kind of
     its target's sharding), then ``jax.make_array_from_single_device_arrays``
-    per array."""
+    per array. An array that one device holds whole (most small leaves) is put
+    with its target sharding directly and needs no second step."""
     jax = _jax()
-    blocks = [b for _, _, per_dev in items for _, b in per_dev]
-    dests = [
-        jax.sharding.SingleDeviceSharding(d, memory_kind=getattr(sharding, "memory_kind", None))
-        for _, sharding, per_dev in items for d, _ in per_dev
-    ]
+    blocks: list[np.ndarray] = []
+    dests: list[Any] = []
+    whole: list[bool] = []
+    for target, sharding, per_dev in items:
+        one = len(per_dev) == 1 and len(sharding.device_set) == 1 and per_dev[0][1].shape == tuple(target.shape)
+        whole.append(one)
+        for d, b in per_dev:
+            blocks.append(b)
+            dests.append(sharding if one else jax.sharding.SingleDeviceSharding(
+                d, memory_kind=getattr(sharding, "memory_kind", None)))
     placed = iter(jax.device_put(blocks, dests))
-    return [global_array(target, sharding, [next(placed) for _ in per_dev]) for target, sharding, per_dev in items]
+    return [
+        next(placed) if one else global_array(target, sharding, [next(placed) for _ in per_dev])
+        for (target, sharding, per_dev), one in zip(items, whole)
+    ]
 
 
 def global_array(target: Any, sharding: Any, arrays: list[Any]) -> Any:

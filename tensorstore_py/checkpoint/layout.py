@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,8 @@ class LeafLayout:
     shape: tuple[int, ...]
     chunk_shape: tuple[int, ...]
     key: str
+    #: zarr v3 bytes->bytes codecs after ``bytes`` (compression.py); empty: raw chunks
+    codecs: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
 
     @property
     def nbytes(self) -> int:
@@ -58,6 +60,7 @@ class LeafLayout:
             "shape": list(self.shape),
             "chunk_shape": list(self.chunk_shape),
             "key": self.key,
+            **({"codecs": list(self.codecs)} if self.codecs else {}),
         }
 
     @staticmethod
@@ -67,6 +70,7 @@ class LeafLayout:
             shape=tuple(int(n) for n in j["shape"]),
             chunk_shape=tuple(int(n) for n in j["chunk_shape"]),
             key=str(j["key"]),
+            codecs=tuple(j.get("codecs") or ()),
         )
 
 
@@ -79,6 +83,8 @@ def chunk_shape_for(
     Always aligned: every chunk lies inside one shard.
     """
     shape = [max(1, n) for n in shard_shape]
+    if math.prod(shape) * itemsize <= target_bytes:  # one chunk (every small leaf)
+        return tuple(shape)
     for d in range(len(shape)):
         inner = math.prod(shape[d + 1:]) * itemsize
         if shape[d] * inner <= target_bytes:
@@ -102,8 +108,12 @@ def chunk_key(leaf_dir: str, idx: tuple[int, ...]) -> str:
     return f"{leaf_dir}/c" + "".join(f"/{i}" for i in idx)
 
 
-def zarr3_metadata(dtype: np.dtype, shape: tuple[int, ...], chunk_shape: tuple[int, ...]) -> dict[str, Any]:
-    """A zarr v3 ``zarr.json`` for a raw little-endian array with this chunk grid."""
+def zarr3_metadata(
+    dtype: np.dtype, shape: tuple[int, ...], chunk_shape: tuple[int, ...],
+    codecs: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+) -> dict[str, Any]:
+    """A zarr v3 ``zarr.json`` for a little-endian array with this chunk grid,
+    its chunks raw or compressed by ``codecs`` (bytes->bytes, after ``bytes``)."""
     codec: dict[str, Any] = {"name": "bytes"}
     if dtype.itemsize > 1:
         codec["configuration"] = {"endian": "little"}
@@ -115,7 +125,7 @@ def zarr3_metadata(dtype: np.dtype, shape: tuple[int, ...], chunk_shape: tuple[i
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk_shape)}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
         "fill_value": fill_to_json(0, dtype),
-        "codecs": [codec],
+        "codecs": [codec, *codecs],
         "attributes": {},
     }
 

@@ -42,6 +42,7 @@ async def open_leaf(kv: KvStore, leaf: Mapping[str, Any]) -> TensorStore:
             dtype_from_v3(leaf["dtype"]),
             tuple(int(n) for n in leaf["shape"]),
             tuple(int(n) for n in leaf["chunk_shape"]),
+            list(leaf.get("codecs") or ()),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise DataCorruptionError(

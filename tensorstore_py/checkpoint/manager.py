@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Mapping
 from typing import Any, Literal, Self
@@ -13,6 +14,7 @@ from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.interop import foreign_steps, restore_foreign_root
 from tensorstore_py.checkpoint.restoring import ReadStats
 from tensorstore_py.checkpoint.saving import SaveOptions
+from tensorstore_py.checkpoint.staging import warm_pinned
 from tensorstore_py.checkpoint.storage import StepInfo
 from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import Future, ready, run_sync
@@ -21,6 +23,14 @@ from tensorstore_py.progress import ProgressArg
 __all__ = ["CheckpointManager"]
 
 log = logging.getLogger("tensorstore_py.checkpoint")
+
+
+def _warm(nbytes: int) -> int:
+    """Pin ``nbytes`` per local device ahead of the first save (only where JAX
+    is imported already: a numpy-only program has nothing to stage)."""
+    if nbytes <= 0 or "jax" not in sys.modules:
+        return 0
+    return warm_pinned(nbytes)
 
 
 class CheckpointManager:
@@ -42,10 +52,20 @@ class CheckpointManager:
       one atomic delete and its bytes are freed immediately, except while a
       reader (a restore, an ``open_array`` view, in any process) still reads
       the version holding it: then a later retention frees them.
+    * A save still in flight when the interpreter exits is given up to
+      ``SaveOptions.exit_timeout`` seconds to commit, then abandoned with a
+      warning (the step is absent, never partial); the process never aborts.
     * A save that committed reports success: retention is idempotent, and when
       it fails (another manager on the same root retaining at the same time, a
       store error) the failure is logged (logger ``tensorstore_py.checkpoint``)
       and the next save's retention catches up.
+
+    ``warm_staging``: bytes of pinned host memory to pin on each local device
+    now (e.g. the bytes of the state this process saves), so that the first
+    save with ``"pinned_host"`` staging (chosen, or the fallback of
+    ``"auto"`` when device memory is full) copies at PCIe speed instead of
+    pinning pages as it copies; JAX's pinned allocator keeps that memory for
+    every later save and restore. 0 (the default): pin on first use.
 
     In a multi-process JAX job (``jax.distributed`` initialised) every process
     creates the manager and calls :meth:`save` with the same steps; each writes
@@ -63,6 +83,7 @@ class CheckpointManager:
         coordinator: Coordinator | None = None,
         options: SaveOptions | None = None,
         read_grace: float = 0.0,
+        warm_staging: int = 0,
     ) -> None:
         if max_to_keep is not None and max_to_keep < 1:
             raise InvalidArgumentError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
@@ -72,6 +93,8 @@ class CheckpointManager:
             raise InvalidArgumentError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
         if isinstance(read_grace, bool) or not isinstance(read_grace, (int, float)) or not read_grace >= 0:
             raise InvalidArgumentError(f"read_grace must be a number of seconds >= 0, got {read_grace!r}")
+        if isinstance(warm_staging, bool) or not isinstance(warm_staging, int) or warm_staging < 0:
+            raise InvalidArgumentError(f"warm_staging must be a number of bytes >= 0, got {warm_staging!r}")
         self._root = Root(root, coordinator=coordinator)
         self.max_to_keep = max_to_keep
         self.best_metric = best_metric
@@ -83,6 +106,8 @@ class CheckpointManager:
         self.read_grace = float(read_grace)
         self._pending: Future[StepInfo] | None = None
         self._lock = threading.Lock()
+        #: bytes of pinned host memory pinned ahead for staging (``warm_staging``)
+        self.warmed_bytes = _warm(warm_staging)
 
     @property
     def kvstore(self) -> Any:

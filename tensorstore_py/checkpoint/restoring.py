@@ -24,6 +24,7 @@ every leaf before anything is read.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.checkpoint.assembly import Assemble, DeviceBlock, assemble_on_device, check_assemble
+from tensorstore_py.checkpoint.compression import chunk_codec
 from tensorstore_py.checkpoint.jax_adapter import (
     assemble_all,
     global_array,
@@ -47,6 +49,7 @@ from tensorstore_py.checkpoint.layout import (
     region_shape,
     span_in_chunk,
 )
+from tensorstore_py.checkpoint.prng import from_key_data, is_prng_key
 from tensorstore_py.checkpoint.pytree import flatten_target, unflatten
 from tensorstore_py.checkpoint.storage import StepStore, read_spans
 from tensorstore_py.core.budget import ByteBudget, run_bounded
@@ -148,8 +151,16 @@ async def read_regions(
             r.direct = True
         elif r.sink is None:
             r.out = aligned_empty(shape, _le(leaf.dtype))
+    codecs: dict[str, Any] = {}  # leaf key -> its compressor (compressed leaves only)
     for cr in chunk_reads.values():
         cs = cr.leaf.chunk_shape
+        if cr.leaf.codecs:
+            # a compressed chunk is read and decoded whole
+            if cr.leaf.key not in codecs:
+                codecs[cr.leaf.key] = chunk_codec(list(cr.leaf.codecs), cr.leaf.dtype, cs,
+                                                  where=f"checkpoint leaf {cr.leaf.key!r}")
+            cr.span = (0, math.prod(cs) * cr.leaf.dtype.itemsize)
+            continue
         if not cs:
             cr.span = (0, cr.leaf.dtype.itemsize)
             continue
@@ -163,7 +174,29 @@ async def read_regions(
     def size(crs: list[_ChunkRead]) -> int:
         return sum(cr.span[1] - cr.span[0] for cr in crs)
 
+    async def decoded(cr: _ChunkRead) -> Any:
+        key = chunk_key(cr.leaf.key, cr.grid)
+        stored = (await read_spans(data, [(key, 0, 0, True)], whole=True))[0]
+        stats.bytes_read += len(stored)
+        if progress is not None:
+            progress.advance(cr.span[1])
+        full = cr.span[1]
+        codec = codecs[cr.leaf.key]
+        return await run_cpu(lambda: codec.decode(stored, key=key, size=full, limit=full))
+
     async def batch(crs: list[_ChunkRead]) -> None:
+        packed = [cr for cr in crs if cr.leaf.key in codecs]
+        if packed:  # decoded in parallel on the CPU pool
+            crs = [cr for cr in crs if cr.leaf.key not in codecs]
+            for cr, buf in zip(packed, await asyncio.gather(*(decoded(cr) for cr in packed))):
+                key = chunk_key(cr.leaf.key, cr.grid)
+                if len(buf) != cr.span[1]:
+                    raise DataCorruptionError(
+                        f"checkpoint chunk {key!r}: decodes to {len(buf)} bytes, expected {cr.span[1]}"
+                    )
+                await _deliver(cr, buf)
+            if not crs:
+                return
         spans = []
         for cr in crs:
             full = math.prod(cr.leaf.chunk_shape) * cr.leaf.dtype.itemsize
@@ -275,6 +308,8 @@ def restore_step(
                 values.append(_python_value(e["value"]))
             else:
                 a = _native(next(arrays))  # type: ignore[arg-type]
+                if "prng" in e:
+                    a = from_key_data(a, e["prng"], None, f"checkpoint step {step}: leaf {e['path']}")
                 values.append(a[()] if e["kind"] == "numpy_scalar" else a)
         return unflatten(manifest["tree"], values)
 
@@ -283,6 +318,7 @@ def restore_step(
     requests = []
     plans: list[tuple[str, Any]] = []
     regions_cache: dict[Any, Any] = {}
+    where_cache: dict[Any, bool] = {}
     for path, t in pairs:
         e = by_path.get(path)
         if e is None:
@@ -294,6 +330,12 @@ def restore_step(
             plans.append(("value", _python_value(e["value"])))
             continue
         leaf = LeafLayout.from_json(e)
+        if is_prng_key(t):  # rebuilt from its key data (prng.py)
+            where = f"checkpoint step {step}: leaf {path}"
+            plans.append(("prng", (len(requests), e.get("prng"), t, where)))
+            requests.append((leaf, tuple((0, n) for n in leaf.shape)))
+            sinks.append(None)
+            continue
         tshape = getattr(t, "shape", None)
         if tshape is not None and tuple(tshape) != leaf.shape:
             raise InvalidArgumentError(
@@ -309,7 +351,9 @@ def restore_step(
             )
         if is_sharded_target(t):
             sharding, dev_regions = target_regions(t, regions_cache)
-            on_device = assemble_on_device(assemble, sharding)
+            on_device = where_cache.get(sharding)
+            if on_device is None:  # many leaves share a sharding
+                on_device = where_cache[sharding] = assemble_on_device(assemble, sharding)
             uniq: dict[Region, int] = {}
             for d, reg in dev_regions:
                 if reg not in uniq:  # several local devices, one read
@@ -329,6 +373,12 @@ def restore_step(
     for kind, p in plans:
         if kind == "value":
             values.append(p)
+        elif kind == "prng":
+            i, prng, t, where = p
+            if not isinstance(prng, dict):
+                raise InvalidArgumentError(f"{where}: the target asks for PRNG keys {t.dtype}, the "
+                                           f"step stores an array of {arrays[i].dtype}")  # type: ignore[union-attr]
+            values.append(from_key_data(_native(arrays[i]), prng, t, where))  # type: ignore[arg-type]
         elif kind == "numpy":
             i, tdtype, scalar = p
             a = _native(_cast(arrays[i], tdtype))  # type: ignore[arg-type]

@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensorstore_py.core.errors import ConflictError, DataCorruptionError, NotFoundError
+from tensorstore_py.core.errors import ConflictError, DataCorruptionError, NotFoundError, UnsupportedError
 from tensorstore_py.kvstore.base import ByteRange, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.kvstore.versioned import VersionedKvStore
@@ -160,7 +160,14 @@ class StepStore:
             raise DataCorruptionError(
                 f"checkpoint step {step}: its record exists but {key!r} is missing at {self.kv!r}"
             )
-        return json.loads(bytes(r.value))  # type: ignore[no-any-return]
+        manifest = json.loads(bytes(r.value))
+        fmt = manifest.get("format") if isinstance(manifest, dict) else None
+        if fmt not in MANIFEST_FORMATS:
+            raise UnsupportedError(
+                f"checkpoint step {step} at {self.kv!r}: manifest format {fmt!r} is not one this "
+                f"version reads ({', '.join(MANIFEST_FORMATS)}); it was written by a newer version"
+            )
+        return manifest  # type: ignore[no-any-return]
 
     async def open_step(self, step: int | None) -> tuple[int, dict[str, Any], KvStore]:
         """``(step, manifest, view of the step's keys)`` from one pinned snapshot.
@@ -228,12 +235,20 @@ class StepStore:
         return report.deleted_count
 
 
+#: manifest formats this version reads: 1 (raw chunks), 2 (leaves may name ``codecs``)
+MANIFEST_FORMATS = ("tensorstore_py.checkpoint.manifest/1", "tensorstore_py.checkpoint.manifest/2")
+
+
 # -- reading many values at once ---------------------------------------------------------
 Span = tuple[str, int, int, bool]  # (key relative to the view, start, stop, covers the whole value)
 
 
-async def read_spans(view: KvStore, spans: list[Span], *, coalesce_gap: int = 4096) -> list[Any]:
-    """The bytes ``[start, stop)`` of each key's value, in order.
+async def read_spans(
+    view: KvStore, spans: list[Span], *, coalesce_gap: int = 4096, whole: bool = False
+) -> list[Any]:
+    """The bytes ``[start, stop)`` of each key's value, in order (``whole=True``:
+    each value whole, whatever its size, checked against its crc32c where stored:
+    compressed chunks).
 
     On a pinned versioned snapshot this reads as an independent reader of
     docs/FORMAT.md (§6.4) would: it looks every key up in the (cached) index and
@@ -243,8 +258,8 @@ async def read_spans(view: KvStore, spans: list[Span], *, coalesce_gap: int = 40
     against the value's crc32c (:class:`ChecksumError` names the key and object).
     Elsewhere each span is one ``read``. A missing key raises DataCorruptionError.
     """
-    if not (isinstance(view, VersionedKvStore) and view.version is not None):
-        return await asyncio.gather(*(_read_one(view, *span) for span in spans))
+    if whole or not (isinstance(view, VersionedKvStore) and view.version is not None):
+        return await asyncio.gather(*(_read_one(view, k, a, b, w or whole) for k, a, b, w in spans))
     # check the pinned version first (NotFoundError if it was deleted), so that a
     # NotFoundError below can only mean a key the manifest names is gone
     await view.stat([])

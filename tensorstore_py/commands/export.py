@@ -407,7 +407,7 @@ async def export_step(root: str, step: int | None, dest: str, *,
     out = await _open_dest(dest, "export")
 
     # what goes where: (source store, key) per destination key; metadata documents as bytes
-    chunks: dict[str, tuple[KvStore, str, int]] = {}
+    chunks: dict[str, tuple[KvStore, str, int, bool]] = {}  # (source, key, chunk bytes, stored raw)
     docs: dict[str, bytes | tuple[KvStore, str]] = {}
     for path, leaf in arrays.items():
         src = t.store.with_path(step_prefix(s) + str(leaf["key"]))
@@ -417,12 +417,13 @@ async def export_step(root: str, step: int | None, dest: str, *,
         except (KeyError, TypeError, ValueError) as e:
             raise DataCorruptionError(f"export: step {s}: leaf {leaf.get('path')!r}: malformed manifest entry: {e}") from None
         size = math.prod(cshape) * dtype.itemsize
+        codecs = list(leaf.get("codecs") or ())  # compressed chunks (SaveOptions.compression)
         keys = await src.list("")
         for k in keys:
             if k != "zarr.json":
-                chunks[_join(path, k)] = (src, k, size)
+                chunks[_join(path, k)] = (src, k, size, not codecs)
         docs[_join(path, "zarr.json")] = (src, "zarr.json") if "zarr.json" in keys else json.dumps(
-            zarr3_metadata(dtype, shape, cshape)).encode()
+            zarr3_metadata(dtype, shape, cshape, codecs)).encode()
     # groups: every folder above an array, deepest first, the root last
     groups = sorted({"/".join(p.split("/")[:i]) for p in arrays for i in range(len(p.split("/")))}
                     - set(arrays), key=lambda g: (-g.count("/") - bool(g), g))
@@ -443,7 +444,7 @@ async def export_step(root: str, step: int | None, dest: str, *,
             f"{foreign[0]!r}); export into an empty location (or rerun an interrupted export of "
             f"the same step to resume it)")
     if progress is not None:
-        progress.add_total(sum(size for _src, _key, size in chunks.values()))
+        progress.add_total(sum(size for _src, _key, size, _raw in chunks.values()))
     stats = {"objects": 0, "bytes": 0}
 
     async def put(key: str, data: Any) -> None:
@@ -456,12 +457,12 @@ async def export_step(root: str, step: int | None, dest: str, *,
         if progress is not None:
             progress.advance(len(data))
 
-    async def chunk(item: tuple[str, tuple[KvStore, str, int]]) -> None:
-        key, (src, src_key, size) = item
+    async def chunk(item: tuple[str, tuple[KvStore, str, int, bool]]) -> None:
+        key, (src, src_key, size, raw) = item
         res = await src.read(src_key)  # the versioned store checks the crc32c
         if res.state != "value":
             raise DataCorruptionError(f"export: step {s}: chunk {src_key!r} vanished")
-        if len(res.value) != size:
+        if raw and len(res.value) != size:
             raise DataCorruptionError(
                 f"export: step {s}: chunk {src_key!r} holds {len(res.value)} bytes, the chunk grid "
                 f"says {size}")

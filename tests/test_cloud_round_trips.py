@@ -1,0 +1,139 @@
+"""Round trips of object-store operations, counted through the shaping proxy.
+
+The GCS emulator and moto behind a ShapingProxy with a time to first byte, so
+that requests in flight together overlap: ``sequential_round_trips`` is then
+the number of answers an operation waited for one after another.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorstore_py as tsp
+from tensorstore_py.testing.shaping_proxy import ShapingProxy
+
+T = 60
+
+
+def _rounds(proxy: ShapingProxy, op: Callable[[], Any]) -> tuple[int, int]:
+    """(sequential round trips, requests) of ``op`` up to the moment it returned."""
+    proxy.reset_counters()
+    op()
+    done = time.monotonic()
+    log = [r for r in proxy.request_log() if r[1] < done]
+    return proxy.sequential_round_trips(until=done), len(log)
+
+
+@pytest.mark.parametrize("size", [10, 300_000])
+def test_versioned_commit_of_one_key_takes_at_most_4_round_trips(gcs_emulator: Any, size: int) -> None:
+    # with a warm cache: (data object | probe for the newest version), tree node,
+    # the pre-commit check that the data object is there, commit record; a small
+    # value is inline in the node (no data object, no check): 3
+    bucket = gcs_emulator.create_bucket()
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.05) as proxy:
+        base = {**gcs_emulator.spec(bucket, path="v/"), "endpoint": proxy.endpoint}
+        store = tsp.KvStore.open({"driver": "versioned", "base": base}).result(T)
+        for i in range(20):
+            store.write(f"k{i:02d}", b"old %d" % i).result(T)  # a warm cache
+        value = bytes(range(256)) * (size // 256) + b"!" * (size % 256)
+        rounds, _ = _rounds(proxy, lambda: store.write("k07", value).result(T))
+        assert rounds <= (3 if size <= 128 else 4)  # INLINE_MAX
+        reader = tsp.KvStore.open({"driver": "versioned", "base": gcs_emulator.spec(bucket, path="v/")}).result(T)
+        assert reader.read("k07").result(T).value == value
+        assert reader.read("k08").result(T).value == b"old 8"
+
+
+def test_gcs_conditional_write_is_one_request(gcs_emulator: Any) -> None:
+    bucket = gcs_emulator.create_bucket()
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.02) as proxy:
+        store = tsp.KvStore.open({**gcs_emulator.spec(bucket), "endpoint": proxy.endpoint}).result(T)
+        assert _rounds(proxy, lambda: store.write("a", b"1", if_equal=tsp.Generation.NO_VALUE).result(T)) == (1, 1)
+        gen = store.read("a").result(T).generation
+        assert _rounds(proxy, lambda: store.write("a", b"2", if_equal=gen).result(T)) == (1, 1)
+        assert store.read("a").result(T).value == b"2"
+
+
+def test_s3_conditional_write_is_one_request(s3_server: Any) -> None:
+    bucket = s3_server.create_bucket()
+    with ShapingProxy(s3_server.endpoint, ttfb=0.02) as proxy:
+        store = tsp.KvStore.open({**s3_server.spec(bucket), "endpoint_url": proxy.endpoint}).result(T)
+        assert _rounds(proxy, lambda: store.write("a", b"1", if_equal=tsp.Generation.NO_VALUE).result(T)) == (1, 1)
+        gen = store.read("a").result(T).generation
+        assert _rounds(proxy, lambda: store.write("a", b"2", if_equal=gen).result(T)) == (1, 1)
+        assert store.read("a").result(T).value == b"2"
+
+
+@pytest.mark.parametrize("driver", [None, "zarr3", "zarr"])
+def test_opening_an_array_reads_its_metadata_once(gcs_emulator: Any, driver: str | None) -> None:
+    bucket = gcs_emulator.create_bucket()
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.03) as proxy:
+        kv = {**gcs_emulator.spec(bucket, path="a/"), "endpoint": proxy.endpoint}
+        spec = {"kvstore": kv} if driver is None else {"driver": driver, "kvstore": kv}
+        data = np.arange(64 * 64, dtype=np.int16).reshape(64, 64)
+        tsp.open(spec, create=True, dtype="int16", shape=(64, 64), chunks=(32, 32)).result(T).write(data).result(T)
+        opened: list[Any] = []
+        rounds, _ = _rounds(proxy, lambda: opened.append(tsp.open(spec).result(T)))
+        assert rounds == 1  # format detection and the open share one read of the document
+        key = "zarr.json" if driver != "zarr" else ".zarray"
+        reads = [line for line, _, _ in proxy.request_log() if f"a%2F{key}" in line]
+        assert len(reads) == 1
+        np.testing.assert_array_equal(opened[0].read().result(T), data)
+
+
+def test_versioned_transaction_of_written_keys_commits_in_4_round_trips(gcs_emulator: Any) -> None:
+    bucket = gcs_emulator.create_bucket()
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.05) as proxy:
+        base = {**gcs_emulator.spec(bucket, path="v/"), "endpoint": proxy.endpoint}
+        store = tsp.KvStore.open({"driver": "versioned", "base": base}).result(T)
+        for i in range(20):
+            store.write(f"k{i:02d}", b"old %d" % i).result(T)  # a warm cache
+        txn = tsp.Transaction()
+        view = store.with_transaction(txn)
+        view.write("k03", b"a" * 5000).result(T)  # packed into a data object at commit
+        view.write("k04", b"b" * 10).result(T)  # inline
+        # the data object and the probe for the newest version, the tree node, the
+        # check that the data object is there, the record
+        rounds, _ = _rounds(proxy, lambda: txn.commit().result(T))
+        assert rounds <= 4
+        assert store.read("k03").result(T).value == b"a" * 5000
+        assert store.read("k04").result(T).value == b"b" * 10
+        assert store.read("k05").result(T).value == b"old 5"
+
+
+def test_a_whole_read_keeps_every_request_slot_of_the_store_busy(gcs_emulator: Any) -> None:
+    # 12 chunks of 4 MiB on a store with 32 request slots: all 12 in flight at once
+    # (bytes in flight over the round trip is the throughput), not a count from CPUs
+    bucket = gcs_emulator.create_bucket()
+    ctx = tsp.Context({"data_copy_concurrency": {"limit": 2}})
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.05) as proxy:
+        spec = {"kvstore": {**gcs_emulator.spec(bucket, path="a/"), "endpoint": proxy.endpoint}}
+        data = np.arange(2048 * 2048 * 12, dtype=np.uint32).astype(np.uint8).reshape(2048, -1)
+        tsp.open(spec, create=True, dtype="uint8", shape=data.shape, chunks=(2048, 2048),
+                 context=ctx).result(T).write(data).result(T)
+        arr = tsp.open(spec, context=ctx).result(T)
+        proxy.reset_counters()
+        np.testing.assert_array_equal(arr.read().result(T), data)
+        assert proxy.counters()["requests"] == 12
+        assert proxy.counters()["max_in_flight"] == 12
+        assert proxy.sequential_round_trips() == 1
+
+
+@pytest.mark.parametrize("server", ["gcs", "s3"])
+def test_requests_one_after_another_reuse_one_connection(
+    request: pytest.FixtureRequest, server: str,
+) -> None:
+    srv = request.getfixturevalue("gcs_emulator" if server == "gcs" else "s3_server")
+    bucket = srv.create_bucket()
+    with ShapingProxy(srv.endpoint, ttfb=0.01, handshake=0.05) as proxy:
+        field = "endpoint" if server == "gcs" else "endpoint_url"
+        store = tsp.KvStore.open({**srv.spec(bucket), field: proxy.endpoint}).result(T)
+        for i in range(5):
+            store.write(f"k{i}", b"%d" % i).result(T)
+        assert [store.read(f"k{i}").result(T).value for i in range(5)] == [b"%d" % i for i in range(5)]
+        assert proxy.counters()["requests"] == 10
+        assert proxy.counters()["connections"] == 1  # no connection set-up after the first
