@@ -9,6 +9,7 @@ on; a Context may set the byte limit and the thread counts.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
@@ -138,7 +139,7 @@ async def run_bounded(
             held = await budget.acquire(cost(item) if callable(cost) else cost)
             t = asyncio.ensure_future(fn(item))
             tasks.add(t)
-            t.add_done_callback(lambda t, held=held: done(t, held))
+            t.add_done_callback(functools.partial(done, held=held))
         while tasks and not failed:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:

@@ -9,7 +9,7 @@ instead of 1.5-3.5 s for 1 GiB).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -31,7 +31,7 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.nda
     n = math.prod(shape_t) * dt.itemsize
     raw = np.empty(n + PAGE, dtype=np.uint8)
     off = (-raw.ctypes.data) % PAGE
-    return raw[off: off + n].view(dt).reshape(shape_t)
+    return cast(np.ndarray, raw[off: off + n].view(dt).reshape(shape_t))
 
 
 def new_array(shape: tuple[int, ...], dtype: Any, *, what: str, aligned: bool = False) -> np.ndarray:

@@ -194,7 +194,7 @@ def _copy_into(cf: concurrent.futures.Future[T]) -> Callable[[asyncio.Future[T]]
         if t.cancelled():
             cf.cancel()
         elif t.exception() is not None:
-            cf.set_exception(t.exception())  # type: ignore[arg-type]
+            cf.set_exception(t.exception())
         else:
             cf.set_result(t.result())
 

@@ -31,6 +31,7 @@ Guarantees every store gives (a store that can not give one raises
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 import inspect
 import json
@@ -287,7 +288,7 @@ class KvStore(ABC):
         return f"KvStore({self.spec()!r})"
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._identity() == other._identity()  # type: ignore[attr-defined]
+        return type(self) is type(other) and self._identity() == other._identity()
 
     def __hash__(self) -> int:
         return hash((type(self), self._identity()))
@@ -428,12 +429,12 @@ class KvStore(ABC):
 
         return spawn(run())
 
-    def list_info(self, prefix: str = "") -> Future[list[KeyInfo]]:
+    def list_info(self, prefix: str = "") -> Future[builtins.list[KeyInfo]]:
         """Like :meth:`list`, with each key's size and modification time where the
         store knows them from the listing itself (None otherwise). Sorted by key."""
         validate_prefix(prefix)
 
-        async def run() -> list[KeyInfo]:
+        async def run() -> builtins.list[KeyInfo]:
             n = len(self.path)
             infos = await self._list_info(self.path + prefix)
             return sorted((KeyInfo(i.key[n:], i.size, i.mtime) for i in infos), key=lambda i: i.key)
@@ -478,7 +479,7 @@ class KvStore(ABC):
     def _delete_blocking(self, key: str, if_equal: Generation | None) -> None:
         raise UnsupportedError(f"{self.driver} store: no blocking delete")
 
-    def _write_many_blocking(self, items: list[tuple[str, Buffer]]) -> None:
+    def _write_many_blocking(self, items: builtins.list[tuple[str, Buffer]]) -> None:
         """Unconditional writes of several values (full keys), each with the
         semantics of ``_write_blocking(key, value, None)``; a store may share
         work between them (the file store: one lock and one directory fsync per
@@ -512,15 +513,15 @@ class KvStore(ABC):
     async def _delete(self, key: str, if_equal: Generation | None) -> None: ...
 
     @abstractmethod
-    async def _list(self, prefix: str) -> list[str]:
+    async def _list(self, prefix: str) -> builtins.list[str]:
         """Full keys starting with the full ``prefix``, in any order."""
 
-    async def _list_info(self, prefix: str) -> list[KeyInfo]:
+    async def _list_info(self, prefix: str) -> builtins.list[KeyInfo]:
         """Full keys starting with the full ``prefix`` with size and mtime; stores
         that know them override this (the default knows neither)."""
         return [KeyInfo(k) for k in await self._list(prefix)]
 
-    async def _list_folder(self, folder: str) -> tuple[list[str], list[str]]:
+    async def _list_folder(self, folder: str) -> tuple[builtins.list[str], builtins.list[str]]:
         """Full keys directly in the full ``folder`` and its full subfolder names
         (ending in ``/``), in any order. The default lists every key below and
         groups them; stores with a delimiter listing override it."""
@@ -530,12 +531,12 @@ class KvStore(ABC):
         keys = await self._list(prefix)
         await asyncio.gather(*(self._delete(k, None) for k in keys))
 
-    async def _list_relative(self, prefix: str) -> list[str]:
+    async def _list_relative(self, prefix: str) -> builtins.list[str]:
         n = len(self.path)
         return sorted(k[n:] for k in await self._list(self.path + prefix))
 
     async def _read_ranges(
-        self, key: str, ranges: list[ByteRange], gap: int
+        self, key: str, ranges: builtins.list[ByteRange], gap: int
     ) -> RangesResult:
         groups = coalesce(ranges, gap)
         for _attempt in range(_MAX_RANGES_ATTEMPTS):
@@ -549,7 +550,7 @@ class KvStore(ABC):
                 continue  # deleted in between: try again
             if len(gens) != 1:
                 continue  # changed in between: try again
-            values: list[Buffer] = [b""] * len(ranges)
+            values: builtins.list[Buffer] = [b""] * len(ranges)
             for (g_range, members), res in zip(groups, results):
                 buf = res.value if isinstance(res.value, memoryview) else memoryview(res.value)
                 for idx in members:

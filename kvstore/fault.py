@@ -249,7 +249,10 @@ class FaultKvStore(KvStore):
 
     def reset_counters(self) -> None:
         s = self._state
-        s.calls.clear(), s.per_key.clear(), s.faults.clear(), s.events.clear()
+        s.calls.clear()
+        s.per_key.clear()
+        s.faults.clear()
+        s.events.clear()
 
     @property
     def calls(self) -> Counter[str]:

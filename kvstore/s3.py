@@ -78,6 +78,7 @@ from tensorstore_py.core.errors import (
     InvalidSpecError,
     NotFoundError,
     StorageError,
+    TensorStoreError,
     UnsupportedError,
 )
 from tensorstore_py.core.retry import DEFAULT_RETRY_POLICY
@@ -316,7 +317,7 @@ class S3KvStore(ObjectKvStore):
         return await self._client.request(method, url, what=what, headers=headers, data=data,
                                           retry_statuses=retry_statuses)
 
-    def _fail(self, what: str, resp: Response) -> StorageError:
+    def _fail(self, what: str, resp: Response) -> TensorStoreError:
         code = error_code(resp.body)
         if code == "NoSuchBucket":
             return NotFoundError(f"s3 {what}: bucket {self.bucket!r} does not exist")

@@ -114,10 +114,10 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Literal, Protocol, Self, TypeVar
 
 from tensorstore_py.core.errors import (
     CommitOutcomeUnknownError,
@@ -139,6 +139,8 @@ from tensorstore_py.kvstore.base import (
     not_picklable,
 )
 from tensorstore_py.kvstore.ids import check_id
+
+_T = TypeVar("_T")
 
 __all__ = [
     "Barrier", "CommitInfo", "Participant", "Transaction", "TransactionalKvStore", "note_may_land",
@@ -302,7 +304,7 @@ class Transaction:
 
     # -- participants ----------------------------------------------------------------
     def _participant_for(self, store: KvStore) -> Participant:
-        p = store._transaction_participant(self)
+        p: Participant | None = store._transaction_participant(self)
         if p is None:
             p = SingleKeyParticipant(store)
         existing = self._participants.get(p.key)
@@ -661,7 +663,7 @@ class TransactionalKvStore(KvStore):
         super()._check_writable(op, key)
         self.txn._check_open(f"{op} of {key!r}")
 
-    def _issued(self, what: str, start: Any) -> Any:
+    def _issued(self, what: str, start: Callable[[], Future[_T]]) -> Future[_T]:
         self.txn._issue(what)
         try:
             fut = start()

@@ -70,7 +70,7 @@ from __future__ import annotations
 import itertools
 import re
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -159,7 +159,7 @@ def _pinned(view: TensorStore) -> tuple[TensorStore, str]:
         snap = kv  # already checked and leased
     else:
         want = kv.newest_version().result() if kv.version is None and kv.tag_name is None else kv.version
-        snap = kv.open_snapshot(kv.tag_name if want is None else want).result()
+        snap = kv.open_snapshot(cast("int | str", kv.tag_name if want is None else want)).result()
     assert snap.version is not None
     out = TensorStore(view.driver.with_kvstore(snap), view.transform, view._context)
     return out, f"{name}-{history_id(snap)}-at-{snap.version}"
@@ -182,10 +182,10 @@ def to_dask(view: TensorStore, *, chunks: Literal["write", "read"] = "write") ->
     if not isinstance(view, TensorStore):
         raise InvalidArgumentError(f"to_dask needs a TensorStore view, got {type(view).__name__}")
     src, name = _pinned(view)
-    return da.from_array(
+    return cast(da.Array, da.from_array(
         src, chunks=storage_chunks(src, chunks), name=name,
         asarray=True, lock=False, fancy=False, meta=np.empty((0,) * src.ndim, src.dtype),
-    )
+    ))
 
 
 # -- writing ----------------------------------------------------------------------------------

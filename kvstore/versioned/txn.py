@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import builtins
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -309,10 +310,10 @@ class VersionedParticipant(Participant):
                     keys.add(k)
         return sorted(keys)
 
-    async def finalize(self) -> list[Change]:
+    async def finalize(self) -> builtins.list[Change]:
         """Pack pending values; the sorted changes of this transaction."""
         await self._flush()
-        out: list[Change] = []
+        out: builtins.list[Change] = []
         for k in sorted(self.writes):
             s = self.writes[k]
             assert not isinstance(s, Pending)
@@ -342,7 +343,7 @@ class VersionedParticipant(Participant):
             keys_changed=len(changes),
         )
 
-    async def check_written(self, changes: list[Change]) -> None:
+    async def check_written(self, changes: builtins.list[Change]) -> None:
         """Refuse the commit when a data object this transaction wrote and still
         references is gone (a collector that did not see our lease took it):
         DataCorruptionError, nothing visible. Every such object is checked,

@@ -114,7 +114,7 @@ async def ls(url: str, *, version: int | None = None) -> dict[str, Any]:
 
 async def _arrays(t: Target) -> list[dict[str, Any]]:
     if t.kind == "array":
-        found = [("", t.array_driver)]
+        found: list[tuple[str, str | None]] = [("", t.array_driver)]
     else:
         try:
             found = await list_arrays(t.store)
