@@ -81,7 +81,7 @@ def _slabs(runs: Iterator[Run]) -> Iterator[tuple[ByteRange, list[Run]]]:
         yield ByteRange(lo, hi), group
 
 
-def _copy(value: bytes | memoryview, rng: ByteRange, group: list[Run], j: int, dest: np.ndarray,
+def _copy(value: bytes | bytearray | memoryview, rng: ByteRange, group: list[Run], j: int, dest: np.ndarray,
           key: str) -> None:
     mv = memoryview(value).cast("B")
     if len(mv) < (rng.stop or 0) - rng.start:

@@ -276,12 +276,12 @@ class FsspecKvStore(KvStore):
         n = len(self.root)
         keys: list[str] = []
         folders: list[str] = []
-        for e in entries:
-            name = str(e["name"]).rstrip("/")
+        for entry in entries:
+            name = str(entry["name"]).rstrip("/")
             if not name.startswith(self.root) or name[n:] in ("", folder.rstrip("/")):
                 continue
             rel = name[n:]
-            if e.get("type") == "directory":
+            if entry.get("type") == "directory":
                 folders.append(rel + "/")
             else:
                 keys.append(rel)

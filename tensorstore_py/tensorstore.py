@@ -30,7 +30,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -227,7 +227,7 @@ class TensorStore:
         t = self.spec().get("transform")
         own = getattr(self._driver, "reduce_view", None)
         if own is not None:  # a view over other views (tsp.downsample): the driver says how
-            return own(t, self._context)
+            return cast("tuple[Any, ...]", own(t, self._context))
         spec = dict(self._driver.spec())
         spec["kvstore"] = self._driver.kvstore
         gen = getattr(self._driver, "_metadata_generation", None)
