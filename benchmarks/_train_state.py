@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -52,6 +51,8 @@ import time
 from typing import Any
 
 from _floor import read_files, write_files
+
+from tensorstore_py.testing.rss import PeakRss
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -158,30 +159,8 @@ def _at(tree: Any, path: tuple[Any, ...]) -> Any:
 
 
 # -- memory and the page cache -------------------------------------------------------------
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-class Peak:
-    """Peak RSS over the RSS at creation (VmHWM reset through clear_refs where allowed)."""
-
-    def __init__(self) -> None:
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self.hwm = True
-            self.base = _status("VmRSS:")
-        except OSError:
-            self.hwm = False
-            self.base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    def extra(self) -> int:
-        top = _status("VmHWM:") if self.hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return max(0, top - self.base)
+# peak RSS over the RSS at creation (VmHWM, reset through clear_refs where allowed)
+Peak = PeakRss
 
 
 def drop_caches() -> bool:

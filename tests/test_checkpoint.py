@@ -220,25 +220,26 @@ def test_numpy_only_without_jax(tmp_path: Path) -> None:
 
 
 _RSS_SCRIPT = """
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
 import tensorstore_py as tsp
+from tensorstore_py.testing.rss import current_rss, peak_rss
 n = int(sys.argv[2])
 data = {"a": np.random.default_rng(0).standard_normal(n // 8 // 4).reshape(-1, 1024),
         "b": np.ones(n // 8 * 3 // 4, np.uint8) }
 data = {"a": np.full(n // 2 // 8, 1.5), "b": np.full(n // 2, 7, np.uint8)}
 mgr = tsp.CheckpointManager("file://" + sys.argv[1])
 mgr.save(0, {"warm": np.ones(10)}).result()  # load code paths first
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = current_rss()
 t = time.perf_counter()
 fut = mgr.save(1, data)
 returned = time.perf_counter() - t
 fut.result()
-after_save = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after_save = peak_rss()
 del data
 out = mgr.restore(1)
-after_restore = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"base": base * 1024, "save": after_save * 1024, "restore": after_restore * 1024,
+after_restore = peak_rss()
+print(json.dumps({"base": base, "save": after_save, "restore": after_restore,
                   "returned": returned, "total": time.perf_counter() - t}))
 """
 

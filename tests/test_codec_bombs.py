@@ -59,9 +59,7 @@ import json, resource, sys
 # instead of taking the machine's memory
 resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 import tensorstore_py as tsp
-
-def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10  # KiB on Linux
+from tensorstore_py.testing.rss import peak_rss as peak
 
 out = {}
 for name, url in json.loads(sys.argv[1]).items():

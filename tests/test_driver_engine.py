@@ -174,17 +174,18 @@ def test_large_write_memory_stays_bounded(tmp_path):
     """Encoding is chunk by chunk under the budget: the process never holds
     much more than the request plus the budget."""
     script = textwrap.dedent(f"""
-        import resource, numpy as np
+        import numpy as np
         from tensorstore_py.drivers.open import open_driver, build_metadata
+        from tensorstore_py.testing.rss import PeakRss
         from tensorstore_py.core.future import run_sync
         m = build_metadata("zarr3", shape=[256, 1024, 1024], dtype="uint8", chunks=[16, 512, 512],
                            compression="zstd")
         a = run_sync(open_driver({{"driver": "zarr3", "kvstore": {{"driver": "file", "path": {str(tmp_path / 'a')!r}, "sync": False}},
                                    "metadata": m}}, create=True, bytes_in_flight=32 << 20))
         x = np.random.default_rng(0).integers(0, 4, (256, 1024, 1024), dtype=np.uint8)
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = PeakRss()
         run_sync(a.write(tuple(slice(0, s, 1) for s in a.shape), x))
-        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
+        print(peak.extra() >> 20)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -173,7 +173,7 @@ def test_every_staging_in_one_process_of_four_devices(tmp_path: Path) -> None:
 
 
 _RESTORE_RSS = """
-import json, resource, sys
+import json, sys
 import jax, jax.numpy as jnp, numpy as np
 import tensorstore_py as tsp
 root, n, assemble, budget = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -184,24 +184,14 @@ target = {"w": jax.ShapeDtypeStruct((n // 4 // 1024, 1024), jnp.float32,
 small = {"w": jax.ShapeDtypeStruct((256, 1024), jnp.float32, sharding=target["w"].sharding)}
 tsp.checkpoint.restore(root, step=0, target=small, assemble=assemble)
 
-def status(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1]) * 1024
-
-try:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak (VmHWM) to the current RSS
-    base, peak = status("VmRSS:"), lambda: status("VmHWM:")
-except OSError:
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from tensorstore_py.testing.rss import PeakRss
+rss = PeakRss()  # the peak from here (reset where the kernel allows), over the RSS now
 out = tsp.checkpoint.restore(root, step=1, target=target, assemble=assemble, max_bytes_in_flight=budget)
 jax.block_until_ready(out)
-top = peak()
+top = rss.base + rss.extra()
 w = np.asarray(out["w"])
 ok = bool((w[:, 0] == np.arange(w.shape[0], dtype=np.float32)).all() and (w[:, 1:] == 1.5).all())
-print(json.dumps({"base": base, "peak": top, "ok": ok}))
+print(json.dumps({"base": rss.base, "peak": top, "ok": ok}))
 """
 
 _SAVE_LEAF = """
@@ -262,17 +252,11 @@ opts = SaveOptions(staging="pinned_host", max_bytes_in_flight=budget, target_chu
 mgr = tsp.CheckpointManager(root, options=opts)
 mgr.save(0, state).result()  # load the code paths (and compile the slices) first
 
-def status(field):
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1]) * 1024
-
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # reset the peak (VmHWM) to the current RSS
-base = status("VmRSS:")
+from tensorstore_py.testing.rss import PeakRss
+rss = PeakRss()
 mgr.save(1, state).result()
 import threading
-print(json.dumps({"extra": status("VmHWM:") - base, "threads": threading.active_count()}))
+print(json.dumps({"extra": rss.extra(), "threads": threading.active_count()}))
 """
 
 

@@ -18,15 +18,16 @@ N = 40000  # a (N, N) uint16 chunk: 3.0 GiB
 BOX = (slice(1000, 1040), slice(30000, 30100))
 
 _READER = r"""
-import json, resource, sys
+import json, sys
 import numpy as np
 import tensorstore_py as tsp
+from tensorstore_py.testing.rss import peak_rss
 spec, box, column = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3] == "1"
 arr = tsp.open(spec).result()
 got = arr[box[0][0]:box[0][1], box[1][0]:box[1][1]].read().result()
 # a column: one element per row of the chunk (one ranged read per row)
 plane = arr[:, 7].read().result() if column else np.zeros(1, np.uint16)
-print(json.dumps({"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"rss_mib": peak_rss() / 2**20,
                   "box": got.tolist(), "plane_sum": int(plane.sum(dtype=np.int64)),
                   "plane_nonzero": int(np.count_nonzero(plane))}))
 """
