@@ -121,7 +121,7 @@ class MultiWriterParticipant(VersionedParticipant):
                     key = fragment_key(txn.txn_id or "", txn.process_index)
                     await _quietly(run_io(txn.coordinator.publish, key, participant_failure(txn.process_index, e)))
                 raise
-            reads = self.reads or ReadSet()
+            reads = self.checked_reads() or ReadSet()
             mine = Fragment(txn.process_index, base, changes, sorted(reads.keys), sorted(reads.prefixes))
             if txn.process_index == 0:
                 return await _coordinate(self, mine, deadline)

@@ -62,7 +62,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tensorstore_py.core.errors import InvalidArgumentError, TensorStoreError
+from tensorstore_py.core.errors import InvalidArgumentError, TensorStoreError, UnsupportedError
 from tensorstore_py.core.future import Future, spawn
 from tensorstore_py.kvstore.ids import check_id
 from tensorstore_py.kvstore.transaction import CommitInfo, Transaction
@@ -208,6 +208,11 @@ def stage(txn: Transaction, store: VersionedKvStore) -> Future[StagedChanges]:
 
     async def run() -> StagedChanges:
         await txn._wait_issued()  # writes issued before stage() belong to it
+        if participant.links:  # their sources' check lives in this process only
+            raise UnsupportedError(
+                f"stage: the transaction linked values on {store!r} (link_value); a staged "
+                "commit can not check their sources: commit the transaction itself"
+            )
         base = await participant.pin()
         changes = await participant.finalize()
         txn.abort()

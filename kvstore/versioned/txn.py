@@ -33,7 +33,7 @@ from tensorstore_py.kvstore.versioned.data import (
     require_present,
     staged_generation,
 )
-from tensorstore_py.kvstore.versioned.format import CommitRecord, RefEntry
+from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, new_stamp
 from tensorstore_py.kvstore.versioned.leases import Hold
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
@@ -168,6 +168,9 @@ class VersionedParticipant(Participant):
         self._written: dict[str, float] = {}
         #: what the transaction read, checked at commit (serializable isolation only)
         self.reads: ReadSet | None = ReadSet() if txn.isolation == "serializable" else None
+        #: the keys whose values :meth:`link` staged elsewhere: checked at commit like
+        #: a serializable read, whatever the isolation
+        self.links: set[str] = set()
 
     @property
     def has_writes(self) -> bool:
@@ -262,6 +265,45 @@ class VersionedParticipant(Participant):
             await self._flush()
         return Generation(entry.stamp)
 
+    async def link(self, key: str, source: str) -> bool:
+        """Stage at ``key`` the value ``source`` holds in the pinned version: the
+        same bytes in the same data object, not a copy, under a fresh generation.
+
+        ``source`` is checked at commit like a key a serializable transaction
+        read: a version committed since the pinned one that changed or deleted
+        it fails this commit with ConflictError. So the version this commit
+        builds on still references the object, and garbage collection keeps it
+        while any kept version references it (docs/FORMAT.md §9.2). False, and
+        nothing staged, when ``source`` is absent from the pinned version.
+        """
+        await self.pin()
+        try:
+            found = await self.root.lookup(self._base_root, source)
+        except DataCorruptionError as e:
+            expired = await self.root.snapshot_expired(self.base_version, e)
+            if expired is not None:
+                raise expired from e
+            raise
+        if found is None:
+            return False
+        await self._protect()
+        self.links.add(source)
+        if isinstance(found, InlineEntry):
+            self._stage(key, InlineEntry(new_stamp(), found.value))
+        else:
+            self._stage(key, RefEntry(new_stamp(), found.object, found.offset, found.length, found.crc))
+        return True
+
+    def checked_reads(self) -> ReadSet | None:
+        """What the commit checks besides the written keys: the serializable read
+        set and the sources of :meth:`link`."""
+        if not self.links:
+            return self.reads
+        out = ReadSet(set(self.links))
+        if self.reads is not None:
+            out.update(self.reads)
+        return out
+
     def _stage(self, key: str, staged: Staged) -> None:
         old = self.writes.get(key)
         if isinstance(old, Pending) and id(old) not in self._packing:
@@ -331,7 +373,7 @@ class VersionedParticipant(Participant):
             async def check() -> None:
                 await self.check_written(changes)
 
-            rec = await commit_changes(self.root, changes, base, txn, reads=self.reads,
+            rec = await commit_changes(self.root, changes, base, txn, reads=self.checked_reads(),
                                        before_publish=check, probe=probe)
             probe = None
         finally:
@@ -355,6 +397,7 @@ class VersionedParticipant(Participant):
 
     def abort(self) -> None:
         self.writes.clear()
+        self.links.clear()
         self._pending_bytes = 0
         self._release()
 

@@ -28,7 +28,6 @@ Phases:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
@@ -42,8 +41,11 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.checkpoint.attempts import publish_failure, txn_id_from
+from tensorstore_py.checkpoint.chunk_writes import Chunk as _Chunk
+from tensorstore_py.checkpoint.chunk_writes import write_chunks
 from tensorstore_py.checkpoint.compression import Compression, check_compression, chunk_codec, codecs_json
 from tensorstore_py.checkpoint.coordination import Coordinator, SingleProcess
+from tensorstore_py.checkpoint.dedup import Incremental, digests_key, load_previous
 from tensorstore_py.checkpoint.jax_adapter import distributed_coordinator, is_jax_array, shards_to_save
 from tensorstore_py.checkpoint.layout import (
     DEFAULT_TARGET_CHUNK_BYTES,
@@ -65,11 +67,10 @@ from tensorstore_py.checkpoint.staging import (
     stage,
 )
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
-from tensorstore_py.core.budget import MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
-from tensorstore_py.core.pools import run_copy, run_cpu, run_io
+from tensorstore_py.core.pools import run_io
 from tensorstore_py.drivers.dtypes import dtype_to_v3, is_variable_length
-from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.base import Generation
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.progress import Progress
 
@@ -79,10 +80,6 @@ MANIFEST_FORMAT = "tensorstore_py.checkpoint.manifest/1"
 #: the format of a manifest with compressed leaves (entries with ``codecs``);
 #: steps without compression keep format 1, which every reader reads
 MANIFEST_FORMAT_CODECS = "tensorstore_py.checkpoint.manifest/2"
-
-#: concurrent chunk tasks of a streamed save (each holds its share of the budget)
-MAX_STREAMED_TASKS = 4096
-
 
 @dataclass(frozen=True, slots=True)
 class SaveOptions:
@@ -123,6 +120,11 @@ class SaveOptions:
     #: bit shuffle + zstd, for floats); encoded in the background, described in
     #: each leaf's zarr v3 metadata. See compression.py for the choice of default
     compression: Compression = None
+    #: incremental saves: a chunk whose bytes equal the previous step's chunk at the
+    #: same place of the same leaf (equal xxh3_128 digests) is linked to that
+    #: step's stored value instead of written again. Hashing costs a few percent
+    #: of a full save (dedup.py), so it is on by default
+    incremental: bool = True
 
     def __post_init__(self) -> None:
         check_staging(self.staging)
@@ -134,24 +136,6 @@ class SaveOptions:
             raise InvalidArgumentError(
                 f"SaveOptions.max_staging_bytes must be an int >= 0 or None; got {self.max_staging_bytes!r}"
             )
-
-
-@dataclass(slots=True)
-class _Chunk:
-    key: str
-    data: np.ndarray | None  # C-contiguous chunk, full chunk shape
-    nbytes: int
-    #: a chunk staged on a device: copies it to the host (blocking, on an I/O thread)
-    fetch: Callable[[], np.ndarray] | None = None
-    #: the fetch reads the caller's array (streamed "pinned_host" staging)
-    reads_caller: bool = False
-    #: a whole shard fetched at once and cut into chunks on the host: per chunk
-    #: its key and how to cut it from the fetched shard (``key`` is then unused)
-    cuts: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] | None = None
-    #: small host chunks written by one task, one after the other (``key`` unused)
-    batch: list[_Chunk] | None = None
-    #: the leaf's compressor (None: raw chunks)
-    codec: Any = None
 
 
 @dataclass(slots=True)
@@ -375,112 +359,6 @@ def _chunk_data(
     return data
 
 
-def _bytes(a: np.ndarray) -> memoryview:
-    return memoryview(a.reshape(-1).view(np.uint8))
-
-
-async def _write_chunks(
-    view: KvStore, snap: Snapshot, options: SaveOptions, progress: Progress | None = None
-) -> None:
-    """Write the snapshot's chunks (and zarr.json documents) under the bytes-in-flight
-    budget, copying each chunk staged on a device to the host first (inside the
-    budget), and dropping each chunk's host copy as soon as it is stored."""
-
-    async def one(c: _Chunk) -> None:
-        if c.fetch is not None:
-            fetch, c.fetch = c.fetch, None
-            # device -> (pinned) host, inside the budget, on the few threads of the
-            # copy pool: the host memory of freed chunks is reused, not kept per
-            # I/O thread (core/pools.py copy_pool)
-            c.data = await run_copy(fetch)
-            del fetch  # the last reference to the staged shard may go now
-            if c.reads_caller:
-                snap.chunk_staged()
-        if c.cuts is not None:
-            await _write_cuts(view, c, progress)
-            return
-        if c.batch is not None:
-            batch, c.batch = c.batch, None
-            for b in batch:
-                assert b.data is not None
-                await view.write(b.key, await _encoded(b.data, b.codec))
-                if progress is not None:
-                    progress.advance(b.nbytes)
-            return
-        assert c.data is not None
-        await view.write(c.key, await _encoded(c.data, c.codec))
-        c.data = None  # release the host copy as soon as it is stored
-        if progress is not None:
-            progress.advance(c.nbytes)
-
-    chunks, snap.chunks = snap.chunks, []
-    for k, doc in snap.zarr_json.items():
-        body = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
-        chunks.append(_Chunk(k, body, body.nbytes))
-    # chunks staged on a device leave it as fast as the budget allows, not only as
-    # fast as the chunks before them are written (a "pinned_host" caller waits for
-    # the last one): the budget bounds them, the task cap is raised
-    streamed = any(c.fetch is not None for c in chunks)
-    chunks = _batch_small(chunks)
-    await run_bounded(
-        chunks, one, budget=ByteBudget(options.max_bytes_in_flight), cost=lambda c: c.nbytes,
-        max_tasks=max(MAX_TASKS, min(len(chunks), MAX_STREAMED_TASKS)) if streamed else MAX_TASKS,
-    )
-
-
-#: host chunks below this size are written in batches (the versioned store packs
-#: them into shared data objects: what costs is the task per chunk, not the bytes)
-SMALL_CHUNK_BYTES = 64 << 10
-#: bytes of small chunks one task writes
-SMALL_BATCH_BYTES = 4 << 20
-
-
-def _batch_small(chunks: list[_Chunk]) -> list[_Chunk]:
-    """``chunks`` with the small ones already on the host grouped into batches."""
-    out: list[_Chunk] = []
-    cur: list[_Chunk] = []
-    acc = 0
-    for c in chunks:
-        if c.fetch is not None or c.data is None or c.nbytes >= SMALL_CHUNK_BYTES:
-            out.append(c)
-            continue
-        cur.append(c)
-        acc += c.nbytes
-        if acc >= SMALL_BATCH_BYTES:
-            out.append(_Chunk("", None, acc, batch=cur))
-            cur, acc = [], 0
-    if cur:
-        out.append(_Chunk("", None, acc, batch=cur) if len(cur) > 1 else cur[0])
-    return out
-
-
-_ENCODE_IN_POOL = 256 << 10
-
-
-async def _encoded(data: np.ndarray, codec: Any) -> Any:
-    """The stored bytes of a chunk: raw, or compressed by ``codec`` (on the CPU
-    pool for large chunks: the codecs release the GIL)."""
-    if codec is None:
-        return _bytes(data)
-    if data.nbytes >= _ENCODE_IN_POOL:
-        return await run_cpu(codec.encode, _bytes(data))
-    return codec.encode(_bytes(data))
-
-
-async def _write_cuts(view: KvStore, c: _Chunk, progress: Progress | None) -> None:
-    """Write the chunks cut from a whole shard fetched to the host (``c.data``)."""
-    host, cuts, c.data, c.cuts = c.data, c.cuts or [], None, None
-    assert host is not None
-
-    async def put(key: str, cut: Callable[[np.ndarray], np.ndarray]) -> None:
-        data = cut(host)
-        await view.write(key, await _encoded(data, c.codec))
-        if progress is not None:
-            progress.advance(data.nbytes)
-
-    await asyncio.gather(*(put(k, cut) for k, cut in cuts))
-
-
 async def run_save(
     store: StepStore,
     step: int,
@@ -527,7 +405,19 @@ async def run_save(
                     f"checkpoint step {step} already exists at {store.kv!r}"
                 ) from e
             await view.write(f"{step_dir(step)}/manifest.json", json.dumps(snap.manifest()).encode())
-        await _write_chunks(view.with_path(step_dir(step)), snap, options, progress)
+        incremental = None
+        if options.incremental:
+            previous = await load_previous(view, step, snap.leaves)
+            incremental = Incremental(view, step, p, previous)
+        chunks, snap.chunks = snap.chunks, []
+        step_view = view.with_path(step_dir(step))
+        await write_chunks(
+            step_view, chunks, snap.zarr_json, max_bytes_in_flight=options.max_bytes_in_flight,
+            chunk_staged=snap.chunk_staged, progress=progress, incremental=incremental,
+        )
+        del chunks
+        if incremental is not None and incremental.digests:
+            await step_view.write(digests_key(p), incremental.document())
         committing = True
         committed = await txn.commit()
     except BaseException as e:
