@@ -167,10 +167,10 @@ async def _write_cuts(
     host, cuts, c.data, c.cuts = c.data, c.cuts or [], None, None
     assert host is not None
 
-    async def put(key: str, cut: Callable[[np.ndarray], np.ndarray]) -> None:
+    async def put_cut(key: str, cut: Callable[[np.ndarray], np.ndarray]) -> None:
         data = cut(host)
         await put(key, data, c.codec)
         if progress is not None:
             progress.advance(data.nbytes)
 
-    await asyncio.gather(*(put(k, cut) for k, cut in cuts))
+    await asyncio.gather(*(put_cut(k, cut) for k, cut in cuts))
