@@ -11,7 +11,9 @@ What is checked, by kind of URL:
   then, per step (the newest version's steps, or ``--step N``), the
   manifest, each leaf's ``zarr.json`` (if it has one) against the manifest
   (shape, dtype, chunk shape), and every chunk of every leaf: present, of the declared size
-  (raw chunks, known from the index) or decoding to the declared chunk shape.
+  (raw chunks, known from the index) or decoding to the declared chunk shape;
+  and every chunk an incremental save recorded a digest of, hashed again
+  against it (``digest_checks.py``).
 * **zarr v2 / v3 array or folder of arrays** — metadata parses, and every
   stored chunk is read and decoded (sharded: the shard index's crc32c and
   every inner chunk) to the declared chunk shape. Missing chunks are the fill
@@ -37,6 +39,7 @@ import numpy as np
 
 from tensorstore_py.checkpoint.storage import record_key
 from tensorstore_py.commands import ckpt
+from tensorstore_py.commands.digest_checks import check_digests
 from tensorstore_py.commands.inspect import METADATA_KEYS, open_array
 from tensorstore_py.commands.problems import Problem, VerifyReport
 from tensorstore_py.commands.target import Target, key_sizes, list_arrays, open_url, resolve, step_prefix
@@ -235,6 +238,7 @@ async def _verify_step(t: Target, s: int, report: VerifyReport, progress: Progre
                               key_prefix=step_prefix(s) + key + "/", leaf=leaf, progress=progress)
 
     await asyncio.gather(*(leaf_check(leaf) for leaf in ckpt.array_leaves(manifest)))
+    await check_digests(step_view, s, manifest, report)
 
 
 def _kind(e: BaseException) -> str:

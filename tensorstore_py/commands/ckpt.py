@@ -48,6 +48,7 @@ class StepRow:
     that version since (the step is unchanged in the versions after it);
     ``readable_version``: the oldest retained version holding the step (what
     ``--at`` takes; the publishing version unless it was retired).
+    ``bytes_added``: see the field.
     """
 
     step: int
@@ -60,6 +61,10 @@ class StepRow:
     message: str = ""
     readable_version: int | None = None
     retired: bool = False
+    #: bytes of the step's values that no older listed step references: what the
+    #: step added to storage (an incremental save links unchanged chunks); None
+    #: where the store is not versioned
+    bytes_added: int | None = None
 
 
 def _check_format(fmt: Any, where: str) -> None:
@@ -106,6 +111,7 @@ async def step_records(target: Target) -> list[StepRow]:
     retired = [s for s in steps if s not in published]
     readable = await _readable_versions(target, retired)
     publishers = await _retired_publishers(target, readable)
+    added = await _bytes_added(target, steps)
     rows = []
     for s, doc in zip(steps, docs):
         if doc is None:
@@ -118,9 +124,34 @@ async def step_records(target: Target) -> list[StepRow]:
             version=info.version if info else None, write_id=info.write_id if info else "",
             message=info.message if info else "",
             readable_version=published[s].version if s in published else readable.get(s),
-            retired=s not in published,
+            retired=s not in published, bytes_added=added.get(s),
         ))
     return rows
+
+
+async def _bytes_added(target: Target, steps: list[int]) -> dict[int, int]:
+    """step -> bytes of its values (data object spans and inline values) that no
+    older step of ``steps`` references (one index scan per step)."""
+    head = target.head
+    if head is None or not steps:
+        return {}
+    entries = await asyncio.gather(*(head.entries(step_prefix(s), version=target.version) for s in steps))
+    seen: set[tuple[str, int, int]] = set()
+    out: dict[int, int] = {}
+    for s, infos in zip(steps, entries):
+        n = 0
+        mine = set()
+        for e in infos:
+            if e.object is None:
+                n += e.size
+                continue
+            span = (e.object, e.offset, e.size)
+            if span not in seen and span not in mine:
+                n += e.size
+                mine.add(span)
+        seen |= mine
+        out[s] = n
+    return out
 
 
 async def _readable_versions(target: Target, steps: list[int]) -> dict[int, int]:

@@ -99,7 +99,7 @@ async def ls(url: str, *, version: int | None = None) -> dict[str, Any]:
             {"step": r.step, "time": r.time, "nbytes": r.nbytes, "version": r.version,
              "write_id": r.write_id, "message": r.message, "metrics": r.metrics,
              "process_count": r.process_count, "readable_version": r.readable_version,
-             "retired": r.retired}
+             "retired": r.retired, "bytes_added": r.bytes_added}
             for r in rows
         ]
         return out

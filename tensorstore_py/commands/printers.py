@@ -76,11 +76,11 @@ def ls(data: dict[str, Any]) -> str:
     out = [_header(data)]
     if data["kind"] == "checkpoint":
         rows = [[s["step"], human_time(s["time"]), human_size(s["nbytes"]),
-                 s.get("readable_version") or s["version"] or "-",
+                 human_size(s.get("bytes_added")), s.get("readable_version") or s["version"] or "-",
                  _short(s["write_id"]) + ("*" if s.get("retired") else ""), _metrics(s["metrics"])]
                 for s in data["steps"]]
-        out.append(format_table(["STEP", "TIME", "SIZE", "VERSION", "WRITE-ID", "METRICS"], rows,
-                                right=[0, 2, 3]) if rows else "(no steps)")
+        out.append(format_table(["STEP", "TIME", "SIZE", "ADDED", "VERSION", "WRITE-ID", "METRICS"], rows,
+                                right=[0, 2, 3, 4]) if rows else "(no steps)")
         retired = [s for s in data["steps"] if s.get("retired")]
         if retired:
             by = ", ".join(f"step {s['step']}: version {s['version'] or '?'}" for s in retired[:6])
