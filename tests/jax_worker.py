@@ -288,6 +288,32 @@ def main() -> None:
         opts = SaveOptions(commit_timeout=60.0, exit_timeout=2.0)
         tsp.checkpoint.save(store, big, step=1, options=opts)
         report["returned"] = True
+    elif scenario == "incremental":
+        # a fine-tune: a frozen 8 MiB backbone and a 512 KiB adapter, both split over
+        # both processes; step 2 makes the backbone anew (a new jax.Array holding the
+        # same values) and changes the adapter: each process links its backbone shards
+        from pathlib import Path
+
+        from jax.sharding import NamedSharding
+
+        mesh = Mesh(devices.reshape(2, 4), ("a", "b"))
+        g = np.arange(1024 * 2048, dtype=np.float32).reshape(1024, 2048)
+        a = np.arange(256 * 512, dtype=np.float32).reshape(256, 512)
+
+        def state(step: int) -> dict[str, Any]:
+            sharding = NamedSharding(mesh, P("a", "b"))
+            return {"backbone": jax.make_array_from_callback(g.shape, sharding, lambda i: g[i]),
+                    "adapter": jax.make_array_from_callback(a.shape, sharding, lambda i: a[i] + step)}
+
+        folder = Path(root.removeprefix("file://"))
+        mgr = tsp.CheckpointManager(root)
+        used = []
+        for step in (1, 2):
+            mgr.save(step, state(step)).result(120)
+            used.append(sum(f.stat().st_size for f in (folder / "data").rglob("*") if f.is_file()))
+        out = mgr.restore(2)
+        report["used"] = used
+        report["restored"] = bool(np.array_equal(out["backbone"], g) and np.array_equal(out["adapter"], a + 2))
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     with open(out_path, "w") as f:

@@ -21,6 +21,8 @@ import pytest
 pytest.importorskip("jax")
 
 import tensorstore_py as tsp
+from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.versioned import VersionedKvStore
 
 WORKER = str(Path(__file__).with_name("jax_worker.py"))
 pytestmark = pytest.mark.timeout(180)
@@ -102,6 +104,29 @@ def test_two_processes_retention_frees_every_process_share(tmp_path: Path) -> No
     g = np.arange(1024 * 2048, dtype=np.float32).reshape(1024, 2048)
     mgr = tsp.CheckpointManager(f"file://{root}/")
     np.testing.assert_array_equal(mgr.restore(20)["w"], g + 20)
+
+
+def test_two_processes_save_incrementally_each_its_own_shards(tmp_path: Path) -> None:
+    # a frozen backbone (8 MiB) and an adapter (512 KiB), both split over the two
+    # processes: step 2 writes the adapter only, each process linking its own
+    # backbone shards to step 1's
+    root = tmp_path / "ckpt"
+    reports = _run("incremental", 2, f"file://{root}/", tmp_path)
+    for r in reports:
+        assert r["restored"], r
+    full, after = reports[0]["used"]
+    assert full >= 8 << 20
+    assert after - full <= 0.12 * full, (full, after)
+    kv = VersionedKvStore(FileKvStore(path=str(root)))
+    digests = kv.list("000000000002/digests/").result(60)
+    assert digests == ["000000000002/digests/000000.json", "000000000002/digests/000001.json"]
+    one = {e.key[13:]: e.object for e in kv.entries("000000000001/a/").result(60) if "/c/" in e.key}
+    two = {e.key[13:]: e.object for e in kv.entries("000000000002/a/").result(60) if "/c/" in e.key}
+    keys = json.loads(bytes(kv.read("000000000002/manifest.json").result(60).value))["leaves"]
+    backbone = next(e["key"] for e in keys if e["path"] == "['backbone']")
+    linked = [k for k in two if k.startswith(backbone + "/") and two[k] == one.get(k)]
+    assert linked and len(linked) == len([k for k in two if k.startswith(backbone + "/")])
+    assert not [k for k in two if not k.startswith(backbone + "/") and two[k] == one.get(k)]
 
 
 def test_kill_one_process_mid_save_never_publishes(tmp_path: Path) -> None:
