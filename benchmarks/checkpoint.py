@@ -5,6 +5,7 @@
     python benchmarks/checkpoint.py --cases single_1gib --systems tsp,orbax
     python benchmarks/checkpoint.py --device gpu --gib 8 --reps 3   # a train state on a GPU
     python benchmarks/checkpoint.py --device cpu --gib 0.25         # the same on CPU devices
+    python benchmarks/checkpoint.py --incremental --mib 512 --reps 5  # hashing; full vs 90%-unchanged save
 
 ``--device`` runs the accelerator case instead (benchmarks/_train_state.py: a
 transformer-shaped train state, tensorstore_py vs Orbax vs the hardware's
@@ -70,7 +71,8 @@ import tempfile
 import time
 from typing import Any
 
-import _train_state  # this folder is on sys.path when run as a script
+import _incremental  # this folder is on sys.path when run as a script
+import _train_state
 from _floor import read_files, write_files
 
 MiB = 1 << 20
@@ -275,6 +277,9 @@ def main() -> None:
     ap.add_argument("--gib", type=float, help="train-state size in GiB (default: 8 on gpu, 0.25 on cpu)")
     ap.add_argument("--hbm-full", action="store_true",
                     help="with --device: fill device memory before saving, so that staging 'auto' must pin")
+    ap.add_argument("--incremental", action="store_true",
+                    help="hashing speeds, then a full save against a 90%%-unchanged one (_incremental.py)")
+    ap.add_argument("--mib", type=float, default=512, help="state size of --incremental (MiB)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--op", help=argparse.SUPPRESS)
     ap.add_argument("--case", help=argparse.SUPPRESS)
@@ -292,6 +297,11 @@ def main() -> None:
         _child(args)
         return
     scratch = args.dir or tempfile.mkdtemp(prefix="tsp-ckpt-bench-")
+    if args.incremental:
+        _incremental.main(scratch, args.mib, max(args.reps, 1))
+        if not args.dir:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
     if args.device:
         systems = args.systems.split(",") if args.systems != ",".join(SYSTEMS) else _train_state.SYSTEMS
         _train_state.main(args.device, gib, systems, args.reps, scratch, hbm_full=args.hbm_full)
