@@ -251,3 +251,81 @@ def test_link_value_needs_a_versioned_transaction(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedError):
         stage(txn, kv).result(T)
     txn.abort()
+
+
+# -- the identity shortcut: the very jax.Array saved last time ---------------------------
+class _Hashed:
+    """Counts the bytes the save path hashes (instrumentation of dedup's digest)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from tensorstore_py.checkpoint import dedup
+
+        self.nbytes = 0
+        real = dedup._digest_now
+
+        def counted(data: np.ndarray) -> str:
+            self.nbytes += data.nbytes
+            return real(data)
+
+        monkeypatch.setattr(dedup, "_digest_now", counted)
+
+
+@pytest.mark.parametrize("staging", ["host", "device", "pinned_host"])
+def test_the_same_jax_array_is_linked_without_reading_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, staging: str
+) -> None:
+    jax = pytest.importorskip("jax")
+    hashed = _Hashed(monkeypatch)
+    root = tmp_path / "run"
+    url = f"file://{root}/"
+    frozen = jax.device_put(leaf_value(0, 0))  # 256 KiB, kept as the same object
+    mgr = tsp.CheckpointManager(url, options=SaveOptions(staging=staging))
+    mgr.save(1, {"frozen": frozen, "adapter": jax.device_put(leaf_value(1, 1))}).result(T)
+    assert hashed.nbytes == 2 * (256 << 10)
+    hashed.nbytes = 0
+    full = data_bytes(root)
+    mgr.save(2, {"frozen": frozen, "adapter": jax.device_put(leaf_value(1, 2))}).result(T)
+    assert hashed.nbytes == 256 << 10  # the adapter only: the frozen array was not read
+    assert data_bytes(root) - full < 300 << 10
+    one, two = chunk_objects(root_kv(root), 1), chunk_objects(root_kv(root), 2)
+    key = leaf_keys(root_kv(root), 2)["['frozen']"] + "/c/0/0"
+    assert one[key] == two[key]
+    # a new array of the same values is hashed, then linked
+    hashed.nbytes = 0
+    again = jax.device_put(np.array(leaf_value(0, 0)))
+    mgr.save(3, {"frozen": again, "adapter": jax.device_put(leaf_value(1, 2))}).result(T)
+    assert hashed.nbytes == 2 * (256 << 10)
+    assert chunk_objects(root_kv(root), 3)[key] == one[key]
+    got = mgr.restore(3)
+    np.testing.assert_array_equal(got["frozen"], leaf_value(0, 0))
+    np.testing.assert_array_equal(got["adapter"], leaf_value(1, 2))
+    verify_ok(url)
+
+
+def test_the_same_jax_array_after_another_writer_changed_the_step_is_written(tmp_path: Path) -> None:
+    jax = pytest.importorskip("jax")
+    root = tmp_path / "run"
+    url = f"file://{root}/"
+    x = jax.device_put(leaf_value(0, 0))
+    tsp.CheckpointManager(url).save(1, {"w": x}).result(T)
+    # another writer's step 2 holds other values under the same path
+    other = VersionedKvStore(FileKvStore(path=str(root)))
+    tsp.CheckpointManager(other).save(2, {"w": leaf_value(0, 7)}).result(T)
+    tsp.CheckpointManager(url).save(3, {"w": x}).result(T)  # x: the very array saved as step 1
+    mgr = tsp.CheckpointManager(url)
+    np.testing.assert_array_equal(mgr.restore(3)["w"], leaf_value(0, 0))
+    np.testing.assert_array_equal(mgr.restore(2)["w"], leaf_value(0, 7))
+    verify_ok(url)
+
+
+def test_a_donated_array_is_never_taken_for_the_saved_one(tmp_path: Path) -> None:
+    jax = pytest.importorskip("jax")
+    root = tmp_path / "run"
+    url = f"file://{root}/"
+    x = jax.device_put(leaf_value(0, 0))
+    mgr = tsp.CheckpointManager(url)
+    mgr.save(1, {"w": x}).result(T)
+    y = jax.jit(lambda a: a + 1, donate_argnums=0)(x)  # x's buffer is gone
+    mgr.save(2, {"w": y}).result(T)
+    np.testing.assert_array_equal(mgr.restore(2)["w"], leaf_value(0, 0) + 1)
+    np.testing.assert_array_equal(mgr.restore(1)["w"], leaf_value(0, 0))

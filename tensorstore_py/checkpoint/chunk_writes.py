@@ -74,6 +74,17 @@ async def write_chunks(
             await incremental.put(view, key, data, lambda: _encoded(data, codec))
 
     async def one(c: Chunk) -> None:
+        if incremental is not None and not c.meta and c.batch is None:
+            # a leaf that is the very array this process saved last time: linked
+            # without copying it off the device or hashing it (dedup.py)
+            keys = [k for k, _ in c.cuts] if c.cuts is not None else [c.key]
+            if await incremental.link_known(keys, c.nbytes):
+                c.fetch = c.cuts = c.data = None
+                if c.reads_caller:
+                    chunk_staged()
+                if progress is not None:
+                    progress.advance(c.nbytes)
+                return
         if c.fetch is not None:
             fetch, c.fetch = c.fetch, None
             # device -> (pinned) host, inside the budget, on the few threads of the

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +65,11 @@ ALGORITHM = "xxh3_128"
 DIGESTS_DIR = "digests"
 #: chunks at least this large are hashed on the CPU pool, not on the event loop
 _HASH_IN_POOL = 256 << 10
+
+#: per process: (root, leaf path) -> the jax.Array this process last saved there
+#: (a weak reference) and the digests of the chunks it stored of it
+_LAST: dict[tuple[str, str], tuple[weakref.ref[Any], dict[str, str]]] = {}
+_LAST_LOCK = threading.Lock()
 #: leaf fields that must be equal for a chunk to be linked to the previous step's
 _SAME = ("kind", "dtype", "shape", "chunk_shape", "codecs", "prng")
 
@@ -162,10 +169,79 @@ class Incremental:
     step: int
     process_index: int
     previous: Previous | None
+    #: names the root among the roots this process saves to (identity shortcut)
+    root_id: str = ""
+    #: leaf key -> (leaf path, the jax.Array saved there): the identity shortcut
+    arrays: dict[str, tuple[str, Any]] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
     bytes_written: int = 0
     bytes_linked: int = 0
     chunks_linked: int = 0
+    #: bytes linked without being copied off the device or hashed (identity)
+    bytes_unread: int = 0
+
+    def _known(self, key: str) -> str | None:
+        """The digest of chunk ``key`` when its leaf is the very ``jax.Array``
+        (alive, not deleted) this process saved to this root last time: its
+        bytes are those it hashed then (jax arrays are immutable; a donated
+        array is deleted)."""
+        leaf, _, rest = key.partition("/c/")
+        got = self.arrays.get(leaf)
+        if got is None:
+            return None
+        path, arr = got
+        with _LAST_LOCK:
+            last = _LAST.get((self.root_id, path))
+        if last is None or last[0]() is not arr:
+            return None
+        try:
+            if arr.is_deleted():
+                return None
+        except Exception:
+            return None
+        return last[1].get(rest)
+
+    async def link_known(self, keys: list[str], nbytes: int) -> bool:
+        """Link every chunk of ``keys`` (``nbytes`` in all) without reading them,
+        when each is known by identity (see :meth:`_known`) and equal to the
+        previous step's; False, having staged nothing, when any is not."""
+        if self.previous is None or not self.arrays or not keys:
+            return False
+        found = []
+        for key in keys:
+            digest = self._known(key)
+            src = self.previous.sources.get(key)
+            if digest is None or src is None or src[1] != digest:
+                return False
+            found.append((key, digest, src[0]))
+        for key, digest, source in found:
+            if not await link_value(self.root, f"{step_dir(self.step)}/{key}", source):
+                return False  # the caller writes them: a key linked already is restaged
+            self.digests[key] = digest
+        self.bytes_linked += nbytes
+        self.bytes_unread += nbytes
+        self.chunks_linked += len(keys)
+        return True
+
+    def remember(self) -> None:
+        """After the commit: the digests of this save's jax leaves, for the
+        identity shortcut of this process's next save to the same root (weak
+        references only: the arrays are not kept alive)."""
+        by_leaf: dict[str, dict[str, str]] = {}
+        for key, digest in self.digests.items():
+            leaf, _, rest = key.partition("/c/")
+            if leaf in self.arrays:
+                by_leaf.setdefault(leaf, {})[rest] = digest
+        with _LAST_LOCK:
+            for k in [k for k, (ref, _) in _LAST.items() if ref() is None]:
+                del _LAST[k]
+            for leaf, chunks in by_leaf.items():
+                path, arr = self.arrays[leaf]
+                try:
+                    _LAST[(self.root_id, path)] = (weakref.ref(arr), chunks)
+                except TypeError:  # not weakly referenceable: no shortcut
+                    pass
+        self.arrays = {}
 
     async def put(self, view: KvStore, key: str, data: np.ndarray, encoded: Any) -> None:
         """Store chunk ``key`` (relative to the step's folder, ``view``): linked when

@@ -155,6 +155,9 @@ class Snapshot:
     unstaged: int = 0
     #: what staging holds for the chunks' views (pinned copies), dropped on release
     holds: list[Any] = field(default_factory=list)
+    #: leaf key -> (path, jax.Array) of the jax leaves: an incremental save links
+    #: the chunks of an array it saved last time without reading them (dedup.py)
+    arrays: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
     def manifest(self) -> dict[str, Any]:
         fmt = MANIFEST_FORMAT_CODECS if any("codecs" in e for e in self.leaves) else MANIFEST_FORMAT
@@ -171,6 +174,7 @@ class Snapshot:
         and release a caller still waiting for the staging."""
         self.chunks = []
         self.holds = []
+        self.arrays = {}
         self.staged.set()
 
 
@@ -268,6 +272,8 @@ def snapshot(
                 "expected jax.Array, numpy array/scalar or python scalar"
             )
         dtype = np.dtype(dtype)
+        if is_jax_array(leaf):
+            snap.arrays[f"a/{i}"] = (path, leaf)
         cshape = chunk_shape_for(tuple(shard_shape), dtype.itemsize, target_bytes=options.target_chunk_bytes)
         key = f"a/{i}"
         entry.update(dtype=v3, shape=list(shape), chunk_shape=list(cshape), key=key)
@@ -408,7 +414,7 @@ async def run_save(
         incremental = None
         if options.incremental:
             previous = await load_previous(view, step, snap.leaves)
-            incremental = Incremental(view, step, p, previous)
+            incremental = Incremental(view, step, p, previous, root_id=repr(store.kv), arrays=snap.arrays)
         chunks, snap.chunks = snap.chunks, []
         step_view = view.with_path(step_dir(step))
         await write_chunks(
@@ -420,6 +426,8 @@ async def run_save(
             await step_view.write(digests_key(p), incremental.document())
         committing = True
         committed = await txn.commit()
+        if incremental is not None:
+            incremental.remember()
     except BaseException as e:
         if txn.state == "open":
             txn.abort()
