@@ -178,7 +178,8 @@ def test_ls_after_retention_shows_where_each_step_is_readable(ckpt: Path) -> Non
         assert cli("cat", str(ckpt), "b", "--step", str(s), "--at", str(v), "--json").returncode == 0
     out = cli("ls", str(ckpt)).stdout
     table = [ln.split() for ln in out.splitlines()[3:5]]
-    assert all(r[5] != "-" and r[6].endswith("*") for r in table), out  # TIME is two words
+    # TIME, SIZE and ADDED are two words each
+    assert all(r[7] != "-" and r[8].endswith("*") for r in table), out
     assert "retired" in out and "--at" in out
 
 

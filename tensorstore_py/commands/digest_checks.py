@@ -37,6 +37,8 @@ async def check_digests(
     """Append to ``report`` a problem per wrong, dangling or malformed digest of
     ``step`` (``step_view``: the step's folder)."""
     names = [k for k in await step_view.list(f"{DIGESTS_DIR}/") if k.endswith(".json")]
+    # a chunk the leaf checks found missing or of the wrong size is not reported twice
+    reported = {p.key for p in report.problems if p.key}
     leaves = {str(e["key"]): e for e in manifest.get("leaves", []) if isinstance(e, dict) and "key" in e}
     sem = asyncio.Semaphore(CONCURRENCY)
 
@@ -44,6 +46,8 @@ async def check_digests(
         report.problems.append(Problem(kind, f"step {step}: {msg}", key=f"{step:012d}/{key}", **kw))
 
     async def one(key: str, want: str) -> None:
+        if f"{step:012d}/{key}" in reported:
+            return
         leaf_key, _, _ = key.partition("/c/")
         leaf = leaves.get(leaf_key)
         if leaf is None:
