@@ -52,7 +52,7 @@ class Chunk:
 
 
 def _bytes(a: np.ndarray) -> memoryview:
-    return memoryview(a.reshape(-1).view(np.uint8))
+    return a.reshape(-1).view(np.uint8).data
 
 
 async def write_chunks(

@@ -80,7 +80,7 @@ def digests_key(process_index: int) -> str:
 
 
 def _digest_now(data: np.ndarray) -> str:
-    return xxhash.xxh3_128_hexdigest(memoryview(data.reshape(-1).view(np.uint8)))
+    return xxhash.xxh3_128_hexdigest(data.reshape(-1).view(np.uint8).data)
 
 
 async def chunk_digest(data: np.ndarray) -> str:
@@ -139,8 +139,8 @@ async def load_previous(root: KvStore, step: int, leaves: list[dict[str, Any]]) 
     try:
         manifest = json.loads(raw)
         old_leaves = {str(e["path"]): e for e in manifest["leaves"] if "key" in e}
-    except (ValueError, KeyError, TypeError) as e:
-        raise DataCorruptionError(f"checkpoint manifest {pdir}/manifest.json: {e}") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise DataCorruptionError(f"checkpoint manifest {pdir}/manifest.json: {err}") from None
     # old leaf key -> new leaf key, for leaves laid out alike in both steps
     renames: dict[str, str] = {}
     for e in leaves:
@@ -192,10 +192,13 @@ class Incremental:
         path, arr = got
         with _LAST_LOCK:
             last = _LAST.get((self.root_id, path))
-        if last is None or last[0]() is not arr:
+        if last is None:
+            return None
+        alive: Any = last[0]()
+        if alive is None or alive is not arr:
             return None
         try:
-            if arr.is_deleted():
+            if alive.is_deleted():
                 return None
         except Exception:
             return None
