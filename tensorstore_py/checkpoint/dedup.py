@@ -249,10 +249,17 @@ class Incremental:
     async def put(self, view: KvStore, key: str, data: np.ndarray, encoded: Any) -> None:
         """Store chunk ``key`` (relative to the step's folder, ``view``): linked when
         its digest equals the previous step's, else ``await encoded()`` written."""
+        src = self.previous.sources.get(key) if self.previous is not None else None
+        if src is None:  # nothing to link to: hash while the chunk is written
+            async def write() -> None:
+                await view.write(key, await encoded())
+
+            self.digests[key], _ = await asyncio.gather(chunk_digest(data), write())
+            self.bytes_written += data.nbytes
+            return
         digest = await chunk_digest(data)
         self.digests[key] = digest
-        src = self.previous.sources.get(key) if self.previous is not None else None
-        if src is not None and src[1] == digest and await link_value(
+        if src[1] == digest and await link_value(
             self.root, f"{step_dir(self.step)}/{key}", src[0]
         ):
             self.bytes_linked += data.nbytes
