@@ -17,6 +17,13 @@ the new step's chunk key names the same data object, no byte is written. Each
 process compares only the chunks it writes, so in a multi-process save every
 process deduplicates its own shards (whichever process wrote them before).
 
+A leaf that is the very ``jax.Array`` this process saved to the same root last
+time (the object itself, still alive and not deleted: jax arrays are immutable,
+a donated one is deleted) needs no hashing: its chunks' digests are those of
+that save, so a chunk whose remembered digest equals the previous step's is
+linked without being copied off the device or read (only weak references to
+the arrays are kept between saves).
+
 Guarantees: a linked chunk is a whole, ordinary key of the new step: restores,
 ``open_array``, exports and other readers see no difference. The link's
 source is checked at commit (a step deleted meanwhile fails the save with
@@ -26,14 +33,15 @@ linked chunk's crc32c like any other, and recomputes every chunk's digest
 against the digests file (a wrong digest would let a later save link wrong
 bytes).
 
-Why xxh3_128 (benchmarks/checkpoint.py ``--hash``): on the 2-core machine the
-save path was measured on, xxh3_128 hashed 18.7 GiB/s per core, sha256 0.88,
-blake2b 0.37, against a local-disk write + fsync near 1 GiB/s: a cryptographic
-digest would cost most of a full save's time, xxh3_128 a few percent. A chunk is
-compared only with the chunk at the same place of the same leaf in the previous
-step, never looked up by content among all chunks, so what the digest must
-resist is an accidental equality of the old and new bytes of one chunk, with
-probability 2^-128 per chunk; it is not meant to resist bytes crafted to
+Why xxh3_128 (``benchmarks/checkpoint.py --incremental``): on the 2-core
+machine the save path was measured on, one core hashed xxh3_128 at 10 to 18.7
+GiB/s, sha256 at 0.7 to 1.3 and blake2b at 0.3 to 0.46, while a durable
+local-disk save wrote about 1 GiB/s: a cryptographic digest would cost about as
+much as the write, xxh3_128 a few percent of it (docs/CHECKPOINTS.md). A chunk
+is compared only with the chunk at the same place of the same leaf in the
+previous step, never looked up by content among all chunks, so what the digest
+must resist is an accidental equality of the old and new bytes of one chunk,
+with probability 2^-128 per chunk; it is not meant to resist bytes crafted to
 collide (the saved state is the caller's own).
 """
 
