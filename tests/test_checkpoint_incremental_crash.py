@@ -132,10 +132,12 @@ def _trials(tmp_path: Path, trials: int, seed0: int) -> dict[str, int]:
 
 def test_kill_during_incremental_saves(tmp_path: Path) -> None:
     out = _trials(tmp_path, 4, seed0=2200)
+    print(out)
     assert out["killed"] >= 2, out
 
 
 @pytest.mark.slow
 def test_kill_during_incremental_saves_many_times(tmp_path: Path) -> None:
     out = _trials(tmp_path, 40, seed0=22000)
+    print(out)
     assert out["killed"] >= 25, out
