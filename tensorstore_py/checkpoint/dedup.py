@@ -34,8 +34,8 @@ against the digests file (a wrong digest would let a later save link wrong
 bytes).
 
 Why xxh3_128 (``benchmarks/checkpoint.py --incremental``): on the 2-core
-machine the save path was measured on, one core hashed xxh3_128 at 10 to 18.7
-GiB/s, sha256 at 0.7 to 1.3 and blake2b at 0.3 to 0.46, while a durable
+machine the save path was measured on, one core hashed xxh3_128 at 10 to 23
+GiB/s, sha256 at 0.7 to 1.65 and blake2b at 0.3 to 0.7, while a durable
 local-disk save wrote about 1 GiB/s: a cryptographic digest would cost about as
 much as the write, xxh3_128 a few percent of it (docs/CHECKPOINTS.md). A chunk
 is compared only with the chunk at the same place of the same leaf in the
