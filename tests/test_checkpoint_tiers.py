@@ -1,0 +1,188 @@
+"""The local checkpoint tier: saves, promotions, restores from either tier, kill -9 trials."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensorstore_py as tsp
+from tensorstore_py.commands import checks
+from tensorstore_py.core.future import run_sync
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from tier_worker import expected  # noqa: E402
+
+WORKER = str(HERE / "tier_worker.py")
+EXAMPLE = HERE.parent / "examples" / "checkpoint_preemption.py"
+
+
+def _tree(step: int) -> dict[str, object]:
+    return {"w": np.arange(3000, dtype=np.float32) + step, "b": {"x": np.full((3, 4), step, np.int16)}, "s": step}
+
+
+def _check(out: dict[str, object], want: dict[str, object]) -> None:
+    assert out["s" if "s" in want else "step"] == want["s" if "s" in want else "step"]
+    for k in ("w",):
+        np.testing.assert_array_equal(out[k], want[k])
+
+
+def _urls(tmp_path: Path) -> tuple[str, str]:
+    return f"file://{tmp_path}/persistent/", f"file://{tmp_path}/local/"
+
+
+def test_every_save_is_local_and_every_nth_is_promoted(tmp_path: Path) -> None:
+    root, local = _urls(tmp_path)
+    with tsp.CheckpointManager(root, local=local, local_max_to_keep=2, persist_interval_steps=3) as mgr:
+        for s in range(8):
+            mgr.save(s, _tree(s))
+        mgr.save(8, _tree(8), persist=True)
+        mgr.wait_until_finished()
+        assert mgr.all_steps() == [0, 3, 6, 7, 8]
+    # the root alone: the promoted steps, whole, byte for byte what was saved
+    assert tsp.CheckpointManager(root).all_steps() == [0, 3, 6, 8]
+    for s in (0, 3, 6, 8):
+        out = tsp.checkpoint.restore(root, step=s)
+        np.testing.assert_array_equal(out["w"], _tree(s)["w"])
+        np.testing.assert_array_equal(out["b"]["x"], _tree(s)["b"]["x"])
+        assert out["s"] == s
+    assert tsp.CheckpointManager(local).all_steps() == [7, 8]  # local_max_to_keep=2
+    assert run_sync(checks.verify(root)).ok and run_sync(checks.verify(local)).ok
+
+
+def test_restore_prefers_the_newest_step_of_either_tier(tmp_path: Path) -> None:
+    root, local = _urls(tmp_path)
+    mgr = tsp.CheckpointManager(root, local=local, persist_interval_steps=2)
+    for s in range(4):
+        mgr.save(s, _tree(s))
+    mgr.close()
+    out = mgr.restore()
+    assert out["s"] == 3  # the local step, newer than the root's 2
+    np.testing.assert_array_equal(out["w"], _tree(3)["w"])
+    # the local tier is gone (a replaced node): the root's newest step
+    shutil.rmtree(tmp_path / "local")
+    mgr2 = tsp.CheckpointManager(root, local=local, persist_interval_steps=2)
+    assert mgr2.latest_step() == 2
+    out = mgr2.restore()
+    assert out["s"] == 2
+    np.testing.assert_array_equal(out["w"], _tree(2)["w"])
+
+
+def test_promotion_copies_the_local_commit_after_the_caller_moved_on(tmp_path: Path) -> None:
+    """The persistent copy is the local step's bytes (large chunks land as the same
+    objects), even though the caller changed its arrays once save() returned."""
+    root, local = _urls(tmp_path)
+    mgr = tsp.CheckpointManager(root, local=local)
+    mgr.save(1, _tree(1)).result()
+    assert mgr.all_steps() == [1] and tsp.CheckpointManager(root).all_steps() == []
+    tree = {"big": np.arange(1 << 20, dtype=np.float32), "s": 2}
+    mgr.save(2, tree, persist=True)
+    tree["big"][:] = -1  # the caller moves on at once
+    mgr.close()
+    assert tsp.CheckpointManager(root).all_steps() == [2]
+    np.testing.assert_array_equal(tsp.checkpoint.restore(root)["big"], np.arange(1 << 20, dtype=np.float32))
+
+    def big(d: Path) -> set[bytes]:
+        return {p.read_bytes() for p in d.rglob("*") if p.is_file() and p.stat().st_size >= 1 << 20}
+
+    assert big(tmp_path / "persistent") and big(tmp_path / "persistent") <= big(tmp_path / "local")
+
+
+def test_a_failed_promotion_leaves_nothing_in_the_root_and_is_reported(tmp_path: Path) -> None:
+    from tensorstore_py.kvstore.fault import FaultKvStore
+
+    local = f"file://{tmp_path}/local/"
+    base = tsp.KvStore.open(f"file://{tmp_path}/persistent/").result()
+    faulty = FaultKvStore(base)
+    faulty.inject(op="write", key_pattern="commits/*")  # no commit record ever lands
+    mgr = tsp.CheckpointManager(faulty, local=local)
+    mgr.save(1, _tree(1), persist=True)
+    with pytest.raises(tsp.errors.StorageError):
+        mgr.wait_until_finished()
+    assert mgr.all_steps() == [1]  # still in the local tier
+    assert tsp.CheckpointManager(f"file://{tmp_path}/persistent/").all_steps() == []
+    mgr.close()
+
+
+def _kill_trial(tmp_path: Path, rng: random.Random) -> tuple[int | None, int | None]:
+    root, local = _urls(tmp_path)
+    proc = subprocess.Popen([sys.executable, WORKER, root, local], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.05, 1.5))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    newest: list[int | None] = []
+    for url in (local, root):
+        steps = tsp.CheckpointManager(url).all_steps()
+        newest.append(steps[-1] if steps else None)
+        if steps:
+            out = tsp.checkpoint.restore(url, step=steps[-1])
+            want = expected(steps[-1])
+            assert out["step"] == steps[-1]
+            np.testing.assert_array_equal(out["w"], want["w"])
+            np.testing.assert_array_equal(out["b"]["v"], want["b"]["v"])  # type: ignore[index]
+            report = run_sync(checks.verify(url))
+            assert report.ok, report.to_json()
+    return newest[0], newest[1]
+
+
+def _kill_trials(tmp_path: Path, n: int) -> None:
+    rng = random.Random(22)
+    seen = []
+    for i in range(n):
+        d = tmp_path / f"t{i % 4}"  # later trials resume on earlier roots: kills meet older states
+        d.mkdir(exist_ok=True)
+        seen.append(_kill_trial(d, rng))
+    # the kills met both tiers with steps in them
+    assert any(lo is not None for lo, _ in seen) and any(hi is not None for _, hi in seen)
+
+
+@pytest.mark.timeout(300)
+def test_kill9_during_local_saves_and_promotions_leaves_every_tier_consistent(tmp_path: Path) -> None:
+    _kill_trials(tmp_path, 10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_kill9_200_trials(tmp_path: Path) -> None:
+    _kill_trials(tmp_path, 200)
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_saves_and_persists_the_current_step(tmp_path: Path) -> None:
+    root, local = _urls(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLE), "--root", root, "--local", local, "--steps", "100000000"],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ, TSP_EXAMPLES_SMALL="1"),
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("saved step") and int(line.split()[-1]) >= 25:
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, "".join(lines) + rest
+    assert "(preempted)" in rest
+    persisted = tsp.CheckpointManager(root).all_steps()
+    last = persisted[-1]
+    # the step saved on the notice is off both intervals (5, 20) and persisted
+    saved = [int(ln.split()[-1]) for ln in (lines + rest.splitlines()) if ln.startswith("saved step")]
+    assert last == saved[-1] and last > 25
+    out = tsp.checkpoint.restore(root, step=last)
+    assert int(out["step"]) == last
+    np.testing.assert_array_equal(out["w"], np.full(1 << 10, last, np.float32))
+    assert run_sync(checks.verify(root)).ok
