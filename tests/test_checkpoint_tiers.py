@@ -20,7 +20,7 @@ from tensorstore_py.core.future import run_sync
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from tier_worker import expected  # noqa: E402
+from tier_worker import expected
 
 WORKER = str(HERE / "tier_worker.py")
 EXAMPLE = HERE.parent / "examples" / "checkpoint_preemption.py"

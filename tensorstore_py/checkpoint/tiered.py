@@ -47,6 +47,8 @@ class Tiers:
         self.promotion: Future[StepInfo] | None = None  # the newest promotion scheduled
         self.unpromoted: set[int] = set()  # local steps whose promotion is scheduled, not ended
         self._restores = 0
+        #: where the last restore read this process's part: "local" or "persistent"
+        self.restored_from: str | None = None
         self._tag = hashlib.sha1(repr(root.kv).encode()).hexdigest()[:12]
 
     def wants_persist(self, step: int) -> bool:
@@ -155,7 +157,9 @@ class Tiers:
             here = step in local
         if here:
             try:
-                return restore_step(self.local.store, step, target, **kw)
+                out = restore_step(self.local.store, step, target, **kw)
+                self.restored_from = "local"
+                return out
             except DataCorruptionError as e:
                 if step not in persistent:
                     raise
@@ -165,4 +169,6 @@ class Tiers:
         if step not in persistent:
             raise NotFoundError(f"checkpoint step {step} is neither in the local tier {self.local.kv!r} "
                                 f"nor at {self.root.kv!r}")
-        return restore_step(self.root.store, step, target, **kw)
+        out = restore_step(self.root.store, step, target, **kw)
+        self.restored_from = "persistent"
+        return out

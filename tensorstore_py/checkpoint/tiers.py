@@ -6,10 +6,11 @@ kinds of roots:
 * the **local tier**: one versioned checkpoint root per process (a RAM disk or a
   local NVMe; with several processes, ``process_<i>/`` under the URL given).
   Every save commits this process's *part* there: the step record, the
-  manifest, the chunks this process writes in a persistent save (its
-  addressable ``replica_id == 0`` shards) plus every numpy leaf, and
-  ``<step>/part.json`` (which process, of how many; which leaves every process
-  holds). One single-process commit per part: a part is whole or absent.
+  manifest, every region of its addressable shards (replicas included, each
+  region once) and every numpy leaf -- all it needs to restore the step with
+  the save's sharding -- and ``<step>/part.json`` (which process, of how many;
+  which leaves every process holds whole; which chunks are replicas another
+  process owns). One single-process commit per part: whole or absent.
   A step is *complete locally* when every process's part is there.
 * the **persistent tier**: the manager's ``root``. A promoted step is copied
   there from the local parts' committed bytes (each process reads its part
@@ -36,7 +37,8 @@ from tensorstore_py.checkpoint.api import RootLike, open_root
 from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.inflight import track
 from tensorstore_py.checkpoint.jax_adapter import is_jax_array
-from tensorstore_py.checkpoint.layout import LeafLayout
+from tensorstore_py.checkpoint.layout import LeafLayout, chunk_key, chunks_overlapping, region_of_index
+from tensorstore_py.checkpoint.prng import is_prng_key, key_data
 from tensorstore_py.checkpoint.pytree import flatten
 from tensorstore_py.checkpoint.saving import SaveOptions, Snapshot, _Chunk, _write_chunks, run_save, snapshot
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
@@ -53,17 +55,31 @@ PART_KEY = "part.json"
 PART_FORMAT = "tensorstore_py.checkpoint.part/1"
 
 
-def _shared_leaves(tree: Any, process_count: int) -> list[str]:
-    """Keys of the leaves every process holds whole (numpy leaves, and jax arrays
-    that live on one process alone): process 0 alone promotes them."""
+def _ownership(tree: Any, leaves: list[dict[str, Any]], process_count: int) -> tuple[list[str], list[str]]:
+    """``(shared leaf keys, replica chunk keys)`` of a local part: the leaves every
+    process holds whole (numpy leaves, jax arrays living on one process alone:
+    process 0 promotes them) and the chunks of this process's replicas with
+    ``replica_id != 0`` (another process promotes them)."""
     pairs, _ = flatten(tree)
-    out = []
+    shared: list[str] = []
+    replicas: list[str] = []
     for i, (_path, leaf) in enumerate(pairs):
+        key = f"a/{i}"
         if isinstance(leaf, (np.ndarray, np.generic)) or (
             is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
         ):
-            out.append(f"a/{i}")
-    return out
+            shared.append(key)
+        elif is_jax_array(leaf) and process_count > 1:
+            if is_prng_key(leaf):
+                _impl, leaf = key_data(leaf)
+            cshape = next(tuple(e["chunk_shape"]) for e in leaves if e.get("key") == key)
+            owned = {region_of_index(sh.index, tuple(leaf.shape)) for sh in leaf.addressable_shards
+                     if sh.replica_id == 0}
+            for sh in leaf.addressable_shards:
+                region = region_of_index(sh.index, tuple(leaf.shape))
+                if region not in owned:
+                    replicas.extend(chunk_key(key, g) for g, _ in chunks_overlapping(region, cshape))
+    return shared, sorted(set(replicas))
 
 
 class LocalTier:
@@ -101,10 +117,12 @@ class LocalTier:
         if run_sync(self.kv.read(record_key(step))).state == "value":
             raise ConditionFailedError(f"checkpoint step {step} already exists in the local tier {self.kv!r}")
         n = self.process_count
-        # process_index=0: every process keeps the numpy leaves too (it restores them locally)
-        snap = snapshot(tree, process_index=0, process_count=n, options=options)
+        # process_index=0: every process keeps the numpy leaves too, and every
+        # replica it holds (it restores them locally)
+        snap = snapshot(tree, process_index=0, process_count=n, options=options, replicas=True)
+        shared, replicas = _ownership(tree, snap.leaves, n)
         part = {"format": PART_FORMAT, "process_index": self.process_index, "process_count": n,
-                "shared": _shared_leaves(tree, n)}
+                "shared": shared, "replicas": replicas}
         fut = spawn(self._commit(step, snap, part, metrics, options, on_commit))
         fut.add_done_callback(lambda _f: snap.release())
         track(fut, what=f"checkpoint step {step} in the local tier {self.kv!r}", exit_timeout=options.exit_timeout)
@@ -194,6 +212,7 @@ async def promote(
     info, manifest, part, view = await read_part(local.store, step)
     p = coordinator.process_index
     shared = set(part.get("shared", []))
+    replicas = set(part.get("replicas", []))
     keys = [k for k in await view.list("") if k not in ("manifest.json", PART_KEY)]
     snap = Snapshot(structure=manifest["tree"], leaves=manifest["leaves"], nbytes=info.nbytes)
     # a chunk's bytes in flight: its leaf's full chunk (compressed ones are at most that)
@@ -207,7 +226,7 @@ async def promote(
             if p == 0:
                 snap.zarr_json[k] = json.loads(bytes(await _read(view, k)))
             continue
-        if p != 0 and leaf in shared:
+        if (p != 0 and leaf in shared) or k in replicas:
             continue
         snap.chunks.append(_Chunk(k, None, max(1, sizes.get(leaf, 1 << 20)), fetch=_fetcher(view, k)))
     snap.staged.set()
