@@ -186,3 +186,30 @@ def test_sigterm_saves_and_persists_the_current_step(tmp_path: Path) -> None:
     assert int(out["step"]) == last
     np.testing.assert_array_equal(out["w"], np.full(1 << 10, last, np.float32))
     assert run_sync(checks.verify(root)).ok
+
+
+def test_cli_ls_shows_each_steps_tiers_and_verify_checks_both(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tensorstore_py.cli import main
+
+    root, local = _urls(tmp_path)
+    with tsp.CheckpointManager(root, local=local, persist_interval_steps=2, local_max_to_keep=2) as mgr:
+        for s in range(4):
+            mgr.save(s, _tree(s))
+    assert main(["ls", root, "--local", local, "--json"]) == 0
+    rows = {r["step"]: r["tiers"] for r in json.loads(capsys.readouterr().out)["steps"]}
+    assert rows == {0: ["persistent"], 2: ["local", "persistent"], 3: ["local"]}
+    assert main(["ls", root, "--local", local]) == 0
+    table = capsys.readouterr().out
+    assert "local, persistent" in table and "TIERS" in table
+    assert main(["verify", root, "--local", local]) == 0
+    capsys.readouterr()
+    # a wrong chunk in the local tier's step 3 (committed, so only verify finds it)
+    kv = tsp.KvStore.open("versioned+" + local).result()
+    kv.write("000000000003/a/0/c/0/0", b"\0" * 10).result()
+    assert main(["verify", root, "--local", local, "--json"]) == 1
+    reports = json.loads(capsys.readouterr().out)
+    assert [r["ok"] for r in reports] == [True, False]
+    assert any(p["key"] == "000000000003/a/0/c/0/0" for p in reports[1]["problems"])
