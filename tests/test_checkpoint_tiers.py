@@ -8,7 +8,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -113,20 +115,35 @@ def test_a_failed_promotion_leaves_nothing_in_the_root_and_is_reported(tmp_path:
     mgr.close()
 
 
-def _kill_trial(tmp_path: Path, rng: random.Random) -> tuple[int | None, int | None]:
+def _kill_trial(tmp_path: Path, rng: random.Random) -> str:
+    """One kill -9 of tests/tier_worker.py at a random time; checks both tiers and
+    says what was in flight: "local save", "promotion", "both" or "none"."""
     root, local = _urls(tmp_path)
     proc = subprocess.Popen([sys.executable, WORKER, root, local], stdout=subprocess.PIPE, text=True)
+    lines: list[str] = []
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+        reader.start()
         time.sleep(rng.uniform(0.05, 1.5))
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    reader.join(10)
+    events = [ln.split() for ln in list(lines)]
+    done = {(w, int(n)) for w, n in events}
+    saved = [n for w, n in done if w == "saved"]
+    local_in_flight = any(("local", n) not in done for n in saved)
+    promotion_in_flight = any(("promoted", n) not in done for n in saved if n % 2 == 0)
     newest: list[int | None] = []
-    for url in (local, root):
+    for url, word in ((local, "local"), (root, "promoted")):
         steps = tsp.CheckpointManager(url).all_steps()
         newest.append(steps[-1] if steps else None)
+        # durable: every commit reported before the kill is there (or newer ones)
+        reported = [n for w, n in done if w == word]
+        if reported:
+            assert steps and steps[-1] >= max(reported), (url, steps, reported)
         if steps:
             out = tsp.checkpoint.restore(url, step=steps[-1])
             want = expected(steps[-1])
@@ -135,18 +152,21 @@ def _kill_trial(tmp_path: Path, rng: random.Random) -> tuple[int | None, int | N
             np.testing.assert_array_equal(out["b"]["v"], want["b"]["v"])  # type: ignore[index]
             report = run_sync(checks.verify(url))
             assert report.ok, report.to_json()
-    return newest[0], newest[1]
+    return {(True, True): "both", (True, False): "local save", (False, True): "promotion"}.get(
+        (local_in_flight, promotion_in_flight), "none")
 
 
-def _kill_trials(tmp_path: Path, n: int) -> None:
+def _kill_trials(tmp_path: Path, n: int) -> Counter[str]:
     rng = random.Random(22)
-    seen = []
+    seen: Counter[str] = Counter()
     for i in range(n):
         d = tmp_path / f"t{i % 4}"  # later trials resume on earlier roots: kills meet older states
         d.mkdir(exist_ok=True)
-        seen.append(_kill_trial(d, rng))
-    # the kills met both tiers with steps in them
-    assert any(lo is not None for lo, _ in seen) and any(hi is not None for _, hi in seen)
+        seen[_kill_trial(d, rng)] += 1
+    print(f"kill -9 trials: {dict(seen)}")
+    # the kills met local saves and promotions in flight
+    assert seen["local save"] + seen["both"] > 0 and seen["promotion"] + seen["both"] > 0, seen
+    return seen
 
 
 @pytest.mark.timeout(300)

@@ -31,8 +31,12 @@ def main() -> None:
     step = (mgr.latest_step() or 0) + 1
     print("ready", flush=True)
     while True:
-        mgr.save(step, expected(step))
+        fut = mgr.save(step, expected(step))
         print(f"saved {step}", flush=True)
+        fut.add_done_callback(lambda f, s=step: f.exception() or print(f"local {s}", flush=True))
+        promotion = mgr._tiers.promotion  # type: ignore[union-attr]
+        if step % 2 == 0 and promotion is not None:
+            promotion.add_done_callback(lambda f, s=step: f.exception() or print(f"promoted {s}", flush=True))
         step += 1
 
 
