@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -131,8 +132,8 @@ def _kill_trial(tmp_path: Path, rng: random.Random) -> str:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     reader.join(10)
-    events = [ln.split() for ln in list(lines)]
-    done = {(w, int(n)) for w, n in events}
+    # lines printed from two threads may interleave, the last one may be cut by the kill
+    done = {(w, int(n)) for w, n in re.findall(r"(saved|local|promoted) (\d+)\b", "".join(lines))}
     saved = [n for w, n in done if w == "saved"]
     local_in_flight = any(("local", n) not in done for n in saved)
     promotion_in_flight = any(("promoted", n) not in done for n in saved if n % 2 == 0)
@@ -233,3 +234,35 @@ def test_cli_ls_shows_each_steps_tiers_and_verify_checks_both(
     reports = json.loads(capsys.readouterr().out)
     assert [r["ok"] for r in reports] == [True, False]
     assert any(p["key"] == "000000000003/a/0/c/0/0" for p in reports[1]["problems"])
+
+
+def test_metrics_and_best_step_cover_both_tiers(tmp_path: Path) -> None:
+    root, local = _urls(tmp_path)
+    with tsp.CheckpointManager(root, local=local, local_max_to_keep=3, best_metric="loss", best_mode="min",
+                               persist_interval_steps=2) as mgr:
+        for s, loss in ((1, 0.5), (2, 0.9), (3, 0.1)):
+            mgr.save(s, _tree(s), metrics={"loss": loss})
+        mgr.wait_until_finished()
+        assert mgr.metrics(3) == {"loss": 0.1} and mgr.metrics(2) == {"loss": 0.9}
+        assert mgr.best_step() == 3
+
+
+def test_sigterm_handler_chains_the_previous_one_and_is_put_back(tmp_path: Path) -> None:
+    root, local = _urls(tmp_path)
+    seen: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        mine = signal.getsignal(signal.SIGTERM)
+        mgr = tsp.CheckpointManager(root, local=local, save_interval_steps=100, save_on_preemption=True)
+        assert not mgr.should_save(7) and not mgr.reached_preemption
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # the handler runs in the main thread between bytecodes
+        assert seen == [signal.SIGTERM] and mgr.reached_preemption
+        assert mgr.should_save(7)  # off the interval, saved because of the notice
+        mgr.save(7, _tree(7))
+        mgr.close()
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert tsp.CheckpointManager(root).all_steps() == [7]  # persisted
+        np.testing.assert_array_equal(tsp.checkpoint.restore(root)["w"], _tree(7)["w"])
+    finally:
+        signal.signal(signal.SIGTERM, before)

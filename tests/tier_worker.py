@@ -19,6 +19,12 @@ def expected(step: int) -> dict[str, object]:
     return {"w": base + np.float32(step), "b": {"v": np.full(1000, step, np.int64)}, "step": step}
 
 
+def _say(line: str) -> None:
+    """One write per line (callbacks print from the library's threads too)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main() -> None:
     root, local = sys.argv[1], sys.argv[2]
     import tensorstore_py as tsp
@@ -32,11 +38,11 @@ def main() -> None:
     print("ready", flush=True)
     while True:
         fut = mgr.save(step, expected(step))
-        print(f"saved {step}", flush=True)
-        fut.add_done_callback(lambda f, s=step: f.exception() or print(f"local {s}", flush=True))
+        _say(f"saved {step}")
+        fut.add_done_callback(lambda f, s=step: f.exception() or _say(f"local {s}"))
         promotion = mgr._tiers.promotion  # type: ignore[union-attr]
         if step % 2 == 0 and promotion is not None:
-            promotion.add_done_callback(lambda f, s=step: f.exception() or print(f"promoted {s}", flush=True))
+            promotion.add_done_callback(lambda f, s=step: f.exception() or _say(f"promoted {s}"))
         step += 1
 
 

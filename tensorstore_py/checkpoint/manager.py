@@ -190,7 +190,7 @@ class CheckpointManager:
         in the background. Raises :class:`ConditionFailedError` if the step
         exists. ``progress``: see :func:`tensorstore_py.checkpoint.save`.
         """
-        if self._preemption is not None and self._preemption.reached(step):
+        if self._preemption is not None and self._preemption.notice.is_set():
             force = persist = True  # the job is going away: save this step, durably
         if not force and step % self.save_interval_steps != 0:
             return ready(None)
@@ -289,7 +289,10 @@ class CheckpointManager:
         return pick(ranked, key=lambda s: float(ms[s][self.best_metric]))  # type: ignore[index]
 
     def metrics(self, step: int) -> dict[str, Any]:
-        """The metrics saved with ``step``."""
+        """The metrics saved with ``step`` (with a local tier: from the root, else
+        from this process's local part)."""
+        if self._tiers is not None and step not in run_sync(self._root.store.list_steps()):
+            return run_sync(self._tiers.local.store.record(step)).metrics
         return run_sync(self._root.store.record(step)).metrics
 
     def restore(
