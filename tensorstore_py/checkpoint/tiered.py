@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -27,6 +29,11 @@ from tensorstore_py.core.future import Future, run_sync, spawn
 __all__ = ["Tiers"]
 
 log = logging.getLogger("tensorstore_py.checkpoint")
+
+#: restores that agreed on a step, per root, in this process: every process
+#: counts the same, so the coordination keys of each are new (a key is published once)
+_restores: dict[str, itertools.count[int]] = {}
+_restores_lock = threading.Lock()
 
 
 class Tiers:
@@ -46,7 +53,6 @@ class Tiers:
         self.pending: Future[StepInfo] | None = None  # the local save in flight
         self.promotion: Future[StepInfo] | None = None  # the newest promotion scheduled
         self.unpromoted: set[int] = set()  # local steps whose promotion is scheduled, not ended
-        self._restores = 0
         #: where the last restore read this process's part: "local" or "persistent"
         self.restored_from: str | None = None
         self._tag = hashlib.sha1(repr(root.kv).encode()).hexdigest()[:12]
@@ -145,9 +151,10 @@ class Tiers:
         local = self.local_steps()
         persistent = run_sync(self.root.store.list_steps())
         if step is None:
-            self._restores += 1
+            with _restores_lock:
+                k = next(_restores.setdefault(self._tag, itertools.count(1)))
             step, here = choose_step(
-                self.coordinator, local, persistent, key=f"tsp/tiers/{self._tag}/restore/{self._restores}",
+                self.coordinator, local, persistent, key=f"tsp/tiers/{self._tag}/restore/{k}",
                 timeout=SaveOptions().commit_timeout,
             )
             if step is None:
