@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ WORKER = str(Path(__file__).with_name("tier_jax_worker.py"))
 pytestmark = pytest.mark.timeout(300)
 
 
-def _run(scenario: str, root: str, local: str, tmp: Path) -> list[dict]:
+def _launch(scenario: str, root: str, local: str, tmp: Path) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
     from test_jax_checkpoint import _env, _free_port
 
     port = _free_port()
@@ -30,6 +32,11 @@ def _run(scenario: str, root: str, local: str, tmp: Path) -> list[dict]:
                          env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         for i in range(2)
     ]
+    return procs, outs
+
+
+def _run(scenario: str, root: str, local: str, tmp: Path) -> list[dict]:
+    procs, outs = _launch(scenario, root, local, tmp)
     logs = [p.communicate(timeout=150)[0].decode(errors="replace") for p in procs]
     for p, log in zip(procs, logs):
         assert p.returncode == 0, f"worker failed ({p.returncode}):\n{log[-4000:]}"
@@ -58,3 +65,31 @@ def test_two_processes_restore_from_local_parts_and_the_persistent_copy(tmp_path
     assert [(r["step"], r["tier"]) for r in got] == [(1, "persistent"), (1, "persistent")]
 
 
+
+
+def test_jax_preemption_notice_saves_the_same_step_on_every_process(tmp_path: Path) -> None:
+    """SIGTERM to one process of a two-process job: JAX's preemption service tells
+    both, both save the same step, and it is persisted whole."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    root, local = f"file://{tmp_path}/persistent/", f"file://{tmp_path}/local/"
+    procs, outs = _launch("preempt", root, local, tmp_path)
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            while b"training" not in p.stdout.readline():
+                assert p.poll() is None, "a worker ended before training"
+        time.sleep(1.0)
+        procs[1].send_signal(signal.SIGTERM)
+        logs = [p.communicate(timeout=150)[0].decode(errors="replace") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, f"worker failed ({p.returncode}):\n{log[-4000:]}"
+    saved = [json.loads(o.read_text())["saved"] for o in outs]
+    assert saved[0] == saved[1] and saved[0] > 1
+    assert tsp.CheckpointManager(root).all_steps() == [saved[0]]
+    assert run_sync(checks.verify(root)).ok
+    got = _run("restore", root, local, tmp_path)
+    assert [(r["step"], r["tier"]) for r in got] == [(saved[0], "local"), (saved[0], "local")]

@@ -4,6 +4,8 @@
 Usage: python tier_jax_worker.py SCENARIO PROCESS_ID NUM_PROCESSES PORT ROOT LOCAL OUT_JSON
 
 SCENARIO "save": step 1 saved and promoted, step 2 saved to the local tier only.
+SCENARIO "preempt": train until JAX's preemption notice (a SIGTERM to any
+process), save that step on every process and stop.
 SCENARIO "restore": restore the newest step every process can read, with the
 save's sharding; check every shard. Results go to OUT_JSON.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,20 @@ def main() -> None:
             mgr.save(step, {"t": make_tree(mesh), "n": np.array([step])}, persist=step == 1)
         mgr.close()
         report["local"] = mgr._tiers.local_steps()  # type: ignore[union-attr]
+    elif scenario == "preempt":
+        mgr.close()
+        mgr = tsp.CheckpointManager(root, local=local, save_interval_steps=1000, save_on_preemption=True)
+        tree = {"t": make_tree(mesh), "n": np.array([0])}
+        print("training", flush=True)
+        for step in range(1, 100000):
+            if mgr.should_save(step):
+                tree["n"] = np.array([step])
+                mgr.save(step, tree)
+                report["saved"] = step
+            if mgr.reached_preemption:
+                break
+            time.sleep(0.02)
+        mgr.close()  # the promotion ends before the process does
     else:
         specs = {"w": P("a", "b"), "e": P(None, "b"), "r": P(), "odd": P("b", None)}
         like = {"t": target(make_tree(mesh), mesh, specs), "n": np.zeros(1, np.int64)}

@@ -11,6 +11,7 @@
   reached_preemption_sync_point(step)`` is asked at every ``reached`` call
   (when ``jax.distributed`` is initialised with its preemption service); it
   returns True on every process at the same step, so all of them save it.
+  JAX's service catches SIGTERM itself, so no Python handler is installed then.
 
 Once noticed, the notice stays: every later ``reached`` returns True (the
 loop should save and stop).
@@ -58,6 +59,10 @@ class PreemptionWatch:
         self.step: int | None = None
         self._previous: Any = None
         self._installed = False
+        if sigterm and _jax_sync_point() is not None:
+            # JAX's preemption service handles SIGTERM itself (and tells every
+            # process): a Python handler would replace its own
+            sigterm = False
         if sigterm:
             if threading.current_thread() is not threading.main_thread():
                 log.warning("save_on_preemption: not in the main thread, so no SIGTERM handler is "
