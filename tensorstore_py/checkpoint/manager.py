@@ -89,9 +89,9 @@ class CheckpointManager:
     abandoned: absent from ``root``, never partial). See docs/CHECKPOINTS.md.
 
     **Preemption** (``save_on_preemption=True``): a SIGTERM handler is
-    installed (chaining the previous one; put back by :meth:`close`) and, in a
-    multi-controller JAX job with the preemption service, JAX's preemption sync
-    point is asked at each :meth:`should_save`; after a notice
+    installed (chaining the previous one; put back by :meth:`close`) or, in a
+    multi-controller JAX job with the preemption service (which catches SIGTERM
+    itself), JAX's preemption sync point is asked at each :meth:`should_save`; after a notice
     :meth:`should_save` returns True, :attr:`reached_preemption` is True, and
     :meth:`save` saves that step whatever the interval and persists it.
     """
