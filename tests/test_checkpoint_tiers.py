@@ -257,12 +257,35 @@ def test_sigterm_handler_chains_the_previous_one_and_is_put_back(tmp_path: Path)
         assert not mgr.should_save(7) and not mgr.reached_preemption
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.1)  # the handler runs in the main thread between bytecodes
-        assert seen == [signal.SIGTERM] and mgr.reached_preemption
+        assert seen == [signal.SIGTERM] and not mgr.reached_preemption  # nothing saved since
         assert mgr.should_save(7)  # off the interval, saved because of the notice
         mgr.save(7, _tree(7))
+        assert mgr.reached_preemption
         mgr.close()
         assert signal.getsignal(signal.SIGTERM) is mine
         assert tsp.CheckpointManager(root).all_steps() == [7]  # persisted
         np.testing.assert_array_equal(tsp.checkpoint.restore(root)["w"], _tree(7)["w"])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_notice_between_a_save_and_the_check_waits_for_the_next_save(tmp_path: Path) -> None:
+    """The loop stops at a promoted step even when SIGTERM lands right after a
+    regular (local only) save, before the loop looks at reached_preemption."""
+    root, local = _urls(tmp_path)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        mgr = tsp.CheckpointManager(root, local=local, save_interval_steps=5, save_on_preemption=True)
+        assert mgr.should_save(5)
+        mgr.save(5, _tree(5))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert not mgr.reached_preemption  # step 5 is local only: not a place to stop
+        assert mgr.should_save(6)
+        mgr.save(6, _tree(6))
+        assert mgr.reached_preemption
+        mgr.close()
+        assert tsp.CheckpointManager(root).all_steps() == [6]
+        np.testing.assert_array_equal(tsp.checkpoint.restore(root)["w"], _tree(6)["w"])
     finally:
         signal.signal(signal.SIGTERM, before)

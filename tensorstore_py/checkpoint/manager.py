@@ -92,8 +92,8 @@ class CheckpointManager:
     installed (chaining the previous one; put back by :meth:`close`) or, in a
     multi-controller JAX job with the preemption service (which catches SIGTERM
     itself), JAX's preemption sync point is asked at each :meth:`should_save`; after a notice
-    :meth:`should_save` returns True, :attr:`reached_preemption` is True, and
-    :meth:`save` saves that step whatever the interval and persists it.
+    :meth:`should_save` returns True and :meth:`save` saves that step whatever
+    the interval and persists it; :attr:`reached_preemption` is True once it did.
     """
 
     def __init__(
@@ -157,8 +157,11 @@ class CheckpointManager:
     # -- saving ----------------------------------------------------------------
     @property
     def reached_preemption(self) -> bool:
-        """True once a preemption notice arrived (``save_on_preemption``): save and stop."""
-        return self._preemption is not None and self._preemption.notice.is_set()
+        """True once a preemption notice arrived (``save_on_preemption``) and a step
+        was saved (and is being persisted) since: stop the loop. A notice that
+        arrives after a save but before this check leaves it False until the
+        next step is saved, so the step the loop stops at is always persisted."""
+        return self._preemption is not None and self._preemption.notice.is_set() and self._preemption.saved
 
     def should_save(self, step: int) -> bool:
         """True when ``step`` falls on the save interval and is newer than every saved
@@ -190,7 +193,8 @@ class CheckpointManager:
         in the background. Raises :class:`ConditionFailedError` if the step
         exists. ``progress``: see :func:`tensorstore_py.checkpoint.save`.
         """
-        if self._preemption is not None and self._preemption.notice.is_set():
+        preempted = self._preemption is not None and self._preemption.notice.is_set()
+        if preempted:
             force = persist = True  # the job is going away: save this step, durably
         if not force and step % self.save_interval_steps != 0:
             return ready(None)
@@ -202,16 +206,19 @@ class CheckpointManager:
             if self._tiers is not None:
                 if self._tiers.pending is not None:
                     self._tiers.pending.result()  # one local save at a time
-                return self._tiers.save(  # type: ignore[return-value]
+                fut = self._tiers.save(
                     step, tree, metrics=metrics or {}, options=self.options,
                     persist=persist or self._tiers.wants_persist(step), on_persist=self._after_commit,
                 )
-            self.wait_until_finished()
-            fut = self._root.save(
-                step, tree, metrics=metrics, options=self.options, on_commit=self._after_commit,
-                progress=progress,
-            )
-            self._pending = fut
+            else:
+                self.wait_until_finished()
+                fut = self._root.save(
+                    step, tree, metrics=metrics, options=self.options, on_commit=self._after_commit,
+                    progress=progress,
+                )
+                self._pending = fut
+        if preempted:
+            self._preemption.saved = True  # type: ignore[union-attr]
         return fut  # type: ignore[return-value]
 
     def wait_until_finished(self) -> None:

@@ -57,6 +57,8 @@ class PreemptionWatch:
         self.notice = threading.Event()
         #: the step ``reached`` first answered True for (None: not yet)
         self.step: int | None = None
+        #: a step was saved since the notice (the manager sets it)
+        self.saved = False
         self._previous: Any = None
         self._installed = False
         if sigterm and _jax_sync_point() is not None:
