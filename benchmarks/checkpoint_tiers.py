@@ -19,7 +19,9 @@ is missing), values different at every step. Each rep, in this process:
   and ``wait_until_finished()`` (``promote_s``: local commit plus the
   promotion to the root, from the RAM disk's bytes).
 
-Every restore is checked bit-exact. Prints medians as ``name: value unit``
+Every restore is checked bit-exact. Without ``--drop-caches`` the plain
+restore reads the page cache the save just filled (as fast as a RAM disk):
+pass it (as root) for restores from the disk itself. Prints medians as ``name: value unit``
 lines and same-run ratios plain / local. The RAM disk's space and the
 restored copies need about 4x the state in free memory.
 
@@ -81,6 +83,14 @@ def check(out: dict[str, Any], gib: float, step: int) -> None:
             raise AssertionError(f"leaf {k} of step {step} differs after the restore")
 
 
+def drop_caches() -> None:
+    """Make the plain restore read the disk, not the page cache (the RAM disk's
+    pages are its storage and stay)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=1.0)
@@ -88,6 +98,8 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "gpu", "numpy"), default="cpu")
     ap.add_argument("--scratch", default=tempfile.gettempdir(), help="folder of the file roots")
     ap.add_argument("--shm", default="/dev/shm", help="the RAM disk of the local tier")
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="drop the page cache before each plain restore (needs root; slows the whole host)")
     args = ap.parse_args()
     device = args.device
     if device != "numpy":
@@ -113,6 +125,8 @@ def main() -> None:
             plain.save(step, state)
             plain.wait_until_finished()
             note("plain_save_s", time.perf_counter() - t0)
+            if args.drop_caches:
+                drop_caches()
             t0 = time.perf_counter()
             out = plain.restore(step, target=target)
             if target is not None:
@@ -149,7 +163,8 @@ def main() -> None:
         shutil.rmtree(shm, ignore_errors=True)
     gib = args.gib
     print(f"state: {gib} GiB on {device}, {args.reps} reps (medians), scratch {args.scratch}, "
-          f"RAM disk {args.shm}, {os.cpu_count()} CPUs")
+          f"RAM disk {args.shm}, {os.cpu_count()} CPUs, plain restores from a "
+          f"{'cold' if args.drop_caches else 'warm'} page cache")
     med = {k: statistics.median(v) for k, v in res.items()}
     for k, v in med.items():
         print(f"{k}: {v:.3f} s")
