@@ -304,9 +304,15 @@ async def _announce(root: VersionedRoot, txn: Transaction, a: Attempt | None, ou
 
 async def _cleanup(root: VersionedRoot, txn_id: str) -> None:
     """Delete the transaction's attempts and fragments; the small result stays
-    (garbage collection ages it out, FORMAT.md §9). Best effort."""
+    (garbage collection keeps it while the version it names is retained,
+    FORMAT.md §9). Best effort. Nothing is deleted while no ``result`` is
+    listed (its write failed): the attempts then bound the search for the
+    commit record (§7.2), so that a re-run still finds the commit."""
     try:
-        names = [n for n in await root.base.list(txn_prefix(txn_id)) if n != result_name(txn_id)]
+        listed = await root.base.list(txn_prefix(txn_id))
+        if result_name(txn_id) not in listed:
+            return
+        names = [n for n in listed if n != result_name(txn_id)]
         sem = asyncio.Semaphore(CONCURRENCY)
 
         async def one(name: str) -> None:
