@@ -157,9 +157,11 @@ class ShardIndexCache:
 
 class ShardRequests:
     """Range reads of shards in flight on one event loop, shared between
-    concurrent reads of the same shard (see the module docstring)."""
+    concurrent reads of the same shard (see the module docstring). ``gap``:
+    ranges closer than this are merged into one request."""
 
-    def __init__(self) -> None:
+    def __init__(self, gap: int = COALESCE_GAP) -> None:
+        self.gap = gap
         # per loop: key -> the index read in flight; key -> ranges waiting for this turn
         self._index: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Task[ReadResult]] = {}
         self._pending: dict[tuple[asyncio.AbstractEventLoop, str],
@@ -197,7 +199,7 @@ class ShardRequests:
 
         async def go() -> None:
             try:
-                res = await kv.read_ranges(key, ranges, coalesce_gap=COALESCE_GAP)
+                res = await kv.read_ranges(key, ranges, coalesce_gap=self.gap)
             except BaseException as e:  # every waiter gets the failure
                 if not fut.done():
                     fut.set_exception(e)

@@ -170,3 +170,37 @@ def test_concurrent_crops_of_one_shard_share_its_index_and_range_requests(gcs_em
         # merged); shard 1: its index (missing). Each crop alone: 20 indexes + 64 runs
         assert requests <= 1 + 4 + 1
         assert rounds == 2
+
+
+def test_concurrent_reads_of_one_precomputed_shard_share_their_requests(gcs_emulator: Any) -> None:
+    # a sharded neuroglancer precomputed scale: 8 chunks of one shard read at once,
+    # no index cached: the shard index entries of their minishards in ONE request,
+    # the minishard indexes in one, the chunks in one
+    bucket = gcs_emulator.create_bucket()
+    data = np.random.default_rng(5).integers(1, 255, size=(64, 64, 64, 1), dtype=np.uint8)
+    sharding = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 0, "hash": "identity",
+                "minishard_bits": 1, "shard_bits": 0, "minishard_index_encoding": "raw",
+                "data_encoding": "raw"}
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.03) as proxy:
+        spec = {"driver": "neuroglancer_precomputed",
+                "kvstore": {**gcs_emulator.spec(bucket, path="v/"), "endpoint": proxy.endpoint}}
+        tsp.open({**spec, "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
+                  "scale_metadata": {"size": [64, 64, 64], "chunk_size": [32, 32, 32], "encoding": "raw",
+                                     "resolution": [1, 1, 1], "sharding": sharding}},
+                 create=True).result(T).write(data).result(T)
+        arr = tsp.open(spec).result(T)  # a fresh open: no index cached
+        sels = [(slice(x, x + 32), slice(y, y + 32), slice(z, z + 32))
+                for x in (0, 32) for y in (0, 32) for z in (0, 32)]
+
+        async def together() -> list[Any]:
+            return list(await asyncio.gather(*(arr[s].read() for s in sels)))
+
+        got: list[Any] = []
+        rounds, requests = _rounds(proxy, lambda: got.extend(
+            asyncio.run_coroutine_threadsafe(together(), get_loop()).result(T)))
+        for s, g in zip(sels, got, strict=True):
+            np.testing.assert_array_equal(g, data[s])
+        # the index entries, the minishard indexes, the chunks (each read alone: 3
+        # requests, 24 in all), and at most one more for chunks located in a later turn
+        assert requests <= 4
+        assert rounds <= 4
