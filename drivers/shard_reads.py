@@ -36,7 +36,7 @@ chunk ranges that reads of one shard ask for in the same turn of the event
 loop go out as ONE :meth:`~KvStore.read_ranges` call: duplicates are fetched
 once and neighbours closer than :data:`COALESCE_GAP` merged, across the reads.
 Each read still checks the generation it is answered at against its index.
-A read alone is sent at once (nothing waits for company).
+A read alone goes out in the next turn of the loop (nothing waits for company).
 
 Assembly: many raw inner chunks (a whole shard, or one span) land with
 vectorised numpy copies (``codecs/_cells.py``); others are decoded one by one.
