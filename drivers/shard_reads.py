@@ -166,6 +166,7 @@ class ShardRequests:
         self._index: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Task[ReadResult]] = {}
         self._pending: dict[tuple[asyncio.AbstractEventLoop, str],
                             tuple[list[ByteRange], asyncio.Future[RangesResult]]] = {}
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def index(self, kv: Any, key: str, rng: ByteRange) -> ReadResult:
         """``kv.read(key, byte_range=rng)``, one request for every caller while it is in flight."""
@@ -200,16 +201,19 @@ class ShardRequests:
         async def go() -> None:
             try:
                 res = await kv.read_ranges(key, ranges, coalesce_gap=self.gap)
-            except BaseException as e:  # every waiter gets the failure
+            except asyncio.CancelledError:
+                fut.cancel()
+                raise
+            except Exception as e:  # every waiter gets the failure
                 if not fut.done():
                     fut.set_exception(e)
-                if not isinstance(e, Exception):
-                    raise
             else:
                 if not fut.done():
                     fut.set_result(res)
 
-        asyncio.ensure_future(go())
+        task = asyncio.ensure_future(go())
+        self._sending.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._sending.discard)
         fut.add_done_callback(_retrieve)
 
 
