@@ -331,6 +331,11 @@ def run_volume(b: Bench, libs: list[str], ms: int, cases: set[str]) -> None:
         report("crops_1", ms, {lib: len(sels) / t[lib] for lib in libs}, "crops/s")
     if "crops_16" in cases:
         batches = [sels[i : i + 16] for i in range(0, len(sels), 16)]
+        for lib in libs:  # requests per crop when 16 are in flight at once
+            b.proxy.reset_counters()
+            read_many(lib, readers[lib], batches[0])
+            emit(f"crops_16.{lib}.requests_per_crop.{ms}ms",
+                 b.proxy.counters()["requests"] / len(batches[0]), "")
         t = turns({lib: (lambda lib=lib: [read_many(lib, readers[lib], bt) for bt in batches])
                    for lib in libs}, b.args.repeats)
         report("crops_16", ms, {lib: len(sels) / t[lib] for lib in libs}, "crops/s")
