@@ -423,7 +423,7 @@ def run_commit(b: Bench, libs: list[str], ms: int) -> None:
     t = turns(fns, reps)
     report("commit_1key", ms, {lib: 1 / t[lib] for lib in fns}, "commits/s")
     b.proxy.reset_counters()
-    store.write("key008", b"y").result()
+    store.write("key008", os.urandom(1000)).result()  # as timed: a value in a data object
     emit(f"commit_1key.tsp.round_trips.{ms}ms",
          b.proxy.sequential_round_trips(until=time.monotonic()), "")
 
