@@ -162,7 +162,10 @@ def assemble_all(items: list[tuple[Any, Any, list[tuple[Any, np.ndarray]]]]) -> 
             blocks.append(b)
             dests.append(sharding if one else jax.sharding.SingleDeviceSharding(
                 d, memory_kind=getattr(sharding, "memory_kind", None)))
-    placed = iter(jax.device_put(blocks, dests))
+    if dests and all(d is dests[0] for d in dests):
+        placed = iter(jax.device_put(blocks, dests[0]))  # thousands of small leaves, one sharding
+    else:
+        placed = iter(jax.device_put(blocks, dests))
     return [
         next(placed) if one else global_array(target, sharding, [next(placed) for _ in per_dev])
         for (target, sharding, per_dev), one in zip(items, whole)

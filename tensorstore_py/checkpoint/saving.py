@@ -236,6 +236,7 @@ def snapshot(
     # leaf key -> its manifest entry, for the leaves packed with others (packing.py)
     packable: dict[str, dict[str, Any]] = {}
     members: list[Member] = []
+    chunk_shapes: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}
     for i, (path, leaf) in enumerate(pairs):
         entry: dict[str, Any] = {"path": path}
         if isinstance(leaf, (bool, int, float, complex, str, bytes)) and not isinstance(leaf, np.generic):
@@ -245,9 +246,10 @@ def snapshot(
             continue
         if is_prng_key(leaf):  # stored as its key data (prng.py)
             entry["prng"], leaf = key_data(leaf)
-        process_local = is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
+        on_jax = is_jax_array(leaf)
+        process_local = on_jax and process_count > 1 and leaf.is_fully_addressable
         parts: list[tuple[Region, Any]]
-        if is_jax_array(leaf) and not process_local:
+        if on_jax and not process_local:
             shape, dtype, shard_shape, parts, sharding = shards_to_save(leaf)
             v3 = check_storable(path, dtype)
             entry["kind"] = "jax"
@@ -271,7 +273,10 @@ def snapshot(
                 "expected jax.Array, numpy array/scalar or python scalar"
             )
         dtype = np.dtype(dtype)
-        cshape = chunk_shape_for(tuple(shard_shape), dtype.itemsize, target_bytes=options.target_chunk_bytes)
+        cshape = chunk_shapes.get((shard_shape := tuple(shard_shape), dtype.itemsize))
+        if cshape is None:  # thousands of leaves share a few shapes
+            cshape = chunk_shapes[(shard_shape, dtype.itemsize)] = chunk_shape_for(
+                shard_shape, dtype.itemsize, target_bytes=options.target_chunk_bytes)
         key = f"a/{i}"
         entry.update(dtype=v3, shape=list(shape), chunk_shape=list(cshape), key=key)
         codecs = codecs_json(options.compression, dtype)
