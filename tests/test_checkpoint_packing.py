@@ -130,6 +130,9 @@ def test_packed_leaves_read_through_open_array_cat_verify_and_export(
     assert main(["verify", root, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["problems"] == [] and report["arrays"] == 2
+    assert main(["info", root, "--json"]) == 0
+    rows = {r["path"]: r for r in json.loads(capsys.readouterr().out)["arrays"]}
+    assert rows["['params']['w']"]["stored_bytes"] == 80 and rows["['params']['w']"]["shape"] == [4, 5]
     assert main(["cat", root, "['params']['w']", "--index", "[2]", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["values"] == tree["params"]["w"][2].tolist()
     dest = tmp_path / "out"

@@ -81,6 +81,8 @@ async def _describe(kv: KvStore, path: str, driver: str | None, sizes: dict[str,
         pre = path + "/" if path else ""
         stored = sum(n for k, n in sizes.items()
                      if k.startswith(pre) and k.rsplit("/", 1)[-1] not in METADATA_KEYS)
+        if leaf is not None and leaf.get("packed") is not None:
+            stored = nbytes  # its raw bytes lie in a pack of the step (checkpoint/packing.py)
         row["stored_bytes"] = stored
         row["compression_ratio"] = round(nbytes / stored, 3) if stored else None
     if extra:
