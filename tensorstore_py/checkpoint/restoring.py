@@ -32,7 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.checkpoint.assembly import Assemble, DeviceBlock, assemble_on_device, check_assemble
+from tensorstore_py.checkpoint.assembly import (
+    Assemble,
+    DeviceBlock,
+    assemble_on_device,
+    check_assemble,
+    put_whole_blocks,
+)
 from tensorstore_py.checkpoint.compression import chunk_codec
 from tensorstore_py.checkpoint.jax_adapter import (
     assemble_all,
@@ -264,6 +270,7 @@ async def _read_packed(
         spans.append((key, lo, hi, False))
     bufs = await read_spans(data, spans)
     stats.requests += 1
+    whole: list[tuple[DeviceBlock, np.ndarray]] = []  # leaves assembled on a device, whole
     for (key, lo, hi, _w), buf, members in zip(spans, bufs, by_pack.values()):
         if len(buf) != hi - lo:
             raise DataCorruptionError(f"checkpoint pack {key!r}: read {len(buf)} bytes, expected {hi - lo}")
@@ -278,7 +285,14 @@ async def _read_packed(
                 progress.advance(len(part))
             if cr.span == (0, cr.leaf.nbytes):
                 check_leaf(packed, cr.leaf.key, part)
+            sinks = [req.sink for req, _ov in cr.consumers if req.sink is not None and req.direct]
+            if sinks and len(sinks) == len(cr.consumers):
+                view = np.frombuffer(part, dtype=_le(cr.leaf.dtype)).reshape(cr.leaf.chunk_shape)
+                whole += [(sink, view) for sink in sinks]
+                continue
             await _deliver(cr, part)
+    if whole:
+        await run_io(put_whole_blocks, whole)  # ONE transfer for the batch's small leaves
 
 
 async def _deliver(cr: _ChunkRead, buf: Any) -> None:
