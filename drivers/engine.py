@@ -89,14 +89,22 @@ async def _value(x: Any) -> Any:
 
 
 class ParsedMetadata(Protocol):
-    """A format's validated metadata document, as the engine needs it."""
+    """A format's validated metadata document, as the engine needs it (it only reads
+    these members: a format may hold them as plain attributes, properties or frozen
+    dataclass fields, its codec of any ChunkCodec type)."""
 
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    fill: np.generic
-    chunk_shape: tuple[int, ...]
-    codec: ChunkCodec
-    dimension_names: tuple[str | None, ...]
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    @property
+    def fill(self) -> np.generic: ...
+    @property
+    def chunk_shape(self) -> tuple[int, ...]: ...
+    @property
+    def codec(self) -> ChunkCodec: ...
+    @property
+    def dimension_names(self) -> tuple[str | None, ...]: ...
 
     def chunk_key(self, cell: tuple[int, ...]) -> str:
         """The kvstore key of the chunk at grid position ``cell`` (the format's key encoding)."""
@@ -175,8 +183,13 @@ class ChunkedArray(ArrayDriver):
 
     # drivers/open.py::DocumentFormat: every stored document is an array's, and
     # none is created into a group's document
-    is_array_document = staticmethod(lambda doc: True)
-    create_into = staticmethod(lambda doc, meta: None)
+    @staticmethod
+    def is_array_document(doc: dict[str, Any]) -> bool:
+        return True
+
+    @staticmethod
+    def create_into(doc: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
+        return None
 
     @classmethod
     def decode_metadata(cls, raw: Any) -> dict[str, Any]:

@@ -97,9 +97,10 @@ class InnerRanges:
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """Run ``fn(*args)`` (GIL-releasing decoding and copies; ~``cost`` bytes of work)."""
+    """Run ``fn(*args)`` (GIL-releasing decoding and copies; ~``cost`` bytes of work);
+    what it returns is the answer sent back to the reader."""
 
-    fn: Callable[..., None]
+    fn: Callable[..., object]
     args: tuple[Any, ...]
     cost: int
 

@@ -190,8 +190,9 @@ class ShardedChunks:
                 for m, r, v in zip(want, ranges, rr.values):
                     entry = _exact(v, r, key, f"shard index entry {m}")
                     st.entries[m] = decode_shard_index_entry(entry, self._spec, key=key)
-            todo = [(m, r) for m in sorted(minishards)
-                    if (r := st.entries[m]) is not None and m not in st.minishards]
+            assert st is not None  # nothing wanted: every minishard (at least one) was cached
+            todo = [(m, e) for m in sorted(minishards)
+                    if (e := st.entries[m]) is not None and m not in st.minishards]
             if todo:
                 raws = await self._fetch(key, st, [(f"minishard {m} index", r) for m, r in todo],
                                          MAX_MINISHARD_INDEX_BYTES)
