@@ -170,7 +170,7 @@ async def write_pack(view: KvStore, pack: Pack, progress: Progress | None) -> No
         return fill_pack(pack, [next(copies) if m.src is not None else None for m in pack.members])
 
     buf = await run_copy(fill)
-    await view.write(pack.key, memoryview(buf))
+    await view.write(pack.key, memoryview(buf.data))
     if progress is not None:
         progress.advance(sum(m.nbytes for m in pack.members))
     pack.members = []

@@ -309,16 +309,16 @@ def snapshot(
     snap.staging = staged.mode
     snap.holds = staged.keep or []
     for (key, region, cshape, dtype, _), src in zip(on_devices, staged.sources):
-        entry = packable.get(key)
+        pack_entry = packable.get(key)
         if isinstance(src, np.ndarray):
-            if entry is not None and packable_host(src, cshape):
-                members.append(Member(entry, src.nbytes, dtype.itemsize, data=src))
+            if pack_entry is not None and packable_host(src, cshape):
+                members.append(Member(pack_entry, src.nbytes, dtype.itemsize, data=src))
                 continue
             _add_host_chunks(snap, key, src, region, cshape, dtype, leaf_codec.get(key))
             continue
-        if entry is not None and not staged.streamed:
+        if pack_entry is not None and not staged.streamed:
             # our device snapshot: copied to the host with the rest of its pack, in one transfer
-            members.append(Member(entry, int(src.nbytes), dtype.itemsize, src=src))
+            members.append(Member(pack_entry, int(src.nbytes), dtype.itemsize, src=src))
             continue
         size = int(math.prod(cshape)) * dtype.itemsize
         grid_subs = chunks_overlapping(region, cshape)
