@@ -138,6 +138,9 @@ def _sorted_keys(d: dict[Any, Any]) -> list[Any]:
 
 
 def _is_leaf_for_jax(tu: Any, x: Any) -> bool:
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(x, jax.Array):  # the common leaf, without a tree walk
+        return True
     try:
         return bool(tu.all_leaves([x]))
     except Exception:
