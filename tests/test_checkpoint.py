@@ -197,9 +197,18 @@ def test_versions_and_zarr3_leaves_are_visible_to_the_array_layer(tmp_path: Path
     np.testing.assert_array_equal(old["x"], x)
     assert tsp.CheckpointManager(f"versioned+file://{tmp_path}/@1").all_steps() == [4]
     # a leaf under SaveOptions.zarr_metadata_min_bytes is described by the manifest alone
-    mgr.save(6, {"x": x[:2]}).result()
+    mgr.save(6, {"x": x[:40]}).result()  # 80,000 bytes
     assert kv.read("000000000006/a/0/zarr.json").result().state == "missing"
     assert kv.read("000000000006/a/0/c/0/0").result().state == "value"
+    # one under packing.PACK_LEAF_BYTES (64 KiB) lies in a pack of the step's small leaves
+    mgr.save(7, {"x": x[:2], "y": x[2:3]}).result()  # 4,000 and 2,000 bytes
+    assert kv.read("000000000007/a/0/c/0/0").result().state == "missing"
+    manifest = json.loads(bytes(kv.read("000000000007/manifest.json").result().value))
+    assert manifest["format"] == "tensorstore_py.checkpoint.manifest/3"
+    packed = [leaf["packed"] for leaf in manifest["leaves"]]
+    assert [(p["key"], p["offset"]) for p in packed] == [("p/0", 0), ("p/0", 4000)]
+    pack = bytes(kv.read("000000000007/p/0").result().value)
+    assert pack == x[:2].tobytes() + x[2:3].tobytes()
 
 
 def test_numpy_only_without_jax(tmp_path: Path) -> None:

@@ -95,12 +95,16 @@ def test_compressed_jax_leaves_through_every_staging(tmp_path: Path, staging: st
 
 
 def test_a_compressed_step_is_manifest_format_2_and_a_raw_one_stays_1(tmp_path: Path) -> None:
-    for c, fmt in ((None, 1), ("zstd", 2)):
-        root = f"file://{tmp_path}/{c}/"
-        tsp.checkpoint.save(root, {"a": np.arange(1000.0)}, options=SaveOptions(compression=c)).result()
+    # 1000 float64: small enough to be packed (format 3) unless packing is off;
+    # 10000: one chunk of its own
+    for c, n, pack, fmt in ((None, 10000, True, 1), ("zstd", 10000, True, 2), ("zstd", 1000, True, 2),
+                            (None, 1000, True, 3), (None, 1000, False, 1)):
+        root = f"file://{tmp_path}/{c}-{n}-{pack}/"
+        options = SaveOptions(compression=c, pack_small_leaves=pack)
+        tsp.checkpoint.save(root, {"a": np.arange(float(n))}, options=options).result()
         from tensorstore_py.checkpoint.storage import StepStore
         from tensorstore_py.core.future import run_sync
 
         _step, manifest, _view = run_sync(StepStore(tsp.KvStore.open(root).result()).open_step(0))
         assert manifest["format"] == f"tensorstore_py.checkpoint.manifest/{fmt}"
-        assert tsp.checkpoint.restore(root)["a"].tobytes() == np.arange(1000.0).tobytes()
+        assert tsp.checkpoint.restore(root)["a"].tobytes() == np.arange(float(n)).tobytes()

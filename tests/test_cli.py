@@ -295,17 +295,20 @@ def test_no_colour_or_progress_when_piped(monkeypatch: pytest.MonkeyPatch, capsy
 def test_verify_checks_chunks_against_the_manifest(ckpt: str) -> None:
     kv = tsp.KvStore.open("versioned+" + ckpt).result(T)
     manifest = json.loads(bytes(kv.read("000000000001/manifest.json").result(T).value))
-    w = next(leaf for leaf in manifest["leaves"] if leaf["path"] == "['params']['w']")
+    big = next(leaf for leaf in manifest["leaves"] if leaf["path"] == "['big']")
     b = next(leaf for leaf in manifest["leaves"] if leaf["path"] == "['params']['b']")
-    kv.write(f"000000000001/{w['key']}/c/0/0", b"\0" * 10).result(T)  # a committed, wrong-size chunk
-    kv.delete(f"000000000002/{b['key']}/c/0").result(T)
+    assert b["packed"]["key"] == "p/0"  # small leaves lie in a pack of the step
+    kv.write(f"000000000001/{big['key']}/c/0/0", b"\0" * 10).result(T)  # a committed, wrong-size chunk
+    kv.delete(f"000000000002/{big['key']}/c/0/0").result(T)
+    kv.write("000000000002/p/0", b"\0" * 10).result(T)  # a committed, short pack of small leaves
     report = run(checks.verify(ckpt))
     assert not report.ok
     found = {(p.kind, p.key) for p in report.problems}
-    assert found == {("shape", f"000000000001/{w['key']}/c/0/0"),
-                     ("missing", f"000000000002/{b['key']}/c/0")}
+    assert found == {("shape", f"000000000001/{big['key']}/c/0/0"),
+                     ("missing", f"000000000002/{big['key']}/c/0/0"),
+                     ("missing", "000000000002/p/0")}
     shape = next(p for p in report.problems if p.kind == "shape")
-    assert shape.expected == 64 * 32 * 4 and shape.found == 10
+    assert shape.expected == 512 * 512 * 4 and shape.found == 10
     only = run(checks.verify(ckpt, step=3))
     assert only.ok and only.steps == [3]
 

@@ -4,6 +4,7 @@ read back by zarr-python and TensorStore; bytes copied as stored; resumable."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 import tensorstore_py as tsp
 from tensorstore_py.cli import main
 from tensorstore_py.commands.export import array_path
+from tensorstore_py.drivers.dtypes import dtype_from_v3
 from tensorstore_py.kvstore.file import META_DIR
 
 zarr = pytest.importorskip("zarr")
@@ -84,6 +86,13 @@ def test_export_copies_the_stored_bytes(root: str, tmp_path: Path) -> None:
         if "key" not in leaf:
             continue
         prefix = f"000000000002/{leaf['key']}/"
+        if "packed" in leaf:  # a small leaf packed with others: its one chunk, from its pack
+            pack = bytes(snap.read("000000000002/" + leaf["packed"]["key"]).result().value)
+            at = leaf["packed"]["offset"]
+            nbytes = math.prod(leaf["shape"]) * dtype_from_v3(leaf["dtype"]).itemsize
+            chunk = files[array_path(leaf["path"]) + "/c" + "/0" * len(leaf["shape"])]
+            assert chunk == pack[at:at + nbytes]
+            compared += 1
         for key in snap.list(prefix).result():
             assert files[array_path(leaf["path"]) + "/" + key[len(prefix):]] == bytes(snap.read(key).result().value)
             compared += 1

@@ -84,7 +84,7 @@ class Root:
         bar = reporter(progress, f"checkpoint save of step {step}")
         if bar is not None:
             docs = sum(len(json.dumps(doc).encode()) for doc in snap.zarr_json.values())
-            bar.set_total(sum(c.nbytes for c in snap.chunks) + docs)
+            bar.set_total(snap.chunk_bytes() + docs)
         fut = spawn(
             run_save(
                 self.store, step, snap, coordinator=coord, namespace=namespace,

@@ -27,7 +27,7 @@ import numpy as np
 from tensorstore_py.checkpoint.jax_adapter import jax_module
 from tensorstore_py.checkpoint.staging import check_choice
 
-__all__ = ["ASSEMBLIES", "Assemble", "DeviceBlock", "assemble_on_device", "check_assemble"]
+__all__ = ["ASSEMBLIES", "Assemble", "DeviceBlock", "assemble_on_device", "check_assemble", "put_whole_blocks"]
 
 Assemble = Literal["auto", "host", "device"]
 ASSEMBLIES: tuple[str, ...] = ("auto", "host", "device")
@@ -93,10 +93,7 @@ class DeviceBlock:
         """Place the host array ``piece`` at ``dst`` of the block (None: it is the
         whole block)."""
         jax = jax_module()
-        if piece.dtype != self.dtype or not piece.dtype.isnative:
-            piece = piece.astype(self.dtype)  # numpy's casting, as the host path
-        if not piece.flags.c_contiguous:
-            piece = np.ascontiguousarray(piece)  # a region across chunk rows: one piece's copy
+        piece = self._piece(piece)  # the target's dtype; a region across chunk rows: one copy
         placed = jax.device_put(piece, self.device)
         if dst is None:
             placed.block_until_ready()  # the transfer is done: the host buffer is free
@@ -109,6 +106,13 @@ class DeviceBlock:
             self._block = _update()(self._block, placed, starts)
             self._block.block_until_ready()
 
+    def _piece(self, piece: np.ndarray) -> np.ndarray:
+        if piece.dtype != self.dtype or not piece.dtype.isnative:
+            piece = piece.astype(self.dtype)  # numpy's casting, as the host path
+        if not piece.flags.c_contiguous:
+            piece = np.ascontiguousarray(piece)
+        return piece
+
     def result(self) -> Any:
         """The assembled block (a single-device ``jax.Array``)."""
         if self._block is None:  # no piece: an empty block
@@ -118,3 +122,17 @@ class DeviceBlock:
     def to(self, device: Any) -> Any:
         """The block on another local device (replicated regions are read once)."""
         return jax_module().device_put(self.result(), device)
+
+
+def put_whole_blocks(items: list[tuple[DeviceBlock, np.ndarray]]) -> None:
+    """Each host array is its block's whole content: all of them go to their
+    devices in ONE batched ``device_put`` (many small leaves: one transfer, not
+    one per leaf), waited for. Blocking: runs on an I/O thread; when it returns
+    the host arrays are no longer referenced."""
+    if not items:
+        return
+    jax = jax_module()
+    placed = jax.device_put([b._piece(p) for b, p in items], [b.device for b, _ in items])
+    jax.block_until_ready(placed)
+    for (b, _), x in zip(items, placed):
+        b._block = x

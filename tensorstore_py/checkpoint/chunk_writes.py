@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.checkpoint.dedup import Incremental
+from tensorstore_py.checkpoint.packing import Pack, write_pack
 from tensorstore_py.core.budget import MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.core.pools import run_copy, run_cpu
 from tensorstore_py.kvstore.base import KvStore
@@ -45,6 +46,8 @@ class Chunk:
     cuts: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] | None = None
     #: small host chunks written by one task, one after the other (``key`` unused)
     batch: list[Chunk] | None = None
+    #: small leaves packed into one value (packing.py; ``key`` unused)
+    pack: Pack | None = None
     #: the leaf's compressor (None: raw chunks)
     codec: Any = None
     #: a metadata document (zarr.json), not a chunk: never hashed or linked
@@ -74,7 +77,7 @@ async def write_chunks(
             await incremental.put(view, key, data, lambda: _encoded(data, codec))
 
     async def one(c: Chunk) -> None:
-        if incremental is not None and not c.meta and c.batch is None:
+        if incremental is not None and not c.meta and c.batch is None and c.pack is None:
             # a leaf that is the very array this process saved last time: linked
             # without copying it off the device or hashing it (dedup.py)
             keys = [k for k, _ in c.cuts] if c.cuts is not None else [c.key]
@@ -96,6 +99,9 @@ async def write_chunks(
                 chunk_staged()
         if c.cuts is not None:
             await _write_cuts(put, c, progress)
+            return
+        if c.pack is not None:  # small leaves packed together: written, never linked
+            await write_pack(view, c.pack, progress)
             return
         if c.batch is not None:
             batch, c.batch = c.batch, None

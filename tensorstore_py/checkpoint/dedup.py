@@ -256,7 +256,13 @@ class Incremental:
 
     async def put(self, view: KvStore, key: str, data: np.ndarray, encoded: Any) -> None:
         """Store chunk ``key`` (relative to the step's folder, ``view``): linked when
-        its digest equals the previous step's, else ``await encoded()`` written."""
+        its digest equals the previous step's, else ``await encoded()`` written.
+        Only leaves' chunks (``a/<i>/c/...``) get digests; other values (packs of
+        small leaves, packing.py) are written as they are."""
+        if "/c/" not in key:  # not a leaf's chunk (a pack of small leaves): written as it is
+            await view.write(key, await encoded())
+            self.bytes_written += data.nbytes
+            return
         src = self.previous.sources.get(key) if self.previous is not None else None
         if src is None:  # nothing to link to: hash while the chunk is written
             async def write() -> None:

@@ -54,8 +54,25 @@ def is_sharded_target(x: Any) -> bool:
     return jax is not None and isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
 
 
+_SHARDING_JSON: dict[Any, dict[str, Any] | None] = {}  # thousands of leaves share a few shardings
+
+
 def _sharding_json(arr: Any) -> dict[str, Any] | None:
     s = arr.sharding
+    try:
+        return _SHARDING_JSON[s]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
+    out = _describe_sharding(s)
+    try:
+        if len(_SHARDING_JSON) < 1024:
+            _SHARDING_JSON[s] = out
+    except TypeError:
+        pass
+    return out
+
+
+def _describe_sharding(s: Any) -> dict[str, Any] | None:
     spec = getattr(s, "spec", None)
     mesh = getattr(s, "mesh", None)
     if spec is None or mesh is None:
@@ -67,10 +84,11 @@ def _sharding_json(arr: Any) -> dict[str, Any] | None:
 
 
 def shards_to_save(
-    arr: Any,
+    arr: Any, *, replicas: bool = False,
 ) -> tuple[tuple[int, ...], np.dtype, tuple[int, ...], list[tuple[Region, Any]], dict[str, Any] | None]:
     """``(shape, dtype, shard_shape, [(region, single-device array)], sharding json)``
-    of the shards this process must write (addressable, ``replica_id == 0``)."""
+    of the shards this process must write (addressable, ``replica_id == 0``;
+    ``replicas=True``: every addressable region once, whichever replica it is)."""
     shape = tuple(arr.shape)
     parts: list[tuple[Region, Any]] = []
     if len(arr.sharding.device_set) == 1 and arr.is_fully_addressable:
@@ -79,9 +97,13 @@ def shards_to_save(
         parts.append((tuple((0, n) for n in shape), arr))
     else:
         shard_shape = tuple(arr.sharding.shard_shape(shape))
+        seen: set[Region] = set()
         for s in arr.addressable_shards:
-            if s.replica_id == 0:
-                parts.append((region_of_index(s.index, shape), s.data))
+            if s.replica_id == 0 or replicas:
+                region = region_of_index(s.index, shape)
+                if region not in seen:
+                    seen.add(region)
+                    parts.append((region, s.data))
     try:
         sj = _sharding_json(arr)
     except Exception:
@@ -145,7 +167,10 @@ def assemble_all(items: list[tuple[Any, Any, list[tuple[Any, np.ndarray]]]]) -> 
             blocks.append(b)
             dests.append(sharding if one else jax.sharding.SingleDeviceSharding(
                 d, memory_kind=getattr(sharding, "memory_kind", None)))
-    placed = iter(jax.device_put(blocks, dests))
+    if dests and all(d is dests[0] for d in dests):
+        placed = iter(jax.device_put(blocks, dests[0]))  # thousands of small leaves, one sharding
+    else:
+        placed = iter(jax.device_put(blocks, dests))
     return [
         next(placed) if one else global_array(target, sharding, [next(placed) for _ in per_dev])
         for (target, sharding, per_dev), one in zip(items, whole)

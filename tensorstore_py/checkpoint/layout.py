@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.errors import DataCorruptionError
 from tensorstore_py.core.pools import available_cpus, cpu_pool
 from tensorstore_py.drivers.dtypes import dtype_from_v3, dtype_to_v3, fill_to_json
 
@@ -49,6 +50,9 @@ class LeafLayout:
     key: str
     #: zarr v3 bytes->bytes codecs after ``bytes`` (compression.py); empty: raw chunks
     codecs: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
+    #: a leaf packed with others (packing.py): ``(pack key, offset, crc32c)``; its
+    #: one chunk is the leaf's bytes at that offset of that value of the step
+    packed: tuple[str, int, int | None] | None = field(default=None, compare=False, hash=False)
 
     @property
     def nbytes(self) -> int:
@@ -61,17 +65,56 @@ class LeafLayout:
             "chunk_shape": list(self.chunk_shape),
             "key": self.key,
             **({"codecs": list(self.codecs)} if self.codecs else {}),
+            **({"packed": _packed_json(self.packed)} if self.packed else {}),
         }
 
     @staticmethod
     def from_json(j: dict[str, Any]) -> LeafLayout:
+        shape = tuple(map(int, j["shape"]))
+        cshape = tuple(map(int, j["chunk_shape"]))
+        packed = j.get("packed")
         return LeafLayout(
-            dtype=dtype_from_v3(j["dtype"]),
-            shape=tuple(int(n) for n in j["shape"]),
-            chunk_shape=tuple(int(n) for n in j["chunk_shape"]),
+            dtype=_dtype(j["dtype"]),
+            shape=shape,
+            chunk_shape=cshape,
             key=str(j["key"]),
             codecs=tuple(j.get("codecs") or ()),
+            packed=None if packed is None else _packed_from_json(j, packed, shape, cshape),
         )
+
+
+def _packed_json(packed: tuple[str, int, int | None]) -> dict[str, Any]:
+    key, offset, crc = packed
+    return {"key": key, "offset": offset, **({"crc32c": crc} if crc is not None else {})}
+
+
+def _packed_from_json(
+    j: dict[str, Any], packed: Any, shape: tuple[int, ...], cshape: tuple[int, ...]
+) -> tuple[str, int, int | None]:
+    try:
+        key, offset, crc = str(packed["key"]), int(packed["offset"]), packed.get("crc32c")
+        ok = offset >= 0 and cshape == shape and not j.get("codecs") and (crc is None or isinstance(crc, int))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise DataCorruptionError(
+            f"checkpoint leaf {j.get('path')!r}: malformed 'packed' entry {packed!r} (expected "
+            "{'key': 'p/<n>', 'offset': int >= 0, 'crc32c': int} on a leaf stored as one raw chunk)"
+        )
+    return key, offset, crc
+
+
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _dtype(name: Any) -> np.dtype:
+    """``dtype_from_v3``, memoised for the names (thousands of leaves share a few)."""
+    if not isinstance(name, str):
+        return dtype_from_v3(name)
+    dt = _DTYPES.get(name)
+    if dt is None:
+        dt = _DTYPES[name] = dtype_from_v3(name)
+    return dt
 
 
 def chunk_shape_for(

@@ -4,23 +4,29 @@ A step's manifest lists every leaf; an *array* leaf has a ``key`` (its folder in
 the step) and its layout. Leaves of at least ``SaveOptions.zarr_metadata_min_bytes``
 carry a ``zarr.json`` and open as any zarr v3 array; smaller ones are described
 by the manifest alone, and their zarr v3 metadata is rebuilt from it (raw
-little-endian chunks, default key encoding: layout.py).
+little-endian chunks, default key encoding: layout.py). A leaf packed with others
+(``"packed"``: packing.py) is read from its pack when opened (it is small: less
+than ``packing.PACK_LEAF_BYTES``), checked against its crc32c, and served from
+memory as a read-only zarr v3 array of one chunk.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
-from tensorstore_py.checkpoint.layout import zarr3_metadata
+from tensorstore_py.checkpoint.layout import LeafLayout, zarr3_metadata
+from tensorstore_py.checkpoint.packing import check_leaf
 from tensorstore_py.core.errors import DataCorruptionError
 from tensorstore_py.drivers.dtypes import dtype_from_v3
 from tensorstore_py.drivers.zarr3 import Zarr3Array
-from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.kvstore.base import ByteRange, Generation, KvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.opening import open as ts_open
 from tensorstore_py.tensorstore import TensorStore
 
-__all__ = ["array_leaves", "open_leaf"]
+__all__ = ["array_leaves", "open_leaf", "packed_chunk", "read_packed"]
 
 
 def array_leaves(manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -48,4 +54,40 @@ async def open_leaf(kv: KvStore, leaf: Mapping[str, Any]) -> TensorStore:
         raise DataCorruptionError(
             f"checkpoint leaf {leaf.get('path')!r}: malformed manifest entry: {e}"
         ) from None
+    if leaf.get("packed") is not None:
+        return await _open_packed(kv, leaf, meta)
     return TensorStore(Zarr3Array.from_metadata(meta, kv, Generation.NO_VALUE))
+
+
+def packed_chunk(leaf: Mapping[str, Any]) -> str:
+    """The zarr v3 key, in its leaf folder, of a packed leaf's one chunk (``c/0/0``)."""
+    return "c" + "/0" * len(leaf["shape"])
+
+
+async def read_packed(step: KvStore, leaf: Mapping[str, Any]) -> bytes:
+    """The stored bytes of the packed leaf ``leaf`` (its one chunk), read from its
+    pack in ``step`` (a view of the step's keys) and checked against its crc32c.
+    Raises :class:`DataCorruptionError` naming the leaf and the pack."""
+    layout = LeafLayout.from_json(dict(leaf))  # DataCorruptionError for a malformed "packed"
+    if layout.packed is None:
+        raise DataCorruptionError(f"checkpoint leaf {leaf.get('path')!r} is not packed")
+    pack, offset, _crc = layout.packed
+    res = await step.read(pack, byte_range=ByteRange(offset, offset + layout.nbytes))
+    if res.state != "value" or len(res.value) != layout.nbytes:
+        raise DataCorruptionError(
+            f"checkpoint leaf {leaf.get('path')!r}: its pack {step.path + pack!r} at {step!r} is "
+            f"missing or short (expected {layout.nbytes} bytes at offset {offset})"
+        )
+    check_leaf(layout.packed, layout.key, res.value)
+    return bytes(res.value)
+
+
+async def _open_packed(kv: KvStore, leaf: Mapping[str, Any], meta: dict[str, Any]) -> TensorStore:
+    """The packed leaf whose folder view is ``kv``, read from its pack (a key of
+    the step, above the leaf's folder) into a read-only one-chunk array."""
+    step = copy.copy(kv)
+    step.path = kv.path.removesuffix(str(leaf["key"]).strip("/") + "/")
+    mem = MemoryKvStore()
+    await mem.write(packed_chunk(leaf), await read_packed(step, leaf))
+    mem.read_only = True
+    return TensorStore(Zarr3Array.from_metadata(meta, mem, Generation.NO_VALUE))

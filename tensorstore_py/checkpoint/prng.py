@@ -29,6 +29,8 @@ def is_prng_key(x: Any) -> bool:
     dtype = getattr(x, "dtype", None)
     if jax is None or dtype is None:
         return False
+    if isinstance(dtype, np.dtype):  # every plain array: a numpy dtype is never a key type
+        return False
     try:
         return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
     except TypeError:

@@ -32,7 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.checkpoint.assembly import Assemble, DeviceBlock, assemble_on_device, check_assemble
+from tensorstore_py.checkpoint.assembly import (
+    Assemble,
+    DeviceBlock,
+    assemble_on_device,
+    check_assemble,
+    put_whole_blocks,
+)
 from tensorstore_py.checkpoint.compression import chunk_codec
 from tensorstore_py.checkpoint.jax_adapter import (
     assemble_all,
@@ -49,6 +55,7 @@ from tensorstore_py.checkpoint.layout import (
     region_shape,
     span_in_chunk,
 )
+from tensorstore_py.checkpoint.packing import check_leaf
 from tensorstore_py.checkpoint.prng import from_key_data, is_prng_key
 from tensorstore_py.checkpoint.pytree import flatten_target, unflatten
 from tensorstore_py.checkpoint.storage import StepStore, read_spans
@@ -141,7 +148,10 @@ async def read_regions(
         if math.prod(shape) == 0:
             r.out = np.empty(shape, dtype=_le(leaf.dtype))
             continue
-        overlaps = chunks_overlapping(r.region, leaf.chunk_shape) if leaf.shape else [((), ())]
+        if leaf.chunk_shape == leaf.shape and all(lo == 0 and hi == n for (lo, hi), n in zip(r.region, shape)):
+            overlaps = [((0,) * len(shape), r.region)]  # the whole leaf, one chunk (every small leaf)
+        else:
+            overlaps = chunks_overlapping(r.region, leaf.chunk_shape) if leaf.shape else [((), ())]
         for grid, ov in overlaps:
             cr = chunk_reads.get((leaf.key, grid))
             if cr is None:
@@ -163,6 +173,9 @@ async def read_regions(
             continue
         if not cs:
             cr.span = (0, cr.leaf.dtype.itemsize)
+            continue
+        if len(cr.consumers) == 1 and cr.consumers[0][0].direct:
+            cr.span = (0, math.prod(cs) * cr.leaf.dtype.itemsize)  # the whole chunk
             continue
         union = tuple(
             (min(ov[d][0] for _, ov in cr.consumers), max(ov[d][1] for _, ov in cr.consumers))
@@ -195,6 +208,12 @@ async def read_regions(
                         f"checkpoint chunk {key!r}: decodes to {len(buf)} bytes, expected {cr.span[1]}"
                     )
                 await _deliver(cr, buf)
+            if not crs:
+                return
+        packed = [cr for cr in crs if cr.leaf.packed is not None]
+        if packed:
+            crs = [cr for cr in crs if cr.leaf.packed is None]
+            await _read_packed(data, packed, stats, progress)
             if not crs:
                 return
         spans = []
@@ -232,6 +251,48 @@ async def read_regions(
         progress.add_total(sum(size(b) for b in batches))
     await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight), cost=size)
     return [r.out for r in reqs]
+
+
+async def _read_packed(
+    data: KvStore, crs: list[_ChunkRead], stats: ReadStats, progress: Progress | None
+) -> None:
+    """Read the chunks of packed leaves (packing.py): per pack ONE read of the
+    bytes that these leaves need, each leaf's part a view of it; a leaf read
+    whole is checked against its crc32c."""
+    by_pack: dict[str, list[_ChunkRead]] = {}
+    for cr in crs:
+        assert cr.leaf.packed is not None
+        by_pack.setdefault(cr.leaf.packed[0], []).append(cr)
+    spans = []
+    for key, members in by_pack.items():
+        lo = min(cr.leaf.packed[1] + cr.span[0] for cr in members)  # type: ignore[index]
+        hi = max(cr.leaf.packed[1] + cr.span[1] for cr in members)  # type: ignore[index]
+        spans.append((key, lo, hi, False))
+    bufs = await read_spans(data, spans)
+    stats.requests += 1
+    whole: list[tuple[DeviceBlock, np.ndarray]] = []  # leaves assembled on a device, whole
+    for (key, lo, hi, _w), buf, members in zip(spans, bufs, by_pack.values()):
+        if len(buf) != hi - lo:
+            raise DataCorruptionError(f"checkpoint pack {key!r}: read {len(buf)} bytes, expected {hi - lo}")
+        mv = memoryview(buf).cast("B")
+        for cr in members:
+            packed = cr.leaf.packed
+            assert packed is not None
+            part = mv[packed[1] + cr.span[0] - lo: packed[1] + cr.span[1] - lo]
+            # the bytes of the leaves (padding between them is read like a coalescing gap)
+            stats.bytes_read += len(part)
+            if progress is not None:
+                progress.advance(len(part))
+            if cr.span == (0, cr.leaf.nbytes):
+                check_leaf(packed, cr.leaf.key, part)
+            sinks = [req.sink for req, _ov in cr.consumers if req.sink is not None and req.direct]
+            if sinks and len(sinks) == len(cr.consumers):
+                view = np.frombuffer(part, dtype=_le(cr.leaf.dtype)).reshape(cr.leaf.chunk_shape)
+                whole += [(sink, view) for sink in sinks]
+                continue
+            await _deliver(cr, part)
+    if whole:
+        await run_io(put_whole_blocks, whole)  # ONE transfer for the batch's small leaves
 
 
 async def _deliver(cr: _ChunkRead, buf: Any) -> None:
@@ -301,13 +362,13 @@ def restore_step(
                 leaf = LeafLayout.from_json(e)
                 slots.append(len(requests))
                 requests.append((leaf, tuple((0, n) for n in leaf.shape)))
-        arrays = iter(read(requests))
-        values = []
+        stored = iter(read(requests))
+        values: list[Any] = []
         for e in entries:
             if e["kind"] == "python":
                 values.append(_python_value(e["value"]))
             else:
-                a = _native(next(arrays))  # type: ignore[arg-type]
+                a = _native(next(stored))  # type: ignore[arg-type]
                 if "prng" in e:
                     a = from_key_data(a, e["prng"], None, f"checkpoint step {step}: leaf {e['path']}")
                 values.append(a[()] if e["kind"] == "numpy_scalar" else a)
@@ -367,7 +428,7 @@ def restore_step(
             requests.append((leaf, tuple((0, n) for n in leaf.shape)))
             sinks.append(None)
     arrays = read(requests)
-    values: list[Any] = []
+    values = []
     to_place: list[tuple[int, Any, Any, list[tuple[Any, np.ndarray]]]] = []
     assembled: list[tuple[int, Any, Any, list[Any]]] = []
     for kind, p in plans:

@@ -46,6 +46,7 @@ from tensorstore_py.checkpoint.chunk_writes import write_chunks
 from tensorstore_py.checkpoint.compression import Compression, check_compression, chunk_codec, codecs_json
 from tensorstore_py.checkpoint.coordination import Coordinator, SingleProcess
 from tensorstore_py.checkpoint.dedup import Incremental, digests_key, load_previous
+from tensorstore_py.checkpoint.entries import check_storable, scalar_json
 from tensorstore_py.checkpoint.jax_adapter import distributed_coordinator, is_jax_array, shards_to_save
 from tensorstore_py.checkpoint.layout import (
     DEFAULT_TARGET_CHUNK_BYTES,
@@ -56,6 +57,7 @@ from tensorstore_py.checkpoint.layout import (
     host_copy,
     zarr3_metadata,
 )
+from tensorstore_py.checkpoint.packing import Member, Pack, is_packable, packable_host, plan_packs
 from tensorstore_py.checkpoint.prng import is_prng_key, key_data
 from tensorstore_py.checkpoint.pytree import flatten
 from tensorstore_py.checkpoint.staging import (
@@ -69,8 +71,7 @@ from tensorstore_py.checkpoint.staging import (
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
 from tensorstore_py.core.pools import run_io
-from tensorstore_py.drivers.dtypes import dtype_to_v3, is_variable_length
-from tensorstore_py.kvstore.base import Generation
+from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.progress import Progress
 
@@ -80,6 +81,9 @@ MANIFEST_FORMAT = "tensorstore_py.checkpoint.manifest/1"
 #: the format of a manifest with compressed leaves (entries with ``codecs``);
 #: steps without compression keep format 1, which every reader reads
 MANIFEST_FORMAT_CODECS = "tensorstore_py.checkpoint.manifest/2"
+#: the format of a manifest with packed leaves (entries with ``packed``: packing.py)
+MANIFEST_FORMAT_PACKED = "tensorstore_py.checkpoint.manifest/3"
+
 
 @dataclass(frozen=True, slots=True)
 class SaveOptions:
@@ -120,6 +124,12 @@ class SaveOptions:
     #: bit shuffle + zstd, for floats); encoded in the background, described in
     #: each leaf's zarr v3 metadata. See compression.py for the choice of default
     compression: Compression = None
+    #: pack small leaves (raw, one chunk, under 64 KiB, written by process 0)
+    #: into shared values of about 4 MiB: one write and one read per pack
+    #: instead of one per leaf (packing.py). Such a step's manifest is format 3,
+    #: which versions of this library before packing can not read; False keeps
+    #: one chunk key per leaf (formats 1 and 2)
+    pack_small_leaves: bool = True
     #: incremental saves: a chunk whose bytes equal the previous step's chunk at the
     #: same place of the same leaf (equal xxh3_128 digests) is linked to that
     #: step's stored value instead of written again. Hashing costs a few percent
@@ -158,10 +168,21 @@ class Snapshot:
     #: leaf key -> (path, jax.Array) of the jax leaves: an incremental save links
     #: the chunks of an array it saved last time without reading them (dedup.py)
     arrays: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    #: small leaves packed together (packing.py): one value each, written with the chunks
+    packs: list[Pack] = field(default_factory=list)
 
     def manifest(self) -> dict[str, Any]:
-        fmt = MANIFEST_FORMAT_CODECS if any("codecs" in e for e in self.leaves) else MANIFEST_FORMAT
+        """The step manifest; complete once the packs are written (their leaves'
+        crc32c are recorded as they are filled)."""
+        fmt = (
+            MANIFEST_FORMAT_PACKED if self.packs
+            else MANIFEST_FORMAT_CODECS if any("codecs" in e for e in self.leaves) else MANIFEST_FORMAT
+        )
         return {"format": fmt, "tree": self.structure, "leaves": self.leaves}
+
+    def chunk_bytes(self) -> int:
+        """Bytes of array data this process writes (chunks and packed leaves)."""
+        return sum(c.nbytes for c in self.chunks) + sum(m.nbytes for p in self.packs for m in p.members)
 
     def chunk_staged(self) -> None:
         """One chunk that read the caller's array is off the device."""
@@ -174,51 +195,13 @@ class Snapshot:
         and release a caller still waiting for the staging."""
         self.chunks = []
         self.holds = []
+        self.packs = []
         self.arrays = {}
         self.staged.set()
 
 
-def _scalar_json(x: Any) -> dict[str, Any]:
-    if isinstance(x, bool):
-        return {"py": "bool", "v": x}
-    if isinstance(x, int):
-        return {"py": "int", "v": str(x)}  # str: JSON readers lose big ints
-    if isinstance(x, float):
-        return {"py": "float", "v": repr(x)}
-    if isinstance(x, complex):
-        return {"py": "complex", "v": [repr(x.real), repr(x.imag)]}
-    if isinstance(x, str):
-        return {"py": "str", "v": x}
-    return {"py": "bytes", "v": bytes(x).hex()}
-
-
-_STORABLE: dict[np.dtype, str] = {}  # dtype -> its zarr v3 name, for the dtypes checked once
-
-
-def _check_storable(path: str, dtype: Any) -> str:
-    """The zarr v3 name of ``dtype``; InvalidArgumentError unless leaves of
-    ``dtype`` can be stored as raw chunks."""
-    dtype = np.dtype(dtype)
-    name = _STORABLE.get(dtype)
-    if name is not None:
-        return name
-    try:
-        name = dtype_to_v3(dtype)
-        ok = not is_variable_length(dtype)  # raw bytes: no strings or objects (pointers)
-    except Exception:
-        ok = False
-    if ok and name is not None:
-        _STORABLE[dtype] = name
-        return name
-    raise InvalidArgumentError(
-        f"checkpoint leaf {path}: dtype {dtype} can not be stored (expected bool, "
-        "integer, float, complex, bfloat16, float8, datetime64/timedelta64 or fixed-size "
-        "U/S/V)"
-    )
-
-
 def snapshot(
-    tree: Any, *, process_index: int, process_count: int = 1, options: SaveOptions
+    tree: Any, *, process_index: int, process_count: int = 1, options: SaveOptions, replicas: bool = False
 ) -> Snapshot:
     """Phase 1: flatten, lay out and stage what this process writes.
 
@@ -227,6 +210,9 @@ def snapshot(
     (the state exceeds ``max_staging_bytes``), where the chunks are copied off
     the device by the writes (:func:`run_save`) and the caller waits for
     ``staged`` before it may change its arrays.
+
+    ``replicas=True`` (a local tier's part): every addressable region of a
+    ``jax.Array`` is staged, not only those with ``replica_id == 0``.
 
     In a multi-process job a ``jax.Array`` that lives on this process alone
     (fully addressable, e.g. a step counter made with ``jnp.int32``) is taken
@@ -237,26 +223,31 @@ def snapshot(
     # (leaf key, region, chunk shape, dtype, single-device array): staged together below
     on_devices: list[tuple[str, Region, tuple[int, ...], np.dtype, Any]] = []
     leaf_codec: dict[str, Any] = {}  # leaf key -> its compressor (compressed leaves only)
+    # leaf key -> its manifest entry, for the leaves packed with others (packing.py)
+    packable: dict[str, dict[str, Any]] = {}
+    members: list[Member] = []
+    chunk_shapes: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}
     for i, (path, leaf) in enumerate(pairs):
         entry: dict[str, Any] = {"path": path}
         if isinstance(leaf, (bool, int, float, complex, str, bytes)) and not isinstance(leaf, np.generic):
             entry["kind"] = "python"
-            entry["value"] = _scalar_json(leaf)
+            entry["value"] = scalar_json(leaf)
             snap.leaves.append(entry)
             continue
         if is_prng_key(leaf):  # stored as its key data (prng.py)
             entry["prng"], leaf = key_data(leaf)
-        process_local = is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
+        on_jax = is_jax_array(leaf)
+        process_local = on_jax and process_count > 1 and leaf.is_fully_addressable
         parts: list[tuple[Region, Any]]
-        if is_jax_array(leaf) and not process_local:
-            shape, dtype, shard_shape, parts, sharding = shards_to_save(leaf)
-            v3 = _check_storable(path, dtype)
+        if on_jax and not process_local:
+            shape, dtype, shard_shape, parts, sharding = shards_to_save(leaf, replicas=replicas)
+            v3 = check_storable(path, dtype)
             entry["kind"] = "jax"
             if sharding is not None:
                 entry["sharding"] = sharding
         elif isinstance(leaf, (np.ndarray, np.generic)) or process_local:
             arr = np.asarray(leaf)
-            v3 = _check_storable(path, arr.dtype)  # before copying it
+            v3 = check_storable(path, arr.dtype)  # before copying it
             shape, dtype, shard_shape = arr.shape, arr.dtype, arr.shape
             entry["kind"] = (
                 "jax" if process_local else "numpy" if isinstance(leaf, np.ndarray) else "numpy_scalar"
@@ -272,9 +263,12 @@ def snapshot(
                 "expected jax.Array, numpy array/scalar or python scalar"
             )
         dtype = np.dtype(dtype)
-        if is_jax_array(leaf):
+        if on_jax:
             snap.arrays[f"a/{i}"] = (path, leaf)
-        cshape = chunk_shape_for(tuple(shard_shape), dtype.itemsize, target_bytes=options.target_chunk_bytes)
+        cshape = chunk_shapes.get((shard_shape := tuple(shard_shape), dtype.itemsize))
+        if cshape is None:  # thousands of leaves share a few shapes
+            cshape = chunk_shapes[(shard_shape, dtype.itemsize)] = chunk_shape_for(
+                shard_shape, dtype.itemsize, target_bytes=options.target_chunk_bytes)
         key = f"a/{i}"
         entry.update(dtype=v3, shape=list(shape), chunk_shape=list(cshape), key=key)
         codecs = codecs_json(options.compression, dtype)
@@ -286,8 +280,17 @@ def snapshot(
         snap.nbytes += nbytes
         if process_index == 0 and nbytes >= options.zarr_metadata_min_bytes:
             snap.zarr_json[f"{key}/zarr.json"] = zarr3_metadata(dtype, tuple(shape), cshape, codecs)
+        elif (
+            len(parts) == 1 and cshape == tuple(shape) and parts[0][0] == tuple((0, n) for n in shape)
+            and options.pack_small_leaves
+            and is_packable(nbytes, compressed=bool(codecs), process_index=process_index)
+        ):
+            packable[key] = entry  # one whole chunk, written by this process alone
         for region, part in parts:
             if isinstance(part, np.ndarray):
+                if key in packable and packable_host(part, cshape):
+                    members.append(Member(entry, nbytes, dtype.itemsize, data=part))
+                    continue
                 _add_host_chunks(snap, key, part, region, cshape, dtype, leaf_codec.get(key))
             else:
                 on_devices.append((key, region, cshape, dtype, part))
@@ -298,8 +301,16 @@ def snapshot(
     snap.staging = staged.mode
     snap.holds = staged.keep or []
     for (key, region, cshape, dtype, _), src in zip(on_devices, staged.sources):
+        pack_entry = packable.get(key)
         if isinstance(src, np.ndarray):
+            if pack_entry is not None and packable_host(src, cshape):
+                members.append(Member(pack_entry, src.nbytes, dtype.itemsize, data=src))
+                continue
             _add_host_chunks(snap, key, src, region, cshape, dtype, leaf_codec.get(key))
+            continue
+        if pack_entry is not None and not staged.streamed:
+            # our device snapshot: copied to the host with the rest of its pack, in one transfer
+            members.append(Member(pack_entry, int(src.nbytes), dtype.itemsize, src=src))
             continue
         size = int(math.prod(cshape)) * dtype.itemsize
         grid_subs = chunks_overlapping(region, cshape)
@@ -318,6 +329,7 @@ def snapshot(
             snap.chunks.append(_Chunk(chunk_key(key, grid), None, size, fetch, staged.streamed,
                                       codec=leaf_codec.get(key)))
             snap.unstaged += staged.streamed
+    snap.packs = plan_packs(members)
     if snap.unstaged == 0:
         snap.staged.set()
     return snap
@@ -365,6 +377,22 @@ def _chunk_data(
     return data
 
 
+async def _write_chunks(
+    view: KvStore, snap: Snapshot, options: SaveOptions, progress: Progress | None = None, *,
+    incremental: Incremental | None = None,
+) -> None:
+    """Write ``snap``'s chunks, packs and zarr.json documents into ``view`` (the
+    step's folder) under the save's budget (chunk_writes.py); with
+    ``incremental``, chunks equal to the previous step's are linked (dedup.py),
+    without it every chunk is written."""
+    chunks, snap.chunks = snap.chunks, []
+    chunks += [_Chunk("", None, pk.nbytes, pack=pk) for pk in snap.packs]
+    await write_chunks(
+        view, chunks, snap.zarr_json, max_bytes_in_flight=options.max_bytes_in_flight,
+        chunk_staged=snap.chunk_staged, progress=progress, incremental=incremental,
+    )
+
+
 async def run_save(
     store: StepStore,
     step: int,
@@ -410,20 +438,16 @@ async def run_save(
                 raise ConditionFailedError(
                     f"checkpoint step {step} already exists at {store.kv!r}"
                 ) from e
-            await view.write(f"{step_dir(step)}/manifest.json", json.dumps(snap.manifest()).encode())
         incremental = None
         if options.incremental:
             previous = await load_previous(view, step, snap.leaves)
             incremental = Incremental(view, step, p, previous, root_id=repr(store.kv), arrays=snap.arrays)
-        chunks, snap.chunks = snap.chunks, []
         step_view = view.with_path(step_dir(step))
-        await write_chunks(
-            step_view, chunks, snap.zarr_json, max_bytes_in_flight=options.max_bytes_in_flight,
-            chunk_staged=snap.chunk_staged, progress=progress, incremental=incremental,
-        )
-        del chunks
+        await _write_chunks(step_view, snap, options, progress, incremental=incremental)
         if incremental is not None and incremental.digests:
             await step_view.write(digests_key(p), incremental.document())
+        if p == 0:  # after the chunks: packed leaves' checksums are known once their packs are filled
+            await view.write(f"{step_dir(step)}/manifest.json", json.dumps(snap.manifest()).encode())
         committing = True
         committed = await txn.commit()
         if incremental is not None:

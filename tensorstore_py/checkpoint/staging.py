@@ -84,6 +84,7 @@ __all__ = [
     "choose_staging",
     "chunk_fetcher",
     "default_staging_bytes",
+    "host_copies",
     "room_for_copy",
     "shard_fetcher",
     "stage",
@@ -295,6 +296,15 @@ def _pinned_copies(xs: list[Any]) -> tuple[list[np.ndarray], list[Any]]:
         if out[i] is None:
             out[i] = host_copy(np.asarray(x))
     return out, list(pinned)
+
+
+def host_copies(xs: list[Any]) -> list[np.ndarray]:
+    """Host arrays of the single-device arrays ``xs`` (C-ordered): ONE batched
+    ``device_put`` into pinned host memory for all of them (whole arrays, never
+    sliced on the device), zero-copy views of the pinned buffers, which they keep
+    alive. Blocking: runs on a copy thread. How many small leaves leave a device
+    per transfer (packing.py)."""
+    return _pinned_copies(xs)[0]
 
 
 def warm_pinned(nbytes: int, devices: Sequence[Any] | None = None) -> int:

@@ -235,8 +235,12 @@ class StepStore:
         return report.deleted_count
 
 
-#: manifest formats this version reads: 1 (raw chunks), 2 (leaves may name ``codecs``)
-MANIFEST_FORMATS = ("tensorstore_py.checkpoint.manifest/1", "tensorstore_py.checkpoint.manifest/2")
+#: manifest formats this version reads: 1 (raw chunks), 2 (leaves may name ``codecs``),
+#: 3 (small leaves may be ``packed`` together: packing.py)
+MANIFEST_FORMATS = (
+    "tensorstore_py.checkpoint.manifest/1", "tensorstore_py.checkpoint.manifest/2",
+    "tensorstore_py.checkpoint.manifest/3",
+)
 
 
 # -- reading many values at once ---------------------------------------------------------

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: checkpoint format versions this reader understands
-_KNOWN_FORMAT = 2  # manifests: 2 names compressed leaves (codecs); records are still 1
+_KNOWN_FORMAT = 3  # manifests: 2 names compressed leaves (codecs), 3 packed ones; records are still 1
 #: commit records read (newest first) to find the commit that published a step
 #: whose version retention has retired
 PUBLISHER_SCAN = 512

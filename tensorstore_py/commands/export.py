@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.checkpoint.layout import zarr3_metadata
+from tensorstore_py.checkpoint.leaves import packed_chunk, read_packed
 from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.inspect import open_array
 from tensorstore_py.commands.target import Target, key_sizes, list_arrays, open_url, resolve, step_prefix
@@ -418,6 +419,9 @@ async def export_step(root: str, step: int | None, dest: str, *,
             raise DataCorruptionError(f"export: step {s}: leaf {leaf.get('path')!r}: malformed manifest entry: {e}") from None
         size = math.prod(cshape) * dtype.itemsize
         codecs = list(leaf.get("codecs") or ())  # compressed chunks (SaveOptions.compression)
+        if leaf.get("packed") is not None:  # a small leaf packed with others: its one chunk
+            step_view = t.store.with_path(step_prefix(s))
+            docs[_join(path, packed_chunk(leaf))] = await read_packed(step_view, leaf)
         keys = await src.list("")
         for k in keys:
             if k != "zarr.json":

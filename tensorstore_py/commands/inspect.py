@@ -7,10 +7,13 @@ docs/CLI.md); the CLI's printers only format it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from tensorstore_py.checkpoint.layout import LeafLayout
+from tensorstore_py.checkpoint.leaves import packed_chunk
 from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.target import Target, key_sizes, list_arrays, resolve, step_prefix
 from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError, UnsupportedError
@@ -81,6 +84,8 @@ async def _describe(kv: KvStore, path: str, driver: str | None, sizes: dict[str,
         pre = path + "/" if path else ""
         stored = sum(n for k, n in sizes.items()
                      if k.startswith(pre) and k.rsplit("/", 1)[-1] not in METADATA_KEYS)
+        if leaf is not None and leaf.get("packed") is not None:
+            stored = nbytes  # its raw bytes lie in a pack of the step (checkpoint/packing.py)
         row["stored_bytes"] = stored
         row["compression_ratio"] = round(nbytes / stored, 3) if stored else None
     if extra:
@@ -114,7 +119,7 @@ async def ls(url: str, *, version: int | None = None) -> dict[str, Any]:
 
 async def _arrays(t: Target) -> list[dict[str, Any]]:
     if t.kind == "array":
-        found: list[tuple[str, str | None]] = [("", t.array_driver)]
+        found: Sequence[tuple[str, str | None]] = [("", t.array_driver)]
     else:
         try:
             found = await list_arrays(t.store)
@@ -247,6 +252,17 @@ def _group(keys: dict[str, list[str]], arrays: list[str]) -> tuple[list[dict[str
     return rows, other
 
 
+def _leaf_chunks(leaf: dict[str, Any], entries: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """A leaf's chunk key (in its folder) -> (length, crc32c), from the step's
+    index entries; a packed leaf's one chunk from its manifest entry (the crc32c
+    of the same bytes a chunk of its own would hold, so packing alone is no change)."""
+    if leaf.get("packed") is not None:
+        layout = LeafLayout.from_json(leaf)
+        return {packed_chunk(leaf): (layout.nbytes, leaf["packed"].get("crc32c"))}
+    pre = str(leaf["key"]) + "/"
+    return {k[len(pre):]: x for k, x in entries.items() if k.startswith(pre)}
+
+
 async def diff(url: str, a: int, b: int) -> dict[str, Any]:
     """What changed from ``a`` to ``b``: steps of a checkpoint, versions otherwise.
 
@@ -269,9 +285,7 @@ async def diff(url: str, a: int, b: int) -> dict[str, Any]:
             if path not in la or path not in lb:
                 rows.append({"path": path, "status": "added" if path not in la else "removed"})
                 continue
-            pa, pb = la[path]["key"] + "/", lb[path]["key"] + "/"
-            ca = {k[len(pa):]: x for k, x in ea.items() if k.startswith(pa)}
-            cb = {k[len(pb):]: x for k, x in eb.items() if k.startswith(pb)}
+            ca, cb = _leaf_chunks(la[path], ea), _leaf_chunks(lb[path], eb)
             ch = _compare(ca, cb)
             meta = any(la[path].get(f) != lb[path].get(f) for f in ("shape", "dtype", "chunk_shape"))
             rows.append({
