@@ -34,7 +34,7 @@ from tensorstore_py.checkpoint.safetensors_format import (
 )
 from tensorstore_py.checkpoint.safetensors_local import LocalBlock, pieces, read_local_blocks
 from tensorstore_py.core.budget import ByteBudget, run_bounded
-from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.buffers import mapped_empty
 from tensorstore_py.core.errors import DataCorruptionError, NotFoundError
 from tensorstore_py.core.future import run_sync
 from tensorstore_py.core.pools import run_io
@@ -169,7 +169,7 @@ async def read_tensor_regions(
             raise NotFoundError(f"{src.where}: safetensors file {key!r} disappeared while reading")
         stats.requests += 1
         strides = tuple(s * dt.itemsize for s in c_strides(shape))
-        dst = aligned_empty(rshape, dt) if len(parts) > 1 else None
+        dst = mapped_empty(rshape, dt) if len(parts) > 1 else None
         for p, (a, b), buf in zip(parts, spans, res.values):
             if len(buf) != b - a:
                 raise DataCorruptionError(
@@ -193,7 +193,7 @@ def _read_local(src: SafetensorsSource, leaves: list[ForeignLeaf], requests: lis
     blocks = []
     for i, region in requests:
         key, e = src.tensors[leaves[i].name]
-        out = aligned_empty(region_shape(region), e.dtype)  # page-aligned: device_put on CPU aliases it
+        out = mapped_empty(region_shape(region), e.dtype)  # page-aligned: device_put on CPU aliases it
         stats.bytes_needed += out.nbytes
         blocks.append(LocalBlock(src.kv._full(key), e, region, out))
     read_local_blocks(blocks, where=src.where, stats=stats)

@@ -35,7 +35,7 @@ import numpy as np
 from tensorstore_py.checkpoint.layout import Region, c_strides, region_shape, span_in_chunk
 from tensorstore_py.checkpoint.restoring import ReadStats
 from tensorstore_py.checkpoint.safetensors_format import TensorEntry
-from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.buffers import mapped_empty
 from tensorstore_py.core.errors import DataCorruptionError, NotFoundError, StorageError
 from tensorstore_py.core.pools import available_cpus, cpu_pool
 
@@ -129,7 +129,7 @@ class _Scratch:
 
     def get(self, n: int) -> np.ndarray:
         if self.buf is None or self.buf.nbytes < n:
-            self.buf = aligned_empty(max(n, WINDOW_BYTES))
+            self.buf = mapped_empty(max(n, WINDOW_BYTES))
         return self.buf[:n]
 
 
