@@ -98,17 +98,6 @@ def main() -> None:
     report["bytes_read"] = stats.bytes_read
     report["bytes_needed"] = stats.bytes_needed
 
-    # columns split over every device of this process: each saved chunk of w (8 x 4)
-    # overlaps two blocks (16 x 2 each); the blocks together are all of w
-    cols = NamedSharding(mesh, P(None, tuple(mesh.axis_names)))
-    col_stats = ReadStats()
-    got = tsp.checkpoint.restore(f"{root}/std", stats=col_stats, target={
-        "params": {"w": jax.ShapeDtypeStruct(ex["w"].shape, ex["w"].dtype, sharding=cols)}})
-    for shard in got["params"]["w"].addressable_shards:
-        assert np.asarray(shard.data).tobytes() == ex["w"][shard.index].tobytes()
-    report["cols_requests"] = col_stats.requests
-    report["cols_blocks"] = len({str(s.index) for s in got["params"]["w"].addressable_shards})
-
     # CheckpointManager over the Orbax run folder: retained steps, newest found
     run = tsp.CheckpointManager(f"{root}/run")
     report["steps"] = run.all_steps()

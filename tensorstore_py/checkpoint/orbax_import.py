@@ -194,50 +194,23 @@ def _ts_kvstore(kv: KvStore, where: str) -> Any:
     )
 
 
-def _reads(requests: list[tuple[int, Region]]) -> list[tuple[int, Region, list[int]]]:
-    """The TensorStore reads serving ``requests``: ``(leaf, region read, [request
-    indices])``. The blocks of one leaf that together fill their bounding box (a
-    column split whose every block this process holds) are one read of that box:
-    a saved chunk overlapping several blocks is then fetched and decoded once, not
-    once per block. Other blocks are a read each."""
-    by_leaf: dict[int, list[int]] = {}
-    for r, (k, _region) in enumerate(requests):
-        by_leaf.setdefault(k, []).append(r)
-    out = []
-    for k, rs in by_leaf.items():
-        regions = [requests[r][1] for r in rs]
-        box = tuple((min(g[d][0] for g in regions), max(g[d][1] for g in regions))
-                    for d in range(len(regions[0])))
-        need = sum(math.prod(region_shape(g)) for g in set(regions))
-        if len(rs) > 1 and math.prod(region_shape(box)) <= need:
-            out.append((k, box, rs))
-        else:
-            out.extend((k, requests[r][1], [r]) for r in rs)
-    return out
-
-
 def _read_arrays(item: OrbaxItem, leaves: list[ForeignLeaf], requests: list[tuple[int, Region]],
                  opened: list[Any], max_bytes_in_flight: int, stats: ReadStats) -> list[np.ndarray]:
-    out: list[np.ndarray | None] = [None] * len(requests)
-    reads = _reads(requests)
+    out: list[np.ndarray] = []
     i = 0
-    while i < len(reads):
+    while i < len(requests):
         wave, acc = [], 0
-        while i < len(reads) and (not wave or acc < max_bytes_in_flight):
-            k, region, _rs = reads[i]
+        while i < len(requests) and (not wave or acc < max_bytes_in_flight):
+            k, region = requests[i]
             acc += math.prod(region_shape(region)) * leaves[k].dtype.itemsize
             wave.append(opened[k][tuple(slice(a, b) for a, b in region)].read())
             i += 1
-        for (_k, box, rs), fut in zip(reads[i - len(wave): i], wave):
+        for fut in wave:
             a = np.asarray(fut.result())
+            stats.bytes_needed += a.nbytes
             stats.requests += 1
-            for r in rs:
-                region = requests[r][1]
-                block = a if len(rs) == 1 else np.ascontiguousarray(
-                    a[tuple(slice(lo - b0, hi - b0) for (lo, hi), (b0, _) in zip(region, box))])
-                stats.bytes_needed += block.nbytes
-                out[r] = block
-    return out  # type: ignore[return-value]
+            out.append(a)
+    return out
 
 
 def restore_orbax(
