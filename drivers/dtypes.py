@@ -434,7 +434,8 @@ def fill_from_json(v: Any, dt: np.dtype, *, field: str = "zarr3 metadata field '
             raise InvalidSpecError(f"{field}: expected [real, imag] for {dt}, got {v!r}")
         re = float(_scalar_from_json(v[0], dt, field))
         im = float(_scalar_from_json(v[1], dt, field))
-        return np.array(complex(re, im), dtype=dt)[()]
+        # .flat[0]: the 0-d array's scalar, as [()] gives it (numpy's stubs type [()] as an array)
+        return np.array(complex(re, im), dtype=dt).flat[0]
     if dt.kind == "b":
         if not isinstance(v, bool):
             if v in (0, 1):
@@ -452,7 +453,7 @@ def fill_from_json(v: Any, dt: np.dtype, *, field: str = "zarr3 metadata field '
         info = np.iinfo(dt)
         if not info.min <= s <= info.max:
             raise InvalidSpecError(f"{field}: {v!r} is out of range for {dt}")
-    return np.array(s, dtype=dt)[()]
+    return np.array(s, dtype=dt).flat[0]
 
 
 def _float_to_json(x: float) -> Any:

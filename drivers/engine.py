@@ -57,7 +57,7 @@ from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, dim_parts, out_shape
 from tensorstore_py.drivers.raw_regions import read_region_async, wants_ranges
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
-from tensorstore_py.drivers.shard_reads import ShardIndexCache, read_part, run_async
+from tensorstore_py.drivers.shard_reads import ShardIndexCache, ShardRequests, read_part, run_async
 from tensorstore_py.drivers.sizing import (
     async_tasks,
     blocking_read_tasks,
@@ -89,14 +89,22 @@ async def _value(x: Any) -> Any:
 
 
 class ParsedMetadata(Protocol):
-    """A format's validated metadata document, as the engine needs it."""
+    """A format's validated metadata document, as the engine needs it (it only reads
+    these members: a format may hold them as plain attributes, properties or frozen
+    dataclass fields, its codec of any ChunkCodec type)."""
 
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    fill: np.generic
-    chunk_shape: tuple[int, ...]
-    codec: ChunkCodec
-    dimension_names: tuple[str | None, ...]
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    @property
+    def fill(self) -> np.generic: ...
+    @property
+    def chunk_shape(self) -> tuple[int, ...]: ...
+    @property
+    def codec(self) -> ChunkCodec: ...
+    @property
+    def dimension_names(self) -> tuple[str | None, ...]: ...
 
     def chunk_key(self, cell: tuple[int, ...]) -> str:
         """The kvstore key of the chunk at grid position ``cell`` (the format's key encoding)."""
@@ -156,6 +164,8 @@ class ChunkedArray(ArrayDriver):
         )
         # indexes of shards read in part, checked against the data's generation
         self._shard_indexes = ShardIndexCache() if self._shard is not None else None
+        # concurrent reads of one shard share their index and range requests
+        self._shard_requests = ShardRequests() if self._shard is not None else None
         # a chunk being written holds a contiguous copy and its encoding; a shard
         # gathers its inner chunks straight from the source: its encoding only
         self._write_cost = self._chunk_nbytes * (1 if self._shard is not None else 2)
@@ -175,8 +185,13 @@ class ChunkedArray(ArrayDriver):
 
     # drivers/open.py::DocumentFormat: every stored document is an array's, and
     # none is created into a group's document
-    is_array_document = staticmethod(lambda doc: True)
-    create_into = staticmethod(lambda doc, meta: None)
+    @staticmethod
+    def is_array_document(doc: dict[str, Any]) -> bool:
+        return True
+
+    @staticmethod
+    def create_into(doc: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
+        return None
 
     @classmethod
     def decode_metadata(cls, raw: Any) -> dict[str, Any]:
@@ -440,7 +455,7 @@ class ChunkedArray(ArrayDriver):
         """Read part of a shard with as few requests as possible (drivers/shard_reads.py)."""
         assert self._shard is not None
         await run_async(read_part(self._shard, key, p.chunk, dest, self._shard_indexes),
-                        self.kvstore, key, self._run_cpu)
+                        self.kvstore, key, self._run_cpu, self._shard_requests)
 
     # -- writing -------------------------------------------------------------------
     async def write(self, index: Index, value: np.ndarray) -> None:

@@ -29,12 +29,22 @@ is read again. A read that would need no data request (every needed inner
 chunk missing per the cached index) reads the index again, so a chunk
 written since is never missed.
 
+**Concurrent reads of one shard** (:class:`ShardRequests`, one per array, async
+path): reads of the same shard's index in flight at once share ONE request
+(16 crops of a shard whose index is not cached fetch it once), and the inner
+chunk ranges that reads of one shard ask for in the same turn of the event
+loop go out as ONE :meth:`~KvStore.read_ranges` call: duplicates are fetched
+once and neighbours closer than :data:`COALESCE_GAP` merged, across the reads.
+Each read still checks the generation it is answered at against its index.
+A read alone goes out in the next turn of the loop (nothing waits for company).
+
 Assembly: many raw inner chunks (a whole shard, or one span) land with
 vectorised numpy copies (``codecs/_cells.py``); others are decoded one by one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Generator
@@ -55,6 +65,7 @@ __all__ = [
     "IndexBytes",
     "InnerRanges",
     "ShardIndexCache",
+    "ShardRequests",
     "WholeShard",
     "Work",
     "read_part",
@@ -97,9 +108,10 @@ class InnerRanges:
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """Run ``fn(*args)`` (GIL-releasing decoding and copies; ~``cost`` bytes of work)."""
+    """Run ``fn(*args)`` (GIL-releasing decoding and copies; ~``cost`` bytes of work);
+    what it returns is the answer sent back to the reader."""
 
-    fn: Callable[..., None]
+    fn: Callable[..., object]
     args: tuple[Any, ...]
     cost: int
 
@@ -142,6 +154,74 @@ class ShardIndexCache:
             old = self._items.pop(key, None)
             if old is not None:
                 self._bytes -= old[1].nbytes
+
+
+class ShardRequests:
+    """Range reads of shards in flight on one event loop, shared between
+    concurrent reads of the same shard (see the module docstring). ``gap``:
+    ranges closer than this are merged into one request."""
+
+    def __init__(self, gap: int = COALESCE_GAP) -> None:
+        self.gap = gap
+        # per loop: key -> the index read in flight; key -> ranges waiting for this turn
+        self._index: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Task[ReadResult]] = {}
+        self._pending: dict[tuple[asyncio.AbstractEventLoop, str],
+                            tuple[list[ByteRange], asyncio.Future[RangesResult]]] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def index(self, kv: Any, key: str, rng: ByteRange) -> ReadResult:
+        """``kv.read(key, byte_range=rng)``, one request for every caller while it is in flight."""
+        slot = (asyncio.get_running_loop(), key)
+        task = self._index.get(slot)
+        if task is None:
+            task = asyncio.ensure_future(kv.read(key, byte_range=rng))
+            self._index[slot] = task
+            task.add_done_callback(lambda t: self._index.pop(slot, None) if self._index.get(slot) is t else None)
+            task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def ranges(self, kv: Any, key: str, ranges: list[ByteRange]) -> RangesResult:
+        """``ranges`` of ``key`` at one generation, read together with the ranges
+        of ``key`` that other callers ask for in this turn of the loop."""
+        loop = asyncio.get_running_loop()
+        slot = (loop, key)
+        batch = self._pending.get(slot)
+        if batch is None:
+            batch = self._pending[slot] = ([], loop.create_future())
+            loop.call_soon(self._send, kv, key, slot)
+        first = len(batch[0])
+        batch[0].extend(ranges)
+        res = await asyncio.shield(batch[1])
+        if res.state == "missing":
+            return res
+        return RangesResult("value", res.values[first: first + len(ranges)], res.generation)
+
+    def _send(self, kv: Any, key: str, slot: tuple[asyncio.AbstractEventLoop, str]) -> None:
+        ranges, fut = self._pending.pop(slot)
+
+        async def go() -> None:
+            try:
+                res = await kv.read_ranges(key, ranges, coalesce_gap=self.gap)
+            except asyncio.CancelledError:
+                fut.cancel()
+                raise
+            except Exception as e:  # every waiter gets the failure
+                if not fut.done():
+                    fut.set_exception(e)
+            else:
+                if not fut.done():
+                    fut.set_result(res)
+
+        task = asyncio.ensure_future(go())
+        self._sending.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._sending.discard)
+        fut.add_done_callback(_retrieve)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    # a failure whose waiters were all cancelled is not "never retrieved"
+    if not fut.cancelled():
+        fut.exception()
 
 
 def read_part(sh: ShardingCodec, key: str, region: tuple[slice, ...], dest: np.ndarray,
@@ -218,17 +298,22 @@ def _step(reader: Generator[Request, Any, None], answer: Any) -> Request | None:
 
 
 async def run_async(reader: Generator[Request, Any, None], kv: Any, key: str,
-                    offload: Callable[..., Awaitable[Any]]) -> None:
+                    offload: Callable[..., Awaitable[Any]],
+                    shared: ShardRequests | None = None) -> None:
     """Drive ``reader`` through ``kv``'s async API; :class:`Work` larger than
-    :data:`INLINE_BYTES` runs through ``offload(fn, *args)`` (a pool)."""
+    :data:`INLINE_BYTES` runs through ``offload(fn, *args)`` (a pool).
+    ``shared``: the array's :class:`ShardRequests` (concurrent reads of one
+    shard share their requests)."""
     req = _step(reader, None)
     while req is not None:
         if isinstance(req, Work):
             answer = req.fn(*req.args) if req.cost <= INLINE_BYTES else await offload(req.fn, *req.args)
         elif isinstance(req, InnerRanges):
-            answer = await kv.read_ranges(key, req.ranges, coalesce_gap=COALESCE_GAP)
+            answer = (await shared.ranges(kv, key, req.ranges) if shared is not None
+                      else await kv.read_ranges(key, req.ranges, coalesce_gap=COALESCE_GAP))
         elif isinstance(req, IndexBytes):
-            answer = await kv.read(key, byte_range=req.range)
+            answer = (await shared.index(kv, key, req.range) if shared is not None
+                      else await kv.read(key, byte_range=req.range))
         else:
             answer = await kv.read(key)
         req = _step(reader, answer)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numcodecs
 import numpy as np
@@ -104,7 +105,7 @@ class V2ChunkCodec(ChunkCodec):
     (``vlen-utf8``/``vlen-bytes``, an ``"|O"`` array's first filter) serialises
     variable-length elements before ``filters``."""
 
-    def __init__(self, shape: tuple[int, ...], stored: np.dtype, native: np.dtype, order: str,
+    def __init__(self, shape: tuple[int, ...], stored: np.dtype, native: np.dtype, order: Literal["C", "F"],
                  filters: list[Any], compressor: Any, object_codec: str | None = None) -> None:
         self.shape, self.stored, self.native, self.order = shape, stored, native, order
         self.filters, self.compressor, self.object_codec = filters, compressor, object_codec
@@ -138,10 +139,10 @@ class V2ChunkCodec(ChunkCodec):
                     f"zarr metadata: codec {c.get_config()!r} can not encode a chunk of "
                     f"{list(self.shape)} {self.stored}: {e}"
                 ) from None
-        return memoryview(np.ascontiguousarray(buf)).cast("B") if isinstance(buf, np.ndarray) else buf
+        return np.ascontiguousarray(buf).data.cast("B") if isinstance(buf, np.ndarray) else buf
 
     def decode(self, buf: Buffer, *, key: str, out: np.ndarray | None = None) -> np.ndarray:
-        direct = memoryview(out.reshape(-1).view(np.uint8)) if out is not None and self.direct else None
+        direct = out.reshape(-1).view(np.uint8).data if out is not None and self.direct else None
         if self._decoder is not None:
             buf = self._decoder.decode(
                 self.compressor, buf, key=key, size=self.nbytes if self.exact_size else None,
@@ -201,7 +202,7 @@ class Parsed2:
         else:
             self.dtype = self.stored.newbyteorder("=") if self.stored.byteorder in "<>" else self.stored
         self.fill = fill_from_v2(meta.get("fill_value"), self.dtype)
-        self.order = meta.get("order", "C")
+        self.order: Literal["C", "F"] = meta.get("order", "C")
         if self.order not in ("C", "F"):
             raise _err("order", f"expected 'C' or 'F', got {self.order!r}")
         self.separator = meta.get("dimension_separator", ".")
@@ -309,8 +310,14 @@ class Zarr2Array(AttributedArray, ChunkedArray):
     metadata_key = METADATA_KEY
     attributes_key = ATTRS_KEY
     optional_fields = frozenset({"filters", "dimension_separator", "compressor"})
-    complete_metadata = staticmethod(complete_metadata2)
-    normalize_field = staticmethod(normalize_field2)
+
+    @staticmethod
+    def complete_metadata(partial: Mapping[str, Any]) -> dict[str, Any]:
+        return complete_metadata2(partial)
+
+    @staticmethod
+    def normalize_field(field: str, value: Any, parsed: Parsed2) -> Any:
+        return normalize_field2(field, value, parsed)
 
     @staticmethod
     def parse_metadata(meta: dict[str, Any]) -> Parsed2:

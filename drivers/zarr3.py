@@ -9,13 +9,14 @@ Metadata fields (zarr v3 core spec): ``zarr_format`` (3), ``node_type``
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tensorstore_py.core.errors import InvalidSpecError, NotFoundError
 from tensorstore_py.drivers.codecs import CodecChain, compression_codecs
-from tensorstore_py.drivers.codecs.base import ArrayArrayCodec, ArrayBytesCodec, Codec
+from tensorstore_py.drivers.codecs.base import ArrayArrayCodec, ArrayBytesCodec
 from tensorstore_py.drivers.codecs.registry import codec_class
 from tensorstore_py.drivers.documents import AttributedArray
 from tensorstore_py.drivers.dtypes import (
@@ -121,8 +122,9 @@ def default_codecs(dt: np.dtype) -> list[dict[str, Any]]:
     return [{"name": "bytes", "configuration": {"endian": "little"}}]
 
 
-def _is(entry: Any, kind: type[Codec]) -> bool:
-    """Whether the codec list entry names a registered codec of ``kind``."""
+def _is(entry: Any, kind: type) -> bool:
+    """Whether the codec list entry names a registered codec of ``kind`` (an abstract
+    codec class: mypy admits only concrete classes where ``type[Codec]`` is expected)."""
     name = entry.get("name") if isinstance(entry, dict) else entry
     cls = codec_class(name) if isinstance(name, str) else None
     return cls is not None and issubclass(cls, kind)
@@ -304,8 +306,14 @@ class Zarr3Array(AttributedArray, ChunkedArray):
     driver = "zarr3"
     metadata_key = METADATA_KEY
     optional_fields = frozenset({"dimension_names", "storage_transformers"})
-    complete_metadata = staticmethod(complete_metadata)
-    normalize_field = staticmethod(normalize_field)
+
+    @staticmethod
+    def complete_metadata(partial: Mapping[str, Any]) -> dict[str, Any]:
+        return complete_metadata(partial)
+
+    @staticmethod
+    def normalize_field(field: str, value: Any, parsed: Parsed) -> Any:
+        return normalize_field(field, value, parsed)
 
     @staticmethod
     def is_array_document(doc: dict[str, Any]) -> bool:

@@ -284,11 +284,17 @@ def _close_sessions() -> None:
 
 
 # -- requests ----------------------------------------------------------------------------
+class _Timeout(TypedDict, total=False):
+    """The ``timeout`` of a request, when the store sets one (aiohttp's default otherwise)."""
+
+    timeout: aiohttp.ClientTimeout
+
+
 class Auth(Protocol):
     """Credentials of a store's requests (e.g. a bearer token, a request signature)."""
 
     async def headers(
-        self, method: str, url: str | yarl.URL, headers: Mapping[str, str], data: bytes | None
+        self, method: str, url: str | yarl.URL, headers: Mapping[str, str], data: Buffer | None
     ) -> Mapping[str, str]:
         """Headers to add to this attempt of the request (asked on every attempt)."""
         ...
@@ -384,7 +390,7 @@ class HttpClient:
                 raise
             except Exception as e:
                 host = unresolvable_host(e)
-                if host is not None:
+                if host is not None and isinstance(e, aiohttp.ClientConnectorError):
                     raise StorageError(
                         f"{what}: cannot resolve host {host!r} ({e.os_error}); not retried "
                         f"(no network, or a wrong endpoint?); credentials: {self.describe_auth()}"
@@ -421,7 +427,7 @@ class HttpClient:
             hdrs = dict(headers or {})
             if self.auth is not None:
                 hdrs.update(await self.auth.headers(method, url, hdrs, data))
-            timeout = {} if self.timeout is None else {"timeout": self.timeout}
+            timeout: _Timeout = {} if self.timeout is None else {"timeout": self.timeout}
             async with client_session().request(
                 method, url, headers=hdrs, data=data, **timeout
             ) as resp:

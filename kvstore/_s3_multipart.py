@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import yarl
 
-from tensorstore_py.core.errors import StorageError
+from tensorstore_py.core.errors import StorageError, TensorStoreError
 from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.kvstore._checksums import checksum_b64
 from tensorstore_py.kvstore._http import Response
@@ -44,7 +44,7 @@ class S3KvStore(Protocol):
 
     def _url(self, key: str | None, query: Mapping[str, Any] | None = None) -> yarl.URL: ...
 
-    def _fail(self, what: str, resp: Response) -> StorageError: ...
+    def _fail(self, what: str, resp: Response) -> TensorStoreError: ...
 
     def _where(self, key: str) -> str: ...
 

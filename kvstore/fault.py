@@ -264,6 +264,10 @@ class FaultKvStore(KvStore):
         """Injected faults per operation."""
         return self._state.faults
 
+    def keys_called(self, op: Op) -> set[str]:
+        """The keys (prefixes for list) that calls of ``op`` named since the last reset."""
+        return {key for (o, key) in self._state.per_key if o == op}
+
     @property
     def events(self) -> list[FaultEvent]:
         """Every injected fault, in order."""

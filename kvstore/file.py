@@ -200,13 +200,13 @@ class FileKvStore(KvStore):
         try:
             n = dest.nbytes
             # one byte more than expected: a full read proves the size without fstat
-            got = os.preadv(fd, (dest, bytearray(1)), 0)
+            got = os.preadv(fd, (dest.data, bytearray(1)), 0)
             if got == n:
                 return n
             size = os.fstat(fd).st_size  # another size (or a short read): look
             if size != n:
                 return size
-            mv = memoryview(dest).cast("B")
+            mv = dest.data.cast("B")
             while 0 < got < n:  # a short read: go on until EOF, as _read_sync does
                 k = os.preadv(fd, (mv[got:],), got)
                 if k == 0:
@@ -294,7 +294,7 @@ class FileKvStore(KvStore):
             start, stop = (0, size) if byte_range is None else byte_range.clip(size)
             n = stop - start
             buf = aligned_empty(n)
-            mv = memoryview(buf)
+            mv = buf.data
             got = 0
             while got < n:
                 k = os.preadv(fd, [mv[got:]], start + got)

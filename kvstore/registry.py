@@ -150,8 +150,8 @@ def register_driver(
         _ADAPTERS.add(name)
 
 
-def _lookup(find: Callable[[], T | None]) -> T | None:
-    """``find()``, importing builtin store modules one by one until it succeeds."""
+def _lookup(find: Callable[[], T]) -> T:
+    """``find()``, importing builtin store modules one by one until it is not None."""
     hit = find()
     for module in BUILTIN_MODULES:
         if hit is not None:

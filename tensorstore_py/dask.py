@@ -57,8 +57,11 @@ every Dask scheduler, since views pickle as their spec (threads, processes,
     * The commit carries a transaction id (``txn_id``), which commits at most
       once: a re-run commit task, tasks recomputed after the commit landed, or
       ``store`` called again with the same ``txn_id`` return the version it
-      committed instead of committing again (for as long as garbage collection
-      keeps the id's ``txns/<txn_id>/result``: its grace period).
+      committed instead of committing again, for as long as that version is
+      retained (whatever the grace period of any collector); once retention
+      deleted it, until a full garbage collection finds the id's
+      ``txns/<txn_id>/result`` older than its grace period (docs/FORMAT.md
+      §7.5). A call with the id after that commits again.
 
     On any **other store** each chunk is replaced atomically as the task writes
     it; the write as a whole is not atomic (a failed graph leaves the chunks of

@@ -290,9 +290,9 @@ class IndexTransform:
                 continue
             o, n, lab = dom.inclusive_min[d], dom.shape[d], dom.labels[d]
             if isinstance(k, slice):
-                c0, step, m = _slice(k, o, n, coords, d, dom)
+                c0, step, count = _slice(k, o, n, coords, d, dom)
                 origin = c0 if step == 1 else _trunc_div(c0, step)
-                new_dims.append((d, origin, m, c0, step, lab))
+                new_dims.append((d, origin, count, c0, step, lab))
             else:
                 i = _as_int(k, f"index for dimension {d}")
                 c = i if coords else (i + n if i < 0 else i) + o
@@ -334,7 +334,7 @@ class IndexTransform:
         for d, k in offsets.items():
             mins[d] += k
         outputs = tuple(
-            m if m.input_dimension not in offsets
+            m if m.input_dimension is None or m.input_dimension not in offsets
             else OutputMap(m.offset - m.stride * offsets[m.input_dimension], m.stride, m.input_dimension)
             for m in self.output
         )

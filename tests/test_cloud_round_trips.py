@@ -7,6 +7,7 @@ the number of answers an operation waited for one after another.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 import tensorstore_py as tsp
+from tensorstore_py.core.future import get_loop
 from tensorstore_py.testing.shaping_proxy import ShapingProxy
 
 T = 60
@@ -137,3 +139,68 @@ def test_requests_one_after_another_reuse_one_connection(
         assert [store.read(f"k{i}").result(T).value for i in range(5)] == [b"%d" % i for i in range(5)]
         assert proxy.counters()["requests"] == 10
         assert proxy.counters()["connections"] == 1  # no connection set-up after the first
+
+
+def test_concurrent_crops_of_one_shard_share_its_index_and_range_requests(gcs_emulator: Any) -> None:
+    # 16 crops of one shard, none of its index cached, all in flight at once: ONE
+    # read of the index, then the inner chunks they need (the same 2 x 2 x 2) by
+    # range, each fetched once; 4 crops of a shard never written: one index read
+    bucket = gcs_emulator.create_bucket()
+    rng = np.random.default_rng(3)
+    data = np.zeros((256, 128, 128), dtype=np.uint8)
+    data[:128] = rng.integers(0, 8, size=(128, 128, 128), dtype=np.uint8)
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.03) as proxy:
+        spec = {"kvstore": {**gcs_emulator.spec(bucket, path="a/"), "endpoint": proxy.endpoint}}
+        tsp.open(spec, create=True, dtype="uint8", shape=data.shape, chunks=(32, 32, 32),
+                 shards=(128, 128, 128), compression=("zstd", 1)).result(T)[:128].write(data[:128]).result(T)
+        arr = tsp.open(spec).result(T)  # a fresh open: no shard index cached
+        sels = [tuple(slice(int(s), int(s) + 32) for s in rng.integers(1, 32, size=3)) for _ in range(16)]
+        sels += [tuple(slice(int(s) + o, int(s) + o + 32) for s, o in zip(rng.integers(1, 32, size=3), (128, 0, 0)))
+                 for _ in range(4)]
+
+        async def together() -> list[Any]:
+            return list(await asyncio.gather(*(arr[s].read() for s in sels)))
+
+        got: list[Any] = []
+        rounds, requests = _rounds(proxy, lambda: got.extend(
+            asyncio.run_coroutine_threadsafe(together(), get_loop()).result(T)))
+        for s, g in zip(sels, got, strict=True):
+            np.testing.assert_array_equal(g, data[s])
+        # shard 0: its index + the 4 runs of 2 neighbouring inner chunks (or fewer,
+        # merged); shard 1: its index (missing). Each crop alone: 20 indexes + 64 runs
+        assert requests <= 1 + 4 + 1
+        assert rounds == 2
+
+
+def test_concurrent_reads_of_one_precomputed_shard_share_their_requests(gcs_emulator: Any) -> None:
+    # a sharded neuroglancer precomputed scale: 8 chunks of one shard read at once,
+    # no index cached: the shard index entries of their minishards in ONE request,
+    # the minishard indexes in one, the chunks in one
+    bucket = gcs_emulator.create_bucket()
+    data = np.random.default_rng(5).integers(1, 255, size=(64, 64, 64, 1), dtype=np.uint8)
+    sharding = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 0, "hash": "identity",
+                "minishard_bits": 1, "shard_bits": 0, "minishard_index_encoding": "raw",
+                "data_encoding": "raw"}
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.03) as proxy:
+        spec = {"driver": "neuroglancer_precomputed",
+                "kvstore": {**gcs_emulator.spec(bucket, path="v/"), "endpoint": proxy.endpoint}}
+        tsp.open({**spec, "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
+                  "scale_metadata": {"size": [64, 64, 64], "chunk_size": [32, 32, 32], "encoding": "raw",
+                                     "resolution": [1, 1, 1], "sharding": sharding}},
+                 create=True).result(T).write(data).result(T)
+        arr = tsp.open(spec).result(T)  # a fresh open: no index cached
+        sels = [(slice(x, x + 32), slice(y, y + 32), slice(z, z + 32))
+                for x in (0, 32) for y in (0, 32) for z in (0, 32)]
+
+        async def together() -> list[Any]:
+            return list(await asyncio.gather(*(arr[s].read() for s in sels)))
+
+        got: list[Any] = []
+        rounds, requests = _rounds(proxy, lambda: got.extend(
+            asyncio.run_coroutine_threadsafe(together(), get_loop()).result(T)))
+        for s, g in zip(sels, got, strict=True):
+            np.testing.assert_array_equal(g, data[s])
+        # the index entries, the minishard indexes, the chunks (each read alone: 3
+        # requests, 24 in all), and at most one more for chunks located in a later turn
+        assert requests <= 4
+        assert rounds <= 4

@@ -225,6 +225,48 @@ def test_running_the_same_txn_id_again_returns_its_commit(tmp_path: Path) -> Non
     np.testing.assert_array_equal(ts.read().result(), [99] * 4 + [7] * 4)
 
 
+#: an ingest whose process dies right after its commit record landed (no ``result``
+#: written), with short leases so that its lease expires soon after
+_DIES_AFTER_COMMIT = r"""
+import sys
+import dask, dask.array as da
+import tensorstore_py as tsp, tensorstore_py.dask as tspd
+from tensorstore_py.kvstore.versioned import leases
+leases.TTL, leases.REFRESH = 1.5, 0.5
+path, record = sys.argv[1:3]
+view = tsp.open({"driver": "zarr3", "kvstore": {"driver": "versioned", "base": {
+    "driver": "fault", "base": f"file://{path}",
+    "schedule": [{"op": "write", "key_pattern": record, "exit_code": 17}]}}}).result()
+with dask.config.set(scheduler="sync"):
+    tspd.store(da.full((8,), 7, dtype="uint16", chunks=4), view, txn_id="ingest-11")
+"""
+
+
+def test_a_txn_id_outlives_a_collector_when_its_process_died_before_the_result(tmp_path: Path) -> None:
+    """The commit record carries the id, the attempt bounds the search for it: a
+    collector in another process (no grace, the dead ingest's lease expired) keeps
+    that attempt while the version is retained, so a re-run commits nothing."""
+    ts = tsp.open(f"versioned+file://{tmp_path}/v/", create=True, shape=(8,), dtype="uint16",
+                  chunks=(4,)).result()
+    kv = ts.kvstore
+    before = kv.newest_version().result()
+    run = subprocess.run([sys.executable, "-c", _DIES_AFTER_COMMIT, f"{tmp_path}/v/", commit_name(before + 1)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 17, run.stderr
+    assert kv.newest_version().result() == before + 1
+    time.sleep(2.0)  # its lease (TTL 1.5 s) expires
+    _settle_leases()
+    report = _gc_elsewhere(f"versioned+file://{tmp_path}/v/")
+    assert not [n for n in report["deleted"] if n.startswith("txns/")], report
+    ts[0:4].write(np.full(4, 99, dtype="uint16")).result()  # another writer, meanwhile
+    with dask.config.set(scheduler="threads"):
+        again = tspd.store(da.full((8,), 7, dtype="uint16", chunks=4), ts, txn_id="ingest-11")
+    assert again.version == before + 1
+    assert kv.newest_version().result() == before + 2
+    assert [r.version for r in _records(kv) if r.txn_id == "ingest-11"] == [before + 1]
+    np.testing.assert_array_equal(ts.read().result(), [99] * 4 + [7] * 4)
+
+
 # -- 6. an in-place update conflicts with a concurrent change -------------------------------------------
 def test_an_in_place_update_conflicts_with_a_change_after_its_read(tmp_path: Path) -> None:
     ts = tsp.open(f"versioned+file://{tmp_path}/", create=True, shape=(8,), dtype="uint16",

@@ -100,8 +100,6 @@ def test_random_history_seed_long(seed: int, tmp_path: Path, cluster: str | None
 
 
 @pytest.mark.skipif(not DASK, reason="needs the dask extra")
-@pytest.mark.xfail(strict=True, reason="a txn_id is remembered only until gc ages out txns/<id>/result; "
-                   "the search of commit records for it starts above the re-run's own base version")
 def test_txn_id_rerun_after_gc_collected_its_result_commits_once(tmp_path: Path) -> None:
     """Reduced from the histories: an ingest re-run with its txn_id after a collection
     whose grace is shorter than the time since the first run commits a second time."""

@@ -99,6 +99,24 @@ def test_unsupported_orbax_items_are_named(tmp_path: Path) -> None:
     assert np.int64(1) == 1
 
 
+def test_empty_containers_of_an_orbax_tree_belong_to_the_restored_tree(tmp_path: Path) -> None:
+    """Each empty list and dict of an Orbax tree is a new object in each restored tree:
+    changing one restored tree changes neither its other leaves nor the next restore."""
+    item = tmp_path / "item"
+    item.mkdir()
+    leaves = {("a",): "List", ("b", "c"): "List", ("d",): "Dict", ("e",): "Dict"}
+    (item / "_METADATA").write_text(json.dumps({"tree_metadata": {
+        str(keys): {"key_metadata": [{"key": k, "key_type": 2} for k in keys],
+                    "value_metadata": {"value_type": vt, "skip_deserialize": False}}
+        for keys, vt in leaves.items()}, "use_ocdbt": True}))
+    first = tsp.checkpoint.restore(str(item))
+    assert first == {"a": [], "b": {"c": []}, "d": {}, "e": {}}
+    first["a"].append(1)
+    first["d"]["k"] = 2
+    assert first == {"a": [1], "b": {"c": []}, "d": {"k": 2}, "e": {}}
+    assert tsp.checkpoint.restore(str(item)) == {"a": [], "b": {"c": []}, "d": {}, "e": {}}
+
+
 def test_cli_lists_describes_and_prints_orbax_steps(tmp_path: Path, capsys) -> None:
     (tmp_path / "x").mkdir()
     script = (

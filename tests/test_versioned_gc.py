@@ -66,7 +66,8 @@ def test_orphans_of_a_killed_writer_are_collected(tmp_path: Any, parts: int) -> 
         assert any(n.startswith("txns/") for n in orphans)  # fragments without a result
 
     # finished multi-writer transactions leave their result behind (their
-    # attempts and fragments are deleted once merged)
+    # attempts and fragments are deleted once merged); it stays while the
+    # version it names is retained: it answers "did this txn id commit?"
     finished = {n for n in before if n.startswith("txns/")}
     assert len(finished) == (0 if parts == 1 else 3)
 
@@ -76,16 +77,16 @@ def test_orphans_of_a_killed_writer_are_collected(tmp_path: Any, parts: int) -> 
     assert {n for n in orphans if not n.startswith("data/")} <= set(young.kept_young)
     assert set(young.kept_young) <= orphans | finished
     dry = gc(kv, grace=0).result(T)
-    assert set(dry.deleted) == orphans | finished and dry.reclaimed == ()
-    assert dry.deleted_bytes == sum(os.path.getsize(os.path.join(root, n)) for n in orphans | finished)
+    assert set(dry.deleted) == orphans and dry.reclaimed == ()
+    assert dry.deleted_bytes == sum(os.path.getsize(os.path.join(root, n)) for n in orphans)
     assert set(base.list().result(T)) >= orphans  # a dry run deletes nothing
 
     done = gc(kv, grace=0, dry_run=False).result(T)
-    assert set(done.deleted) == orphans | finished and not done.dry_run
+    assert set(done.deleted) == orphans and not done.dry_run
     after = _objects(base)
-    assert _collectable(set(after)) == _collectable(set(before)) - finished
+    assert _collectable(set(after)) == _collectable(set(before))
     for name, data in before.items():  # committed objects untouched, byte for byte
-        if name != "latest" and name not in finished:
+        if name != "latest":
             assert after[name] == data, name
     kv = fresh_versioned(root)
     for v in range(1, 4):
@@ -261,8 +262,14 @@ def test_finished_multi_writer_transactions_are_cleaned_after_grace() -> None:
         th.join(T)
     assert set(base.list("txns/").result(T)) == {"txns/step-1/result"}  # fragments went at once
     assert gc(kv).result(T).deleted == ()
+    # the result stays while version 1, which it names, is retained
+    assert gc(kv, grace=0, dry_run=False).result(T).deleted == ()
+    assert set(base.list("txns/").result(T)) == {"txns/step-1/result"}
+    kv.write("later", b"x").result(T)
+    kv.delete_versions([1]).result(T)
     rep = gc(kv, grace=0, dry_run=False).result(T)
-    assert set(rep.deleted) == {"txns/step-1/result"}
+    assert "txns/step-1/result" in rep.deleted
+    assert base.list("txns/").result(T) == []
     assert len(bytes(kv.read("p1").result(T).value)) == 1000  # its data is committed: kept
     assert verify(kv).result(T) == []
 

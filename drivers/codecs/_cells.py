@@ -78,6 +78,7 @@ def gather_cells(a: np.ndarray, chunk_shape: tuple[int, ...], fill: np.ndarray,
     if size in (1, 2, 4, 8):
         flat = out.reshape(ncells, -1).view(f"u{size}")
         fv = fill.view(f"u{size}")
-        return flat.any(axis=1) if fv == 0 else (flat != fv).any(axis=1)
-    flat = out.reshape(ncells, -1).view(np.uint8).reshape(ncells, -1, size)
-    return (flat != np.frombuffer(fill.tobytes(), np.uint8)).any(axis=(1, 2))
+        # a (ncells,) mask: np.asarray only narrows the type (any() may be a scalar on 1-d input)
+        return np.asarray(flat.any(axis=1) if fv == 0 else (flat != fv).any(axis=1))
+    raw = out.reshape(ncells, -1).view(np.uint8).reshape(ncells, -1, size)
+    return (raw != np.frombuffer(fill.tobytes(), np.uint8)).any(axis=(1, 2))

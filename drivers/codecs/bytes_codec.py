@@ -66,10 +66,10 @@ class BytesCodec(ArrayBytesCodec):
         if self.needs_swap(a.dtype):
             if a.dtype.kind == "V":  # ml_dtypes: no byte-swapped variant, reverse bytes
                 a = a.view(np.uint8).reshape(a.shape + (a.dtype.itemsize,))[..., ::-1]
-                return memoryview(np.ascontiguousarray(a).reshape(-1))
+                return np.ascontiguousarray(a).reshape(-1).data
             a = a.astype(self._stored(a.dtype))
         # through uint8: memoryview cannot export ml_dtypes' bfloat16/float8
-        return memoryview(a.reshape(-1).view(np.uint8))
+        return a.reshape(-1).view(np.uint8).data
 
     def encoded_size(self, shape: tuple[int, ...], dtype: np.dtype) -> int | None:
         return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

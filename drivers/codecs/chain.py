@@ -68,9 +68,9 @@ class CodecChain(ChunkCodec):
         self.limit = decode_limit(int(np.prod(shape, dtype=np.int64)), dtype)
         size = ab.encoded_size(s, d)
         self.bb_sizes: list[int | None] = []  # decoded size of each bytes->bytes stage
-        for c in self.bb:
+        for b in self.bb:
             self.bb_sizes.append(size)
-            size = c.encoded_size(size)
+            size = b.encoded_size(size)
         self.encoded_size = size
         native = not self.aa and ab.stores_native(dtype)
         # see ChunkCodec: raw (stored bytes = the array), direct (the one
@@ -122,8 +122,8 @@ class CodecChain(ChunkCodec):
         for c in self.aa:
             a = c.encode(a)
         buf = self.ab.encode(a)
-        for c in self.bb:
-            buf = c.encode(buf)
+        for b in self.bb:
+            buf = b.encode(buf)
         return buf
 
     def decode(self, buf: Buffer, *, key: str, out: np.ndarray | None = None) -> np.ndarray:
@@ -145,7 +145,7 @@ class CodecChain(ChunkCodec):
             return np.frombuffer(buf, dtype=self.dtype).reshape(self.shape)
         if self.direct:  # one compressor over native bytes: decompress into place
             target = out if out is not None else np.empty(self.shape, dtype=self.dtype)
-            view = memoryview(target.reshape(-1).view(np.uint8))
+            view = target.reshape(-1).view(np.uint8).data
             res = self.bb[0].decode(buf, key=key, size=self.nbytes, limit=self.limit, out=view)
             if res is view or res is target or np.shares_memory(np.frombuffer(res, np.uint8), target):
                 return target

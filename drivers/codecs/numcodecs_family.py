@@ -55,7 +55,7 @@ _FROM_DTYPE = {"shuffle": ("elementsize", lambda dt: dt.itemsize),
 _MANTISSA = {2: 10, 4: 23, 8: 52}
 
 
-def _numcodec(cls: type, config: dict[str, Any], chunk: ChunkSpec) -> Any:
+def _numcodec(cls: type[_NumcodecsBytesBytes | _NumcodecsArrayArray], config: dict[str, Any], chunk: ChunkSpec) -> Any:
     """The numcodecs codec for ``config`` (defaults filled as zarr-python fills them)."""
     cid = cls.codec_id
     if config.get("id", cid) != cid:
@@ -100,7 +100,7 @@ class _NumcodecsBytesBytes(BytesBytesCodec):
 
     def encode(self, buf: Buffer) -> Buffer:
         out = self._c.encode(buf)
-        return memoryview(np.ascontiguousarray(out)).cast("B") if isinstance(out, np.ndarray) else out
+        return np.ascontiguousarray(out).data.cast("B") if isinstance(out, np.ndarray) else out
 
     def decode(self, buf: Buffer, *, key: str, size: int | None, limit: int,
                out: Buffer | None = None) -> Buffer:

@@ -108,7 +108,8 @@ class V2Param:
 
 
 class V2Decode(Protocol):
-    def __call__(self, codec: Any, buf: Buffer, *, key: str, size: int | None, limit: int,
+    # codec and buf positional-only: decoders name their codec after its class (``b: Blosc``)
+    def __call__(self, codec: Any, buf: Buffer, /, *, key: str, size: int | None, limit: int,
                  out: Buffer | None) -> Buffer: ...
 
 

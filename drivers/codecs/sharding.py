@@ -288,7 +288,7 @@ class ShardingCodec(ArrayBytesCodec):
         end = start + kept * nbytes
         at = 0 if self.index_location == "start" else end
         buf[at: at + self.index_nbytes] = np.frombuffer(self.index.encode(idx), np.uint8)
-        return memoryview(buf)[: end + (0 if start else self.index_nbytes)]
+        return buf.data[: end + (0 if start else self.index_nbytes)]
 
     def _assemble(self, encoded: list[tuple[int, Buffer]]) -> Buffer:
         """The shard bytes for encoded inner chunks ``(cell number, bytes)`` in

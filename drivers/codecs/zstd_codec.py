@@ -6,6 +6,7 @@ Also decodes the zarr v2 compressor ``zstd``, and is ``compression="zstd"``
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numcodecs.zstd as _nz
@@ -117,16 +118,16 @@ def _decode_streaming(mv: memoryview, *, key: str, size: int | None, limit: int)
     """Frames after frames, decoded by a streaming decoder that stops after
     ``size + 1`` (``limit + 1``) output bytes."""
     try:
-        from compression import zstd  # Python 3.14+
-    except ImportError:
-        try:
+        if sys.version_info >= (3, 14):
+            from compression import zstd  # Python 3.14+
+        else:
             from backports import zstd  # optional (extra "zstd"): Python < 3.14
-        except ImportError:
-            raise UnsupportedError(
-                f"chunk {key!r}: a zstd frame that declares no content size, in a chunk whose "
-                "decoded size is not fixed, needs a bounded streaming decoder: "
-                'pip install "tensorstore_py[zstd]" (the backports.zstd package)'
-            ) from None
+    except ImportError:
+        raise UnsupportedError(
+            f"chunk {key!r}: a zstd frame that declares no content size, in a chunk whose "
+            "decoded size is not fixed, needs a bounded streaming decoder: "
+            'pip install "tensorstore_py[zstd]" (the backports.zstd package)'
+        ) from None
     return decompress_bounded(zstd.ZstdDecompressor, mv, codec="zstd", key=key, size=size,
                               limit=limit, members=True, errors=(zstd.ZstdError,))
 

@@ -187,6 +187,6 @@ def encode_block(metadata: N5Metadata, array: np.ndarray, *,
         want = expected if expected is not None else f"at most {metadata.block_size}"
         raise InvalidArgumentError(f"n5 block of shape {want}: got an array of shape {a.shape}")
     stored = a.astype(metadata.stored_dtype, order="F")  # one pass: byte order and element order
-    body = metadata.compression.encode(memoryview(stored.reshape(-1, order="F").view(np.uint8)),
+    body = metadata.compression.encode(stored.reshape(-1, order="F").view(np.uint8).data,
                                        itemsize=metadata.dtype.itemsize)
     return b"".join((encode_header(a.shape), body))

@@ -31,6 +31,7 @@ in N5 terms, or an N5 type ("bzip2", "xz", "lz4", ...) with its level.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -192,8 +193,14 @@ class N5Array(AttributedArray, ChunkedArray):
     driver = "n5"
     metadata_key = ATTRIBUTES_KEY
     optional_fields = _SPEC_OPTIONAL
-    complete_metadata = staticmethod(complete_metadata_n5)
-    normalize_field = staticmethod(_normalize)
+
+    @staticmethod
+    def complete_metadata(partial: Mapping[str, Any]) -> dict[str, Any]:
+        return complete_metadata_n5(partial)
+
+    @staticmethod
+    def normalize_field(field: str, value: Any, parsed: N5Parsed) -> Any:
+        return _normalize(field, value, parsed)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

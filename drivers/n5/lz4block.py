@@ -26,6 +26,7 @@ raise UnsupportedError.
 from __future__ import annotations
 
 import struct
+from types import ModuleType
 
 import numcodecs.lz4 as _lz4
 import numpy as np
@@ -33,6 +34,7 @@ import numpy as np
 from tensorstore_py.core.errors import ChecksumError, DataCorruptionError, UnsupportedError
 from tensorstore_py.core.ranges import Buffer
 
+xxhash: ModuleType | None
 try:  # optional: the "n5" extra; only lz4 blocks need it
     import xxhash
 except ImportError:  # pragma: no cover - exercised where the extra is missing
@@ -49,7 +51,7 @@ MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 64, 1 << (LEVEL_BASE + 0x0F)
 SEED, CHECKSUM_MASK = 0x9747B28C, 0x0FFFFFFF
 
 
-def _xxhash() -> object:
+def _xxhash() -> ModuleType:
     if xxhash is None:
         raise UnsupportedError(
             "n5 lz4 compression needs the 'xxhash' package for its checksums: "
@@ -58,9 +60,9 @@ def _xxhash() -> object:
     return xxhash
 
 
-def frame_checksum(data: Buffer) -> int:
+def frame_checksum(data: Buffer | np.ndarray) -> int:
     """The checksum lz4-java stores for a frame's decoded ``data``."""
-    return _xxhash().xxh32_intdigest(data, seed=SEED) & CHECKSUM_MASK  # type: ignore[attr-defined]
+    return _xxhash().xxh32_intdigest(data, seed=SEED) & CHECKSUM_MASK
 
 
 def level_of(block_size: int) -> int:

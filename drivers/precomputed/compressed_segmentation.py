@@ -296,7 +296,7 @@ def _decode_channel(words: np.ndarray, shape: tuple[int, int, int], block: tuple
 
 
 def _gather_channel(words: np.ndarray, shape: tuple[int, int, int], block: tuple[int, int, int],
-                    dtype: np.dtype, zyx: tuple[np.ndarray, np.ndarray, np.ndarray], out: np.ndarray,
+                    dtype: np.dtype, zyx: tuple[np.ndarray, ...], out: np.ndarray,
                     key: str) -> None:
     """Decode only the voxels at coordinates ``zyx`` (one index array per dimension, their
     outer product) of one channel: work in proportion to the voxels, not the chunk."""

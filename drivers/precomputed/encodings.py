@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 import numpy as np
 
@@ -53,18 +53,18 @@ _COMPRESSO_HEADER = 36
 _COMPRESSO_MAX_DIM = 0xFFFF  # the header stores each dimension as a u16
 
 
-def _optional(name: str) -> Any:
+def _optional(name: str) -> ModuleType:
     """``imagecodecs`` (jpeg, png) or ``compresso``, or an ImportError naming the extra."""
     try:
         if name == "imagecodecs":
-            import imagecodecs as module  # optional: only jpeg/png chunks need it
-        else:
-            import compresso as module  # optional: only compresso chunks need it
+            import imagecodecs  # optional: only jpeg/png chunks need it
+            return imagecodecs
+        import compresso  # optional: only compresso chunks need it
+        return compresso
     except ImportError as e:
         chunks = "jpeg and png" if name == "imagecodecs" else name
         raise ImportError(f"{chunks} chunks need the {name!r} package: "
                           "pip install 'tensorstore_py[precomputed]'") from e
-    return module
 
 
 def _png_size(data: Buffer) -> tuple[int, int] | None:
@@ -170,6 +170,7 @@ class ChunkCodec:
         """
         full = self._shape(shape)
         if self.encoding == "compressed_segmentation":
+            assert self.compressed_segmentation_block_size is not None  # __post_init__
             return decode_segmentation(data, full, self.compressed_segmentation_block_size, self.dtype, key=key,
                                        region=region, out=out)
         if self.encoding == "raw":
@@ -254,6 +255,7 @@ class ChunkCodec:
         if self.encoding == "raw":
             return np.ascontiguousarray(array.transpose(3, 2, 1, 0), dtype=self.dtype).tobytes()
         if self.encoding == "compressed_segmentation":
+            assert self.compressed_segmentation_block_size is not None  # __post_init__
             return encode_segmentation(array, self.compressed_segmentation_block_size)
         if self.encoding == "compresso":
             if max(array.shape[:3]) > _COMPRESSO_MAX_DIM:

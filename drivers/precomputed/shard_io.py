@@ -3,7 +3,9 @@
 Reading never fetches a whole shard. For each shard a read touches it needs
 the 16-byte shard index entries of the minishards involved, those minishard
 indexes, and then the chunks: three rounds of ranged reads
-(``KvStore.read_ranges``, nearby ranges merged into one request). Shard index
+(``KvStore.read_ranges``, nearby ranges merged into one request; reads of one
+shard in flight at once send the ranges they ask for in the same turn of the
+event loop as one such read: ``drivers/shard_reads.py::ShardRequests``). Shard index
 entries and decoded minishard indexes are cached per shard (an LRU bounded in
 bytes) together with the shard's generation; every data read is checked
 against that generation and a changed shard is looked up afresh, so a reader
@@ -50,6 +52,7 @@ from tensorstore_py.drivers.precomputed.sharding import (
     split_shard,
 )
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
+from tensorstore_py.drivers.shard_reads import ShardRequests
 from tensorstore_py.kvstore.base import Buffer, ByteRange, Generation, KvStore, ReadResult
 
 __all__ = ["ShardedChunks"]
@@ -143,6 +146,7 @@ class ShardedChunks:
         self._budget = budget
         self._shard_cells = shard_cells
         self._cache = _IndexCache()
+        self._shared = ShardRequests(_GAP)  # concurrent reads of one shard share their requests
 
     # -- locating chunks ---------------------------------------------------------------
     def chunk_id(self, cell: tuple[int, ...]) -> int:
@@ -178,7 +182,7 @@ class ShardedChunks:
             want = sorted(m for m in minishards if st is None or m not in st.entries)
             if want:
                 ranges = [self._spec.shard_index_range(m) for m in want]
-                rr = await self._kv.read_ranges(key, ranges, coalesce_gap=_GAP)
+                rr = await self._shared.ranges(self._kv, key, ranges)
                 if rr.state == "missing":
                     self._cache.drop(key)
                     return None
@@ -190,8 +194,9 @@ class ShardedChunks:
                 for m, r, v in zip(want, ranges, rr.values):
                     entry = _exact(v, r, key, f"shard index entry {m}")
                     st.entries[m] = decode_shard_index_entry(entry, self._spec, key=key)
-            todo = [(m, r) for m in sorted(minishards)
-                    if (r := st.entries[m]) is not None and m not in st.minishards]
+            assert st is not None  # nothing wanted: every minishard (at least one) was cached
+            todo = [(m, e) for m in sorted(minishards)
+                    if (e := st.entries[m]) is not None and m not in st.minishards]
             if todo:
                 raws = await self._fetch(key, st, [(f"minishard {m} index", r) for m, r in todo],
                                          MAX_MINISHARD_INDEX_BYTES)
@@ -211,7 +216,7 @@ class ShardedChunks:
         for what, r in ranges:
             if _size(r) > limit:
                 raise DataCorruptionError(f"shard {key!r}: {what} is {_size(r)} bytes, more than {limit}")
-        rr = await self._kv.read_ranges(key, [r for _, r in ranges], coalesce_gap=_GAP)
+        rr = await self._shared.ranges(self._kv, key, [r for _, r in ranges])
         if rr.state == "missing" or rr.generation != st.generation:
             return None
         return [_exact(v, r, key, what) for (what, r), v in zip(ranges, rr.values)]

@@ -31,6 +31,7 @@ import math
 import zlib
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from tensorstore_py.core.ranges import Buffer, ByteRange
 from tensorstore_py.drivers.codecs.gzip_codec import inflate
 from tensorstore_py.drivers.precomputed._json import member, parse_enum, parse_int, spec_error
 
+mmh3: ModuleType | None
 try:  # optional (extra "precomputed"): only the murmurhash3_x86_128 hash needs it
     import mmh3
 except ImportError:  # pragma: no cover - exercised only where the extra is missing
@@ -546,6 +548,7 @@ def split_shard(spec: ShardingSpec, shard: Buffer, *, key: str,
     for minishard, r in enumerate(decode_shard_index(mv[:spec.shard_index_size], spec, key=key)):
         if r is None:
             continue
+        assert r.stop is not None  # _absolute bounds every range it returns
         if r.stop > size:
             raise DataCorruptionError(f"shard {key!r}: minishard {minishard} index at {r} is past the end ({size})")
         index = decode_minishard_index(mv[r.start:r.stop], spec, key=key)

@@ -18,7 +18,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, ParticipantFailedError
 from tensorstore_py.kvstore.versioned.format import (
@@ -148,7 +148,7 @@ def encode_fragment(txn_id: str, a: Attempt, write_id: str, f: Fragment) -> byte
     )
 
 
-def _strings(v: Any) -> bool:
+def _strings(v: Any) -> TypeGuard[list[str]]:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 

@@ -13,8 +13,9 @@ Two collections:
   retention runs after every save): deletes the objects reachable only from
   deleted versions, whatever their age, reading only what changed (the
   watermark and the contiguous-range argument of :mod:`.reclaim`), so its cost
-  does not grow with the history. It also drops finished multi-writer
-  transactions older than the grace period and, at most once per
+  does not grow with the history. It also drops what finished multi-writer
+  transactions left besides their ``result`` once older than the grace
+  period (their ``result`` is left to full collections) and, at most once per
   ``sweep_interval`` (store clock), runs a full collection.
 * :func:`gc` (a *full collection*, dry run by default): marks everything the
   kept versions reference and deletes what is unmarked, old and not claimed by
@@ -46,7 +47,11 @@ unmarked object is deleted only when it is older than ``grace`` seconds AND no
 live writer lease claims it (:mod:`.leases`: a transaction open for hours keeps
 what it wrote, whatever the grace). A store that can not tell an object's age
 keeps every unmarked object unless ``grace == 0`` and no writer holds a lease.
-A multi-writer transaction whose ``result`` is older than the grace period is
+What answers "did this txn id commit?" stays while the version the id
+committed is kept: a full collection keeps ``txns/<id>/result`` of every
+``txn_id`` a kept version's record carries (and the attempt records while no
+result exists); prompt reclaim deletes no result at all. Any other
+multi-writer transaction whose ``result`` is older than the grace period is
 over: all its ``txns/<id>/`` objects go. Leases whose owners are gone are
 deleted. With a file store, temporaries of crashed writers older than the
 grace (``FileKvStore.sweep_temporaries``) are collected too.
@@ -179,8 +184,9 @@ def reclaim(
     Objects reachable only from deleted versions go at once (except versions a
     reader lease pins or committed over less than ``read_grace`` seconds ago:
     a later reclaim takes them), reading only the versions not reclaimed
-    before and their neighbours. Finished multi-writer transactions older than
-    ``grace`` go too; when the last full collection is older than
+    before and their neighbours. Leftovers of finished multi-writer
+    transactions older than ``grace`` go too (never a ``result``: a txn id is
+    remembered while its version is retained); when the last full collection is older than
     ``sweep_interval`` seconds, a full one (:func:`gc` with ``grace``) runs as
     well, so orphans of failed writes do not pile up. Idempotent.
     """
@@ -209,8 +215,18 @@ class _Rules:
         return self.old(info) and not self.leases.protects(info.mtime)
 
 
-def _txns(listed: dict[str, KeyInfo], rules: _Rules) -> tuple[set[str], list[str]]:
-    """(multi-writer objects to delete, fragments still in flight: they mark their data)."""
+def _txns(listed: dict[str, KeyInfo], rules: _Rules,
+          committed: set[str] | None) -> tuple[set[str], list[str]]:
+    """(multi-writer objects to delete, fragments still in flight: they mark their data).
+
+    ``committed``: the transaction ids that kept versions carry (a full
+    collection reads every commit record); their ``result`` stays, and so do
+    their attempt records while no ``result`` exists: what answers "did this id
+    commit?" lives as long as the version it committed (docs/FORMAT.md §7.5).
+    None (prompt reclaim, which does not read every record): no ``result`` and
+    nothing of a transaction without one is deleted; only the leftovers of
+    finished transactions (those with a ``result``) go.
+    """
     by_txn: dict[str, list[str]] = {}
     for name in listed:
         m = _TXN_RE.match(name)
@@ -220,20 +236,32 @@ def _txns(listed: dict[str, KeyInfo], rules: _Rules) -> tuple[set[str], list[str
     live: list[str] = []
     for txn_id, names in by_txn.items():
         result = f"txns/{txn_id}/result"
-        if result in listed and rules.old(listed[result]):
-            out.update(names)  # the transaction is over
+        finished = result in listed
+        over = finished and rules.old(listed[result])
+        if committed is None or txn_id in committed:
+            # the id's commit is retained (or might be): its answer stays
+            for n in names:
+                if n == result or (not finished and "/attempts/" in n):
+                    continue
+                if over or rules.collectable(listed[n]):
+                    out.add(n)
+                elif not finished and _is_fragment(n):
+                    live.append(n)
+            continue
+        if over:
+            out.update(names)  # the transaction is over and its version is not kept
             continue
         # Without a result, the attempt records are what tells a restarted
         # coordinator that this txn id may have committed already: they stay while
         # any object of the transaction is young (docs/FORMAT.md §9).
-        in_use = result not in listed and any(not rules.old(listed[n]) for n in names)
+        in_use = not finished and any(not rules.old(listed[n]) for n in names)
         for n in names:
             attempt = "/attempts/" in n
             if attempt and in_use:
                 continue
             if rules.collectable(listed[n]):
                 out.add(n)
-            elif result not in listed and _is_fragment(n):
+            elif not finished and _is_fragment(n):
                 live.append(n)  # no outcome yet: its data is not referenced by a commit
     return out, live
 
@@ -316,7 +344,7 @@ async def _reclaim(base: KvStore, grace: float, read_grace: float, sweep_interva
         found = await find_reclaimable(base, shared, shared.read_record, head, wm.reclaimed, pinned)
     rules = _Rules(now, grace, leases)
     txns = {i.key: i for i in await base.list_info("txns/") if _TXN_RE.match(i.key)}
-    txn_delete, _live = _txns(txns, rules)
+    txn_delete, _live = _txns(txns, rules, None)
     names = set(found.objects) | txn_delete
     await _delete(base, _order(names))
     await delete_expired(base, leases)
@@ -399,7 +427,8 @@ class _Gc:
             await walk(self.root.load_node, rec.root, nodes, self._mark_entry)
 
         rules = _Rules(now, self.grace, leases)
-        txn_delete, in_flight = _txns(listed, rules)
+        committed = {r.txn_id for r in kept if r.txn_id is not None}
+        txn_delete, in_flight = _txns(listed, rules, committed)
         await asyncio.gather(*(self._mark_fragment(n) for n in in_flight))
         # versions committed since the newest was read: a fragment found gone
         # above was merged into one of them, a writer whose lease we read first
@@ -410,6 +439,8 @@ class _Gc:
                 if rec.changes_ref is not None:
                     self.marked.add(rec.changes_ref)
                 await walk(self.root.load_node, rec.root, nodes, self._mark_entry)
+                if rec.txn_id is not None:  # committed meanwhile: what answers for its id stays
+                    txn_delete = {n for n in txn_delete if not n.startswith(f"txns/{rec.txn_id}/")}
         self.marked |= nodes
 
         found = Reclaim()
@@ -435,6 +466,10 @@ class _Gc:
                 kept_young.append(name)
             elif leases.protects(info.mtime):
                 kept_leased.append(name)
+            elif name.startswith("txns/"):
+                # what _txns keeps answers "did this id commit?": referenced by its id
+                kept_ref += 1
+                kept_ref_bytes += info.size or 0
             else:
                 to_delete.add(name)
 

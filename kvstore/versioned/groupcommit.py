@@ -87,7 +87,8 @@ async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
         # the newest version is looked up while the data uploads: one round trip less
         probe = probe or root.start_probe()
         try:
-            for op, e in zip(pending, await pack(root, [op.value for op in pending])):
+            values = [op.value for op in pending if isinstance(op.value, Pending)]  # all of them
+            for op, e in zip(pending, await pack(root, values)):
                 op.value = e
         except BaseException:
             probe.cancel()

@@ -97,8 +97,8 @@ class MultiWriterParticipant(VersionedParticipant):
         super().__init__(root, snapshot, txn)
         self._attempt: asyncio.Future[Attempt | CommitRecord] | None = None
 
-    async def pin(self) -> int:
-        v = await super().pin()
+    async def pin(self, probe: asyncio.Future[int] | None = None) -> int:
+        v = await super().pin(probe)
         if self.txn.process_index == 0:
             self._open()  # early, so that participants can deliver while process 0 still writes
         return v
@@ -304,9 +304,15 @@ async def _announce(root: VersionedRoot, txn: Transaction, a: Attempt | None, ou
 
 async def _cleanup(root: VersionedRoot, txn_id: str) -> None:
     """Delete the transaction's attempts and fragments; the small result stays
-    (garbage collection ages it out, FORMAT.md §9). Best effort."""
+    (garbage collection keeps it while the version it names is retained,
+    FORMAT.md §9). Best effort. Nothing is deleted while no ``result`` is
+    listed (its write failed): the attempts then bound the search for the
+    commit record (§7.2), so that a re-run still finds the commit."""
     try:
-        names = [n for n in await root.base.list(txn_prefix(txn_id)) if n != result_name(txn_id)]
+        listed = await root.base.list(txn_prefix(txn_id))
+        if result_name(txn_id) not in listed:
+            return
+        names = [n for n in listed if n != result_name(txn_id)]
         sem = asyncio.Semaphore(CONCURRENCY)
 
         async def one(name: str) -> None:
@@ -382,9 +388,10 @@ async def _participate(root: VersionedRoot, txn: Transaction, mine: Fragment, de
             if not wait:
                 return CommitInfo(version=None, write_id=txn.write_id, time=time.time(), txn_id=txn_id,
                                   keys_changed=len(mine.changes))
-            got, watched, mine_in = await _await_outcome(root, txn, watched, mine_in, mine, deadline)
-            if isinstance(got, CommitRecord):
-                return await _as_ours(root, txn, got, mine, mine_in)
+            outcome, watched, mine_in = await _await_outcome(root, txn, watched, mine_in, mine, deadline)
+            if isinstance(outcome, CommitRecord):
+                return await _as_ours(root, txn, outcome, mine, mine_in)
+            got = outcome
     except DeadlineExceededError:
         # process 0 may have committed and died before announcing it:
         # the commit record itself carries the transaction id
@@ -435,8 +442,8 @@ async def _if_same_writes(root: VersionedRoot, txn: Transaction, rec: CommitReco
             f"{what}, and its index can not be read to compare this process's writes with it ({e}); "
             f"transaction ids must not be reused"
         ) from e
-    for (k, e), cur in zip(changes, found):
-        if _size_crc(e) != _size_crc(cur):
+    for (k, entry), cur in zip(changes, found):
+        if _size_crc(entry) != _size_crc(cur):
             raise InvalidArgumentError(
                 f"{what} with other data for key {k!r}; transaction ids must not be reused "
                 f"(a retry of a committed transaction must write the same values)"

@@ -26,6 +26,7 @@ from tensorstore_py.kvstore.versioned.format import (
     MAGIC_CHANGES,
     MAGIC_HINT,
     CommitRecord,
+    RefEntry,
     commit_name,
     crc32c,
     frame,
@@ -78,7 +79,7 @@ async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) 
             await asyncio.gather(*(node(c) for c in n.children))
         else:
             for k, e in zip(n.keys, n.entries):
-                if hasattr(e, "object"):
+                if isinstance(e, RefEntry):
                     values.setdefault(e.object, []).append((e.offset, e.length, e.crc, k))
         async with sem:
             await create_copy(out, name, res.value)

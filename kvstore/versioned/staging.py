@@ -49,8 +49,12 @@ Guarantees:
   reused); concurrent calls make one version. This uses the transaction-id objects of multi-writer commits
   (``txns/<txn_id>/attempts/<k>`` before the commit, ``txns/<txn_id>/result``
   after it; docs/FORMAT.md §7), so one id is also shared with multi-writer
-  transactions. An id is remembered until garbage collection ages out its
-  ``result`` object (its grace period).
+  transactions. An id is remembered as long as the version it committed is
+  retained (garbage collection, full or prompt, in any process, keeps its
+  ``result``, or its attempts while the ``result`` is missing); once
+  retention deleted that version, until a full collection finds the
+  ``result`` older than its grace period (docs/FORMAT.md §7.5). A call with
+  the id after that commits again.
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ from tensorstore_py.kvstore.base import (
     Generation,
     KvStore,
     ReadResult,
+    TransactionLike,
     rebuild,
 )
 from tensorstore_py.kvstore.registry import open_kvstore, register_kvstore, require_conditional_writes
@@ -391,7 +392,10 @@ class VersionedKvStore(KvStore, RootView):
     async def _submit(self, kind: str, key: str, value: Any, if_equal: Generation | None) -> Any:
         return await submit(self._root, kind, key, value, if_equal)
 
-    def _transaction_participant(self, txn: Transaction) -> VersionedParticipant:
+    def _transaction_participant(self, txn: TransactionLike) -> VersionedParticipant:
+        if not isinstance(txn, Transaction):  # Transaction.bind, the caller, passes itself
+            raise InvalidArgumentError(f"{self!r}: a transaction is a tensorstore_py.Transaction, "
+                                       f"got {type(txn).__name__}")
         if self.tag_name is not None and self.version is None:
             raise InvalidArgumentError(
                 f"{self!r}: open a tag snapshot with KvStore.open (which resolves the tag) "

@@ -464,7 +464,8 @@ class _Walker:
                     bad = await self._check_streamed(obj, sorted(entries))
             if bad is None:
                 key = entries[min(entries)][0]
-                v = min(self._version_of(ref) for ref in entries.values())
+                v = min((v for ref in entries.values() if (v := self._version_of(ref)) is not None),
+                        default=None)
                 self._problem(obj, "missing", f"data object is missing ({len(entries)} values, "
                               f"e.g. key {key!r})", v)
                 return

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,9 @@ CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
 TREE_METADATA = "_METADATA"
 _SUPPORTED_HANDLERS = ("StandardCheckpointHandler", "PyTreeCheckpointHandler")
 _ARRAY_TYPES = ("jax.Array", "np.ndarray", "scalar")
-_EMPTY_TYPES = {"None": None, "Dict": {}, "List": [], "Tuple": ()}
+# a new empty value for each leaf: a restored tree owns its lists and dicts
+_EMPTY_TYPES: dict[str, Callable[[], object]] = {
+    "None": lambda: None, "Dict": dict, "List": list, "Tuple": tuple}
 
 
 @dataclass
@@ -199,7 +201,8 @@ def _read_arrays(item: OrbaxItem, leaves: list[ForeignLeaf], requests: list[tupl
     out: list[np.ndarray] = []
     i = 0
     while i < len(requests):
-        wave, acc = [], 0
+        wave: list[Any] = []  # TensorStore's read futures
+        acc = 0
         while i < len(requests) and (not wave or acc < max_bytes_in_flight):
             k, region = requests[i]
             acc += math.prod(region_shape(region)) * leaves[k].dtype.itemsize
@@ -289,10 +292,10 @@ def _restore_item(ts: Any, ctx: Any, item: OrbaxItem, target: Any, cast: bool,
 
     def build(values: list[np.ndarray]) -> Any:
         it = iter(values)
-        pairs = []
+        pairs: list[tuple[tuple[Any, ...], object]] = []
         for leaf in item.leaves:
             if leaf.value_type in _EMPTY_TYPES:
-                pairs.append((leaf.keys, _EMPTY_TYPES[leaf.value_type]))
+                pairs.append((leaf.keys, _EMPTY_TYPES[leaf.value_type]()))
             else:
                 a = next(it)
                 pairs.append((leaf.keys, a.item() if leaf.value_type == "scalar" else a))

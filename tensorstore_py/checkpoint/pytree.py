@@ -182,6 +182,9 @@ def _strip_seg(seg: str) -> str:
 
 
 _NT_CACHE: dict[tuple[str, tuple[str, ...]], type] = {}
+# called by another name: a type checker reads ``namedtuple(...)`` as a class statement,
+# whose name must be a literal
+_new_namedtuple = collections.namedtuple
 
 
 def _namedtuple_class(name: str, fields: tuple[str, ...]) -> type:
@@ -189,9 +192,9 @@ def _namedtuple_class(name: str, fields: tuple[str, ...]) -> type:
     cls = _NT_CACHE.get(key)
     if cls is None:
         try:
-            cls = collections.namedtuple(name, fields)  # type: ignore[misc]
+            cls = _new_namedtuple(name, fields)
         except ValueError:
-            cls = collections.namedtuple("Record", fields, rename=True)  # type: ignore[misc]
+            cls = _new_namedtuple("Record", fields, rename=True)
         _NT_CACHE[key] = cls
     return cls
 

@@ -301,13 +301,13 @@ def restore_step(
                 leaf = LeafLayout.from_json(e)
                 slots.append(len(requests))
                 requests.append((leaf, tuple((0, n) for n in leaf.shape)))
-        arrays = iter(read(requests))
-        values = []
+        stored = iter(read(requests))
+        values: list[Any] = []
         for e in entries:
             if e["kind"] == "python":
                 values.append(_python_value(e["value"]))
             else:
-                a = _native(next(arrays))  # type: ignore[arg-type]
+                a = _native(next(stored))  # type: ignore[arg-type]
                 if "prng" in e:
                     a = from_key_data(a, e["prng"], None, f"checkpoint step {step}: leaf {e['path']}")
                 values.append(a[()] if e["kind"] == "numpy_scalar" else a)
@@ -367,7 +367,7 @@ def restore_step(
             requests.append((leaf, tuple((0, n) for n in leaf.shape)))
             sinks.append(None)
     arrays = read(requests)
-    values: list[Any] = []
+    values = []
     to_place: list[tuple[int, Any, Any, list[tuple[Any, np.ndarray]]]] = []
     assembled: list[tuple[int, Any, Any, list[Any]]] = []
     for kind, p in plans:

@@ -99,16 +99,16 @@ def parse_header(raw: bytes, *, where: str) -> tuple[list[TensorEntry], dict[str
     base = 8 + len(raw)
     meta = doc.pop("__metadata__", None) or {}
     out = []
-    for name, e in doc.items():
+    for name, entry in doc.items():
         try:
-            dt = dtype_of(e["dtype"], where=f"{where} tensor {name!r}")
-            shape = tuple(int(n) for n in e["shape"])
-            a, b = (int(x) for x in e["data_offsets"])
+            dt = dtype_of(entry["dtype"], where=f"{where} tensor {name!r}")
+            shape = tuple(int(n) for n in entry["shape"])
+            a, b = (int(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError) as err:
-            raise DataCorruptionError(f"{where}: tensor {name!r} has a malformed header entry {e!r}") from err
+            raise DataCorruptionError(f"{where}: tensor {name!r} has a malformed header entry {entry!r}") from err
         if b - a != math.prod(shape) * dt.itemsize or a < 0 or any(n < 0 for n in shape):
             raise DataCorruptionError(
-                f"{where}: tensor {name!r} of shape {shape} and dtype {e['dtype']} needs "
+                f"{where}: tensor {name!r} of shape {shape} and dtype {entry['dtype']} needs "
                 f"{math.prod(shape) * dt.itemsize} bytes, its data_offsets {[a, b]} hold {b - a}"
             )
         out.append(TensorEntry(name, dt, shape, base + a, base + b))

