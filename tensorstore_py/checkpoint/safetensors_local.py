@@ -166,9 +166,10 @@ def _tensor_tasks(fd: int, group: list[LocalBlock], where: str) -> list[tuple[in
 def _read_exact(fd: int, off: int, buf: np.ndarray, e: TensorEntry, where: str) -> int:
     """``buf.nbytes`` bytes at ``off`` into ``buf`` (uint8, contiguous)."""
     n = buf.nbytes
-    got = os.preadv(fd, (buf,), off)
+    mv = buf.data  # a memoryview of the array
+    got = os.preadv(fd, (mv,), off)
     while 0 < got < n:  # a short read: go on until EOF
-        k = os.preadv(fd, (buf[got:],), off + got)
+        k = os.preadv(fd, (mv[got:],), off + got)
         if k == 0:
             break
         got += k
