@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py import __version__
-from tensorstore_py.commands import checks, export, inspect, interop, maintenance, printers
+from tensorstore_py.commands import checks, export, inspect, interop, maintenance, printers, tiers
 from tensorstore_py.commands.errors import describe
 from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import spawn
@@ -59,6 +59,9 @@ JSON shapes. Exit codes: 0 success, 1 a problem found or the command failed,
 """
 
 _URL_HELP = "a checkpoint root, versioned store, zarr array or folder (path or URL)"
+
+
+_LOCAL_HELP = "the checkpoint manager's local tier of this root (each step's tiers are shown)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = cmd("ls", "list the steps of a checkpoint, the versions of a versioned store, or arrays")
     c.add_argument("url", help=_URL_HELP)
     _at(c, "as of version N of the store")
+    c.add_argument("--local", metavar="URL", help=_LOCAL_HELP)
     json_flag(c)
 
     c = cmd("info", "the arrays stored: shape, dtype, chunks, shards, codecs, sizes")
@@ -125,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--step", type=_int, metavar="N", help="only this checkpoint step's arrays")
     g.add_argument("--all", action="store_true", help="arrays of every retained version")
     _at(c, "verify the arrays as of version N of the store")
+    c.add_argument("--local", metavar="URL", help=_LOCAL_HELP + " (verified too)")
     json_flag(c)
 
     c = cmd("gc", "delete objects no retained version references (dry run unless --apply)")
@@ -192,6 +197,10 @@ def _orbax_or(native: Any, orbax: Any) -> Any:
 
 
 def _cmd_ls(a: argparse.Namespace) -> int:
+    if a.local:
+        data = _run(tiers.ls_tiers(a.url, a.local))
+        _emit(printers.dump(data) if a.json else printers.ls(data))
+        return EXIT_OK
     data = _orbax_or(lambda: inspect.ls(a.url, version=a.at_version), lambda: interop.orbax_ls(a.url))
     _emit(printers.dump(data) if a.json else printers.ls(data))
     return EXIT_OK
@@ -223,6 +232,14 @@ def _progress(a: argparse.Namespace, description: str, unit: str = "B") -> Progr
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
+    if a.local:
+        with _progress(a, "verify") as bar:
+            reports = _run(tiers.verify_tiers(a.url, a.local, step=a.step, progress=bar))
+        if a.json:
+            _emit(printers.dump([r.to_json() for r in reports]))
+        else:
+            _emit("\n".join(printers.verify(r) for r in reports))
+        return EXIT_OK if all(r.ok for r in reports) else EXIT_PROBLEMS
     with _progress(a, "verify") as bar:
         report = _run(checks.verify(a.url, step=a.step, all_versions=a.all, version=a.at_version,
                                     progress=bar))

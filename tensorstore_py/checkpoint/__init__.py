@@ -30,7 +30,10 @@ re-exports; no module imports it)::
     saving        snapshot + background writes + one commit
     restoring     plan and read the regions a process needs
     api           save / restore / leaf_paths / open_array and the shared Root
-    manager       CheckpointManager (retention, async saves)
+    tiers         the local tier: per-process parts, promotion to the root, the step to restore
+    tiered        a manager's two tiers: local saves, background promotions, restores
+    preemption    SIGTERM and JAX's preemption sync point
+    manager       CheckpointManager (retention, async saves, a local tier, preemption)
     foreign       restoring a foreign checkpoint's arrays into a target
     safetensors_* safetensors: the format, restore (native ranged reads), export
     orbax_import  Orbax steps (tree metadata; arrays read with TensorStore)

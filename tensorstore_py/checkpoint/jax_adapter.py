@@ -67,10 +67,11 @@ def _sharding_json(arr: Any) -> dict[str, Any] | None:
 
 
 def shards_to_save(
-    arr: Any,
+    arr: Any, *, replicas: bool = False,
 ) -> tuple[tuple[int, ...], np.dtype, tuple[int, ...], list[tuple[Region, Any]], dict[str, Any] | None]:
     """``(shape, dtype, shard_shape, [(region, single-device array)], sharding json)``
-    of the shards this process must write (addressable, ``replica_id == 0``)."""
+    of the shards this process must write (addressable, ``replica_id == 0``;
+    ``replicas=True``: every addressable region once, whichever replica it is)."""
     shape = tuple(arr.shape)
     parts: list[tuple[Region, Any]] = []
     if len(arr.sharding.device_set) == 1 and arr.is_fully_addressable:
@@ -79,9 +80,13 @@ def shards_to_save(
         parts.append((tuple((0, n) for n in shape), arr))
     else:
         shard_shape = tuple(arr.sharding.shard_shape(shape))
+        seen: set[Region] = set()
         for s in arr.addressable_shards:
-            if s.replica_id == 0:
-                parts.append((region_of_index(s.index, shape), s.data))
+            if s.replica_id == 0 or replicas:
+                region = region_of_index(s.index, shape)
+                if region not in seen:
+                    seen.add(region)
+                    parts.append((region, s.data))
     try:
         sj = _sharding_json(arr)
     except Exception:

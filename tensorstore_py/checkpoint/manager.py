@@ -12,10 +12,12 @@ from tensorstore_py.checkpoint.api import Root, RootLike
 from tensorstore_py.checkpoint.assembly import Assemble
 from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.interop import foreign_steps, restore_foreign_root
+from tensorstore_py.checkpoint.preemption import PreemptionWatch
 from tensorstore_py.checkpoint.restoring import ReadStats
 from tensorstore_py.checkpoint.saving import SaveOptions
 from tensorstore_py.checkpoint.staging import warm_pinned
 from tensorstore_py.checkpoint.storage import StepInfo
+from tensorstore_py.checkpoint.tiered import Tiers
 from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import Future, ready, run_sync
 from tensorstore_py.progress import ProgressArg
@@ -70,6 +72,28 @@ class CheckpointManager:
     In a multi-process JAX job (``jax.distributed`` initialised) every process
     creates the manager and calls :meth:`save` with the same steps; each writes
     only its own shards and process 0 commits.
+
+    **Local tier** (``local=``, e.g. ``"file:///dev/shm/run/"``): every save
+    commits this process's part to the local tier (one atomic commit there;
+    with several processes each has ``process_<i>/`` under it) and returns as
+    above; every ``persist_interval_steps``-th step, a ``save(...,
+    persist=True)`` and a preemption save are then copied to ``root`` in the
+    background, from the local tier's bytes, as ONE atomic commit there
+    (retention of ``root`` as above, after it). ``persist_interval_steps=None``
+    (the default): only those asked for. The local tier keeps the newest
+    ``local_max_to_keep`` steps of this process (default 2; None: all) plus
+    those whose promotion has not ended. :meth:`restore` takes the newest step
+    every process can read, from its local part first, else from ``root``;
+    :meth:`wait_until_finished` and :meth:`close` wait for the promotions too
+    (at interpreter exit a promotion gets ``SaveOptions.exit_timeout``, then is
+    abandoned: absent from ``root``, never partial). See docs/CHECKPOINTS.md.
+
+    **Preemption** (``save_on_preemption=True``): a SIGTERM handler is
+    installed (chaining the previous one; put back by :meth:`close`) or, in a
+    multi-controller JAX job with the preemption service (which catches SIGTERM
+    itself), JAX's preemption sync point is asked at each :meth:`should_save`; after a notice
+    :meth:`should_save` returns True and :meth:`save` saves that step whatever
+    the interval and persists it; :attr:`reached_preemption` is True once it did.
     """
 
     def __init__(
@@ -84,6 +108,10 @@ class CheckpointManager:
         options: SaveOptions | None = None,
         read_grace: float = 0.0,
         warm_staging: int = 0,
+        local: RootLike | None = None,
+        local_max_to_keep: int | None = 2,
+        persist_interval_steps: int | None = None,
+        save_on_preemption: bool = False,
     ) -> None:
         if max_to_keep is not None and max_to_keep < 1:
             raise InvalidArgumentError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
@@ -95,7 +123,20 @@ class CheckpointManager:
             raise InvalidArgumentError(f"read_grace must be a number of seconds >= 0, got {read_grace!r}")
         if isinstance(warm_staging, bool) or not isinstance(warm_staging, int) or warm_staging < 0:
             raise InvalidArgumentError(f"warm_staging must be a number of bytes >= 0, got {warm_staging!r}")
+        if local_max_to_keep is not None and local_max_to_keep < 1:
+            raise InvalidArgumentError(f"local_max_to_keep must be >= 1 or None, got {local_max_to_keep}")
+        if persist_interval_steps is not None and persist_interval_steps < 1:
+            raise InvalidArgumentError(
+                f"persist_interval_steps must be >= 1 or None, got {persist_interval_steps}"
+            )
         self._root = Root(root, coordinator=coordinator)
+        #: the local tier and its promotions (None without ``local=``)
+        self._tiers = None if local is None else Tiers(
+            self._root, local, local_max_to_keep=local_max_to_keep,
+            persist_interval_steps=persist_interval_steps, coordinator=coordinator,
+            read_grace=float(read_grace),
+        )
+        self._preemption = PreemptionWatch() if save_on_preemption else None
         self.max_to_keep = max_to_keep
         self.best_metric = best_metric
         self.best_mode = best_mode
@@ -114,9 +155,21 @@ class CheckpointManager:
         return self._root.kv
 
     # -- saving ----------------------------------------------------------------
+    @property
+    def reached_preemption(self) -> bool:
+        """True once a preemption notice arrived (``save_on_preemption``) and a step
+        was saved (and is being persisted) since: stop the loop. A notice that
+        arrives after a save but before this check leaves it False until the
+        next step is saved, so the step the loop stops at is always persisted."""
+        return self._preemption is not None and self._preemption.notice.is_set() and self._preemption.saved
+
     def should_save(self, step: int) -> bool:
-        """True when ``step`` falls on the save interval and is newer than every saved step."""
+        """True when ``step`` falls on the save interval and is newer than every saved
+        step, or when a preemption notice arrived (``save_on_preemption``; in a
+        multi-controller job every process must call this at every step)."""
         latest = self.latest_step()
+        if self._preemption is not None and self._preemption.reached(step):
+            return latest is None or step > latest
         return step % self.save_interval_steps == 0 and (latest is None or step > latest)
 
     def save(
@@ -127,8 +180,12 @@ class CheckpointManager:
         metrics: Mapping[str, Any] | None = None,
         force: bool = False,
         progress: ProgressArg = None,
+        persist: bool = False,
     ) -> Future[StepInfo | None]:
-        """Save ``tree`` as ``step``; returns a Future of the commit record.
+        """Save ``tree`` as ``step``; returns a Future of the commit record (with a
+        local tier: of the local commit; ``persist=True`` also promotes the step
+        to the persistent root in the background, as every
+        ``persist_interval_steps``-th step and a preemption save are).
 
         Skipped (a done Future of None) when ``step`` is off the save interval and
         ``force`` is False. Blocks for the staging (:class:`SaveOptions`
@@ -136,6 +193,9 @@ class CheckpointManager:
         in the background. Raises :class:`ConditionFailedError` if the step
         exists. ``progress``: see :func:`tensorstore_py.checkpoint.save`.
         """
+        preempted = self._preemption is not None and self._preemption.notice.is_set()
+        if preempted:
+            force = persist = True  # the job is going away: save this step, durably
         if not force and step % self.save_interval_steps != 0:
             return ready(None)
         if self.best_metric is not None and (metrics is None or self.best_metric not in metrics):
@@ -143,16 +203,29 @@ class CheckpointManager:
                 f"step {step}: metrics must contain {self.best_metric!r} (best_metric)"
             )
         with self._lock:
-            self.wait_until_finished()
-            fut = self._root.save(
-                step, tree, metrics=metrics, options=self.options, on_commit=self._after_commit,
-                progress=progress,
-            )
-            self._pending = fut
+            if self._tiers is not None:
+                if self._tiers.pending is not None:
+                    self._tiers.pending.result()  # one local save at a time
+                fut = self._tiers.save(
+                    step, tree, metrics=metrics or {}, options=self.options,
+                    persist=persist or self._tiers.wants_persist(step), on_persist=self._after_commit,
+                )
+            else:
+                self.wait_until_finished()
+                fut = self._root.save(
+                    step, tree, metrics=metrics, options=self.options, on_commit=self._after_commit,
+                    progress=progress,
+                )
+                self._pending = fut
+        if preempted:
+            self._preemption.saved = True  # type: ignore[union-attr]
         return fut  # type: ignore[return-value]
 
     def wait_until_finished(self) -> None:
-        """Block until the save in flight (if any) is committed; re-raise its error."""
+        """Block until the save in flight (if any) is committed -- with a local tier,
+        and every promotion scheduled has ended -- ; re-raise its error."""
+        if self._tiers is not None:
+            self._tiers.wait()
         fut = self._pending
         if fut is not None:
             try:
@@ -196,8 +269,11 @@ class CheckpointManager:
 
     # -- listing and restoring -------------------------------------------------
     def all_steps(self) -> list[int]:
-        """Every committed step, ascending (of an Orbax run folder: its finished steps)."""
+        """Every committed step, ascending (of an Orbax run folder: its finished steps;
+        with a local tier: those of the root and this process's local parts)."""
         steps = run_sync(self._root.store.list_steps())
+        if self._tiers is not None:
+            return sorted(set(steps) | set(self._tiers.local_steps()))
         return steps if steps else run_sync(foreign_steps(self._root.kv))
 
     def latest_step(self) -> int | None:
@@ -220,7 +296,10 @@ class CheckpointManager:
         return pick(ranked, key=lambda s: float(ms[s][self.best_metric]))  # type: ignore[index]
 
     def metrics(self, step: int) -> dict[str, Any]:
-        """The metrics saved with ``step``."""
+        """The metrics saved with ``step`` (with a local tier: from the root, else
+        from this process's local part)."""
+        if self._tiers is not None and step not in run_sync(self._root.store.list_steps()):
+            return run_sync(self._tiers.local.store.record(step)).metrics
         return run_sync(self._root.store.record(step)).metrics
 
     def restore(
@@ -236,7 +315,13 @@ class CheckpointManager:
     ) -> Any:
         """Restore ``step`` (default: the latest); see :func:`tensorstore_py.checkpoint.restore`
         (a target leaf of another dtype needs ``cast=True``). Over an Orbax run folder
-        it reads the Orbax step (read-only)."""
+        it reads the Orbax step (read-only). With a local tier: ``step=None`` is the
+        newest step every process can read (the processes agree on it), each
+        process reading its local part, else the copy at the root."""
+        if self._tiers is not None:
+            return self._tiers.restore(
+                step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, cast=cast, assemble=assemble,
+            )
         try:
             return self._root.restore(
                 step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
@@ -258,8 +343,12 @@ class CheckpointManager:
         run_sync(self._root.store.delete_steps([step], read_grace=self.read_grace))
 
     def close(self) -> None:
-        """Wait for the save in flight."""
-        self.wait_until_finished()
+        """Wait for the save (and promotions) in flight; put back the SIGTERM handler."""
+        try:
+            self.wait_until_finished()
+        finally:
+            if self._preemption is not None:
+                self._preemption.close()
 
     def __enter__(self) -> Self:
         return self

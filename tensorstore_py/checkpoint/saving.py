@@ -230,7 +230,7 @@ def _check_storable(path: str, dtype: Any) -> str:
 
 
 def snapshot(
-    tree: Any, *, process_index: int, process_count: int = 1, options: SaveOptions
+    tree: Any, *, process_index: int, process_count: int = 1, options: SaveOptions, replicas: bool = False
 ) -> Snapshot:
     """Phase 1: flatten, lay out and stage what this process writes.
 
@@ -239,6 +239,9 @@ def snapshot(
     (the state exceeds ``max_staging_bytes``), where the chunks are copied off
     the device by the writes (:func:`run_save`) and the caller waits for
     ``staged`` before it may change its arrays.
+
+    ``replicas=True`` (a local tier's part): every addressable region of a
+    ``jax.Array`` is staged, not only those with ``replica_id == 0``.
 
     In a multi-process job a ``jax.Array`` that lives on this process alone
     (fully addressable, e.g. a step counter made with ``jnp.int32``) is taken
@@ -261,7 +264,7 @@ def snapshot(
         process_local = is_jax_array(leaf) and process_count > 1 and leaf.is_fully_addressable
         parts: list[tuple[Region, Any]]
         if is_jax_array(leaf) and not process_local:
-            shape, dtype, shard_shape, parts, sharding = shards_to_save(leaf)
+            shape, dtype, shard_shape, parts, sharding = shards_to_save(leaf, replicas=replicas)
             v3 = _check_storable(path, dtype)
             entry["kind"] = "jax"
             if sharding is not None:

@@ -74,7 +74,13 @@ def _arrays_table(arrays: list[dict[str, Any]], *, detail: bool) -> str:
 
 def ls(data: dict[str, Any]) -> str:
     out = [_header(data)]
-    if data["kind"] == "checkpoint":
+    if data["kind"] == "checkpoint" and "local" in data:  # ls --local: each step's tiers
+        rows = [[s["step"], human_time(s["time"]), human_size(s["nbytes"]), ", ".join(s["tiers"]),
+                 _metrics(s["metrics"])] for s in data["steps"]]
+        out.append(format_table(["STEP", "TIME", "SIZE", "TIERS", "METRICS"], rows, right=[0, 2])
+                   if rows else "(no steps)")
+        out.append(f"local tier: {data['local']} ({len(data['local_roots'])} part root(s))")
+    elif data["kind"] == "checkpoint":
         rows = [[s["step"], human_time(s["time"]), human_size(s["nbytes"]),
                  s.get("readable_version") or s["version"] or "-",
                  _short(s["write_id"]) + ("*" if s.get("retired") else ""), _metrics(s["metrics"])]

@@ -1,0 +1,181 @@
+"""A manager's two tiers: local saves, promotions in the background, restores from either.
+
+:class:`Tiers` is the part of :class:`CheckpointManager` that runs when it has a
+local tier (``local=``); tiers.py holds the storage side (parts, promotion,
+the choice of a step to restore).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from tensorstore_py.checkpoint.api import Root, RootLike
+from tensorstore_py.checkpoint.attempts import next_namespace
+from tensorstore_py.checkpoint.coordination import Coordinator
+from tensorstore_py.checkpoint.inflight import track
+from tensorstore_py.checkpoint.restoring import restore_step
+from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator
+from tensorstore_py.checkpoint.storage import StepInfo
+from tensorstore_py.checkpoint.tiers import LocalTier, choose_step, promote
+from tensorstore_py.core.errors import DataCorruptionError, NotFoundError
+from tensorstore_py.core.future import Future, run_sync, spawn
+
+__all__ = ["Tiers"]
+
+log = logging.getLogger("tensorstore_py.checkpoint")
+
+#: restores that agreed on a step, per root, in this process: every process
+#: counts the same, so the coordination keys of each are new (a key is published once)
+_restores: dict[str, itertools.count[int]] = {}
+_restores_lock = threading.Lock()
+
+
+class Tiers:
+    """Saves to the local tier, promotions to the persistent one (``root``)."""
+
+    def __init__(
+        self, root: Root, local: RootLike, *, local_max_to_keep: int | None, persist_interval_steps: int | None,
+        coordinator: Coordinator | None, read_grace: float,
+    ) -> None:
+        self.root = root
+        self.coordinator = coordinator if coordinator is not None else default_coordinator()
+        self.local = LocalTier(local, process_index=self.coordinator.process_index,
+                               process_count=self.coordinator.process_count)
+        self.local_max_to_keep = local_max_to_keep
+        self.persist_interval_steps = persist_interval_steps
+        self.read_grace = read_grace
+        self.pending: Future[StepInfo] | None = None  # the local save in flight
+        self.promotion: Future[StepInfo] | None = None  # the newest promotion scheduled
+        self.unpromoted: set[int] = set()  # local steps whose promotion is scheduled, not ended
+        #: where the last restore read this process's part: "local" or "persistent"
+        self.restored_from: str | None = None
+        self._tag = hashlib.sha1(repr(root.kv).encode()).hexdigest()[:12]
+
+    def wants_persist(self, step: int) -> bool:
+        n = self.persist_interval_steps
+        return n is not None and step % n == 0
+
+    def save(
+        self, step: int, tree: Any, *, metrics: Mapping[str, Any], options: SaveOptions, persist: bool,
+        on_persist: Callable[[StepInfo], Awaitable[Any]],
+    ) -> Future[StepInfo]:
+        """The local save of ``step``; with ``persist``, its promotion is scheduled
+        after it (after the promotion before it: one at a time, in step order)."""
+        if persist:
+            self.unpromoted.add(step)
+        try:
+            fut = self.local.save(step, tree, metrics=metrics, options=options, on_commit=self._retain_local)
+        except BaseException:
+            self.unpromoted.discard(step)
+            raise
+        self.pending = fut
+        if persist:
+            self._schedule(step, fut, options, on_persist)
+        return fut
+
+    def _schedule(
+        self, step: int, local: Future[StepInfo], options: SaveOptions,
+        on_persist: Callable[[StepInfo], Awaitable[Any]],
+    ) -> None:
+        prev = self.promotion
+        namespace = next_namespace(step)
+
+        async def run() -> StepInfo:
+            try:
+                if prev is not None:
+                    with contextlib.suppress(BaseException):  # its own failure was logged
+                        await prev
+                await local
+                return await promote(self.local, self.root.store, step, coordinator=self.coordinator,
+                                     namespace=namespace, options=options, on_commit=on_persist)
+            finally:
+                self.unpromoted.discard(step)
+
+        fut = spawn(run())
+        track(fut, what=f"the promotion of checkpoint step {step} to {self.root.kv!r}",
+              exit_timeout=options.exit_timeout)
+
+        def report(f: Future[StepInfo]) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                e = f.exception()
+                log.warning("checkpoint step %d was not promoted to %r (it stays in the local tier): %s: %s",
+                            step, self.root.kv, type(e).__name__, e)
+
+        fut.add_done_callback(report)
+        self.promotion = fut
+
+    async def _retain_local(self, info: StepInfo) -> None:
+        """Local retention after each local commit (this process's parts); never raises."""
+        n = self.local_max_to_keep
+        if n is None:
+            return
+        try:
+            steps = await self.local.store.list_steps()
+            victims = [s for s in steps[:-n] if s not in self.unpromoted]
+            await self.local.store.delete_steps(victims, read_grace=self.read_grace)
+        except Exception as e:
+            log.warning("checkpoint step %d is committed in the local tier %r, but local retention failed "
+                        "(the next save retries it): %s: %s", info.step, self.local.kv, type(e).__name__, e)
+
+    def wait(self) -> None:
+        """Block until the local save and every scheduled promotion ended; re-raise
+        the local save's error, else the newest promotion's."""
+        fut, prom = self.pending, self.promotion
+        try:
+            if fut is not None:
+                try:
+                    fut.result()
+                finally:
+                    self.pending = None
+        finally:
+            if prom is not None:
+                try:
+                    prom.result()
+                finally:
+                    if self.promotion is prom:
+                        self.promotion = None
+
+    def local_steps(self) -> list[int]:
+        """This process's local parts (steps), ascending."""
+        return run_sync(self.local.steps())
+
+    def restore(self, step: int | None, target: Any, **kw: Any) -> Any:
+        """Restore ``step`` (None: the newest every process can read, agreed through
+        the coordinator) from this process's local part, else the persistent copy."""
+        local = self.local_steps()
+        persistent = run_sync(self.root.store.list_steps())
+        if step is None:
+            with _restores_lock:
+                k = next(_restores.setdefault(self._tag, itertools.count(1)))
+            step, here = choose_step(
+                self.coordinator, local, persistent, key=f"tsp/tiers/{self._tag}/restore/{k}",
+                timeout=SaveOptions().commit_timeout,
+            )
+            if step is None:
+                raise NotFoundError(f"no checkpoint steps in the local tier {self.local.kv!r} "
+                                    f"or at {self.root.kv!r}")
+        else:
+            here = step in local
+        if here:
+            try:
+                out = restore_step(self.local.store, step, target, **kw)
+                self.restored_from = "local"
+                return out
+            except DataCorruptionError as e:
+                if step not in persistent:
+                    raise
+                # e.g. a replicated shard another process owns: read the persistent copy
+                log.warning("checkpoint step %d: the local tier %r can not restore it (%s); reading %r",
+                            step, self.local.kv, e, self.root.kv)
+        if step not in persistent:
+            raise NotFoundError(f"checkpoint step {step} is neither in the local tier {self.local.kv!r} "
+                                f"nor at {self.root.kv!r}")
+        out = restore_step(self.root.store, step, target, **kw)
+        self.restored_from = "persistent"
+        return out

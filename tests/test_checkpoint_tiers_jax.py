@@ -1,0 +1,95 @@
+"""A two-process JAX job with a local checkpoint tier: 2 processes x 4 CPU devices."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+
+import tensorstore_py as tsp
+from tensorstore_py.commands import checks
+from tensorstore_py.core.future import run_sync
+
+WORKER = str(Path(__file__).with_name("tier_jax_worker.py"))
+pytestmark = pytest.mark.timeout(300)
+
+
+def _launch(scenario: str, root: str, local: str, tmp: Path) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    from test_jax_checkpoint import _env, _free_port
+
+    port = _free_port()
+    outs = [tmp / f"{scenario}-{i}.json" for i in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, WORKER, scenario, str(i), "2", str(port), root, local, str(outs[i])],
+                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for i in range(2)
+    ]
+    return procs, outs
+
+
+def _run(scenario: str, root: str, local: str, tmp: Path) -> list[dict]:
+    procs, outs = _launch(scenario, root, local, tmp)
+    logs = [p.communicate(timeout=150)[0].decode(errors="replace") for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, f"worker failed ({p.returncode}):\n{log[-4000:]}"
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def test_two_processes_restore_from_local_parts_and_the_persistent_copy(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    root, local = f"file://{tmp_path}/persistent/", f"file://{tmp_path}/local/"
+    saved = _run("save", root, local, tmp_path)
+    assert [r["local"] for r in saved] == [[1, 2], [1, 2]]
+    assert tsp.CheckpointManager(root).all_steps() == [1]  # step 2 was not promoted
+    for url in (root, f"{local}process_0/", f"{local}process_1/"):
+        assert run_sync(checks.verify(url)).ok, url
+    # every process holds step 2 locally: the newest, read locally
+    got = _run("restore", root, local, tmp_path)
+    assert [(r["step"], r["tier"]) for r in got] == [(2, "local"), (2, "local")]
+    # process 1's node was replaced: step 2 is incomplete locally; step 1 is
+    # read locally by process 0 and from the persistent copy by process 1
+    shutil.rmtree(tmp_path / "local" / "process_1")
+    got = _run("restore", root, local, tmp_path)
+    assert [(r["step"], r["tier"]) for r in got] == [(1, "local"), (1, "persistent")]
+    # every local tier gone: the persistent tier alone restores exactly
+    shutil.rmtree(tmp_path / "local")
+    got = _run("restore", root, local, tmp_path)
+    assert [(r["step"], r["tier"]) for r in got] == [(1, "persistent"), (1, "persistent")]
+
+
+
+
+def test_jax_preemption_notice_saves_the_same_step_on_every_process(tmp_path: Path) -> None:
+    """SIGTERM to one process of a two-process job: JAX's preemption service tells
+    both, both save the same step, and it is persisted whole."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    root, local = f"file://{tmp_path}/persistent/", f"file://{tmp_path}/local/"
+    procs, outs = _launch("preempt", root, local, tmp_path)
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            while b"training" not in p.stdout.readline():
+                assert p.poll() is None, "a worker ended before training"
+        time.sleep(1.0)
+        procs[1].send_signal(signal.SIGTERM)
+        logs = [p.communicate(timeout=150)[0].decode(errors="replace") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, f"worker failed ({p.returncode}):\n{log[-4000:]}"
+    saved = [json.loads(o.read_text())["saved"] for o in outs]
+    assert saved[0] == saved[1] and saved[0] > 1
+    assert tsp.CheckpointManager(root).all_steps() == [saved[0]]
+    assert run_sync(checks.verify(root)).ok
+    got = _run("restore", root, local, tmp_path)
+    assert [(r["step"], r["tier"]) for r in got] == [(saved[0], "local"), (saved[0], "local")]

@@ -1,0 +1,72 @@
+"""One process of a two-process JAX job with a local checkpoint tier
+(run by tests/test_checkpoint_tiers_jax.py).
+
+Usage: python tier_jax_worker.py SCENARIO PROCESS_ID NUM_PROCESSES PORT ROOT LOCAL OUT_JSON
+
+SCENARIO "save": step 1 saved and promoted, step 2 saved to the local tier only.
+SCENARIO "preempt": train until JAX's preemption notice (a SIGTERM to any
+process), save that step on every process and stop.
+SCENARIO "restore": restore the newest step every process can read, with the
+save's sharding; check every shard. Results go to OUT_JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jax_worker import check_tree, make_tree, target
+
+
+def main() -> None:
+    scenario, pid, nproc, port, root, local, out_path = sys.argv[1:8]
+    import jax
+
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=int(nproc),
+                               process_id=int(pid))
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    import tensorstore_py as tsp
+
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
+    mgr = tsp.CheckpointManager(root, local=local, local_max_to_keep=3)
+    report: dict[str, Any] = {"process": int(pid)}
+    if scenario == "save":
+        for step in (1, 2):
+            mgr.save(step, {"t": make_tree(mesh), "n": np.array([step])}, persist=step == 1)
+        mgr.close()
+        report["local"] = mgr._tiers.local_steps()  # type: ignore[union-attr]
+    elif scenario == "preempt":
+        mgr.close()
+        mgr = tsp.CheckpointManager(root, local=local, save_interval_steps=1000, save_on_preemption=True)
+        tree = {"t": make_tree(mesh), "n": np.array([0])}
+        print("training", flush=True)
+        for step in range(1, 100000):
+            if mgr.should_save(step):
+                tree["n"] = np.array([step])
+                mgr.save(step, tree)
+                report["saved"] = step
+            if mgr.reached_preemption:
+                break
+            time.sleep(0.02)
+        mgr.close()  # the promotion ends before the process does
+    else:
+        specs = {"w": P("a", "b"), "e": P(None, "b"), "r": P(), "odd": P("b", None)}
+        like = {"t": target(make_tree(mesh), mesh, specs), "n": np.zeros(1, np.int64)}
+        out = mgr.restore(target=like)
+        check_tree(out["t"], "restore")
+        report["step"] = int(out["n"][0])
+        report["tier"] = mgr._tiers.restored_from  # type: ignore[union-attr]
+        mgr.close()
+    Path(out_path).write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
