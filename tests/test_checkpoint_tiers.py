@@ -229,11 +229,15 @@ def test_cli_ls_shows_each_steps_tiers_and_verify_checks_both(
     capsys.readouterr()
     # a wrong chunk in the local tier's step 3 (committed, so only verify finds it)
     kv = tsp.KvStore.open("versioned+" + local).result()
-    kv.write("000000000003/a/0/c/0/0", b"\0" * 10).result()
+    manifest = json.loads(bytes(kv.read("000000000003/manifest.json").result().value))
+    w = next(leaf for leaf in manifest["leaves"] if leaf["path"] == "['w']")
+    # small leaves lie in a pack (manifest format 3), others under their chunk key
+    wrong = w["packed"]["key"] if "packed" in w else w["key"] + "/c/0"
+    kv.write(f"000000000003/{wrong}", b"\0" * 10).result()
     assert main(["verify", root, "--local", local, "--json"]) == 1
     reports = json.loads(capsys.readouterr().out)
     assert [r["ok"] for r in reports] == [True, False]
-    assert any(p["key"] == "000000000003/a/0/c/0/0" for p in reports[1]["problems"])
+    assert any(p["key"] == f"000000000003/{wrong}" for p in reports[1]["problems"]), reports[1]
 
 
 def test_metrics_and_best_step_cover_both_tiers(tmp_path: Path) -> None:

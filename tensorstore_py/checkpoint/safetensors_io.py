@@ -32,12 +32,15 @@ from tensorstore_py.checkpoint.safetensors_format import (
     header_length,
     parse_header,
 )
+from tensorstore_py.checkpoint.safetensors_local import LocalBlock, pieces, read_local_blocks
 from tensorstore_py.core.budget import ByteBudget, run_bounded
-from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.buffers import mapped_empty
 from tensorstore_py.core.errors import DataCorruptionError, NotFoundError
 from tensorstore_py.core.future import run_sync
+from tensorstore_py.core.pools import run_io
 from tensorstore_py.core.ranges import ByteRange
 from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.file import FileKvStore
 
 __all__ = ["KeyMap", "SafetensorsSource", "is_safetensors", "open_safetensors", "restore_safetensors"]
 
@@ -128,19 +131,6 @@ def _folder_url(url: str) -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def _pieces(region: Region, shape: tuple[int, ...], itemsize: int) -> list[Region]:
-    """Sub-blocks of ``region`` whose bounding byte ranges hold at most 10% slack."""
-    a, b = span_in_chunk(region, (0,) * len(shape), shape, itemsize)
-    need = math.prod(region_shape(region)) * itemsize
-    if len(region) <= 1 or b - a <= need * _SLACK:
-        return [region]
-    lo, hi = region[0]
-    out: list[Region] = []
-    for i in range(lo, hi):
-        out.extend(_pieces(((i, i + 1), *region[1:]), shape, itemsize))
-    return out
-
-
 async def read_tensor_regions(
     src: SafetensorsSource,
     leaves: list[ForeignLeaf],
@@ -149,7 +139,10 @@ async def read_tensor_regions(
     max_bytes_in_flight: int,
     stats: ReadStats,
 ) -> list[np.ndarray]:
-    """Each ``(leaf index, region)`` as a C-order array, reading only its bytes."""
+    """Each ``(leaf index, region)`` as a C-order array, reading only its bytes
+    (files on a local disk: :mod:`~tensorstore_py.checkpoint.safetensors_local`)."""
+    if isinstance(src.kv, FileKvStore):
+        return await run_io(_read_local, src, leaves, requests, stats)
     out: list[np.ndarray | None] = [None] * len(requests)
 
     def cost(k: int) -> int:
@@ -165,9 +158,9 @@ async def read_tensor_regions(
         if math.prod(rshape) == 0:
             out[k] = np.empty(rshape, dt)
             return
-        pieces = _pieces(region, shape, dt.itemsize) if shape else [region]
+        parts = pieces(region, shape, dt.itemsize) if shape else [region]
         spans = [span_in_chunk(p, (0,) * len(shape), shape, dt.itemsize) if shape else (0, dt.itemsize)
-                 for p in pieces]
+                 for p in parts]
         # merge neighbouring pieces only while the gaps read stay within the 10% slack
         gap = int(cost(k) * (_SLACK - 1) / len(spans)) if len(spans) > 1 else 0
         res = await src.kv.read_ranges(key, [ByteRange(e.start + a, e.start + b) for a, b in spans],
@@ -176,8 +169,8 @@ async def read_tensor_regions(
             raise NotFoundError(f"{src.where}: safetensors file {key!r} disappeared while reading")
         stats.requests += 1
         strides = tuple(s * dt.itemsize for s in c_strides(shape))
-        dst = aligned_empty(rshape, dt) if len(pieces) > 1 else None
-        for p, (a, b), buf in zip(pieces, spans, res.values):
+        dst = mapped_empty(rshape, dt) if len(parts) > 1 else None
+        for p, (a, b), buf in zip(parts, spans, res.values):
             if len(buf) != b - a:
                 raise DataCorruptionError(
                     f"{src.where}/{key}: tensor {e.name!r} cut short (read {len(buf)} bytes of {b - a})"
@@ -193,6 +186,18 @@ async def read_tensor_regions(
 
     await run_bounded(range(len(requests)), one, budget=ByteBudget(max_bytes_in_flight), cost=cost)
     return out  # type: ignore[return-value]
+
+
+def _read_local(src: SafetensorsSource, leaves: list[ForeignLeaf], requests: list[tuple[int, Region]],
+                stats: ReadStats) -> list[np.ndarray]:
+    blocks = []
+    for i, region in requests:
+        key, e = src.tensors[leaves[i].name]
+        out = mapped_empty(region_shape(region), e.dtype)  # page-aligned: device_put on CPU aliases it
+        stats.bytes_needed += out.nbytes
+        blocks.append(LocalBlock(src.kv._full(key), e, region, out))
+    read_local_blocks(blocks, where=src.where, stats=stats)
+    return [b.out for b in blocks]
 
 
 def restore_safetensors(
@@ -232,6 +237,8 @@ def restore_safetensors(
         return index.get(name)
 
     def read(requests: list[tuple[int, Region]]) -> list[np.ndarray]:
+        if isinstance(src.kv, FileKvStore):
+            return _read_local(src, leaves, requests, st)
         return run_sync(read_tensor_regions(src, leaves, requests, max_bytes_in_flight=max_bytes_in_flight, stats=st))
 
     def build(arrays: list[np.ndarray]) -> dict[str, np.ndarray]:

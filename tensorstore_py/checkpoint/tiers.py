@@ -25,6 +25,7 @@ local part, else from the persistent copy (see :func:`choose_step`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -117,6 +118,11 @@ class LocalTier:
         if run_sync(self.kv.read(record_key(step))).state == "value":
             raise ConditionFailedError(f"checkpoint step {step} already exists in the local tier {self.kv!r}")
         n = self.process_count
+        if n > 1 and options.pack_small_leaves:
+            # a pack mixes leaves of several owners, and a promotion has each
+            # process write only what it owns: multi-process parts keep one
+            # chunk key per leaf
+            options = dataclasses.replace(options, pack_small_leaves=False)
         # process_index=0: every process keeps the numpy leaves too, and every
         # replica it holds (it restores them locally)
         snap = snapshot(tree, process_index=0, process_count=n, options=options, replicas=True)
