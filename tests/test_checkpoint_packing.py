@@ -45,7 +45,8 @@ def test_small_leaves_are_written_as_a_few_packs_and_restored_bit_exact(tmp_path
     tsp.checkpoint.save(root, tree, step=3).result()
     keys = _step_keys(root, 3)
     # the 302 small array leaves lie in one pack; the large one has its chunk
-    assert keys == ["000000000003/a/301/c/0", "000000000003/manifest.json", "000000000003/p/0"]
+    assert keys == ["000000000003/a/301/c/0", "000000000003/digests/000000.json", "000000000003/manifest.json",
+                    "000000000003/p/0"]
     stats = ReadStats()
     out = tsp.checkpoint.restore(root, stats=stats)
     assert set(out) == set(tree)
@@ -67,7 +68,7 @@ def test_packs_are_split_at_about_four_mib_and_many_leaves_take_few_keys(tmp_pat
     tree = {f"w{i:05d}": np.full((16, 16), i, np.float32) for i in range(5000)}  # 1 KiB each: 5 MB
     tsp.checkpoint.save(root, tree).result()
     keys = _step_keys(root, 0)
-    assert keys == ["000000000000/manifest.json", "000000000000/p/0", "000000000000/p/1"]
+    assert keys == ["000000000000/manifest.json", "000000000000/p/0", "000000000000/p/1"]  # no chunk: no digests
     kv = tsp.KvStore.open(f"versioned+{root}").result()
     manifest = json.loads(bytes(kv.read("000000000000/manifest.json").result().value))
     assert manifest["format"] == "tensorstore_py.checkpoint.manifest/3"
@@ -85,7 +86,7 @@ def test_packing_off_keeps_one_chunk_key_per_leaf_and_format_1(tmp_path: Path) -
     tree = {"a": np.arange(6, dtype=np.int16), "b": np.ones((2, 2))}
     tsp.checkpoint.save(root, tree, options=SaveOptions(pack_small_leaves=False)).result()
     assert _step_keys(root, 0) == ["000000000000/a/0/c/0", "000000000000/a/1/c/0/0",
-                                   "000000000000/manifest.json"]
+                                   "000000000000/digests/000000.json", "000000000000/manifest.json"]
     out = tsp.checkpoint.restore(root)
     np.testing.assert_array_equal(out["a"], tree["a"])
     np.testing.assert_array_equal(out["b"], tree["b"])
