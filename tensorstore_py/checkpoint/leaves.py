@@ -26,7 +26,7 @@ from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.opening import open as ts_open
 from tensorstore_py.tensorstore import TensorStore
 
-__all__ = ["array_leaves", "open_leaf", "packed_chunk", "read_packed"]
+__all__ = ["array_leaves", "open_leaf", "packed_chunk", "read_pack_leaves", "read_packed"]
 
 
 def array_leaves(manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -80,6 +80,46 @@ async def read_packed(step: KvStore, leaf: Mapping[str, Any]) -> bytes:
         )
     check_leaf(layout.packed, layout.key, res.value)
     return bytes(res.value)
+
+
+async def read_pack_leaves(step: KvStore, leaves: list[Mapping[str, Any]], *,
+                           check: bool = True) -> list[bytes]:
+    """The stored bytes of the packed leaves ``leaves``, all in ONE pack of ``step``
+    (a view of the step's keys), read with ONE read of the byte range they span
+    and each checked against its crc32c (in the order given; ``check=False``
+    leaves that to the caller: :func:`packing.check_leaf`).
+
+    Raises :class:`DataCorruptionError` naming the leaf and the pack when the
+    pack is missing or short, :class:`ChecksumError` (one of them) naming the
+    first leaf whose bytes do not match."""
+    if not leaves:
+        return []
+    try:
+        layouts = [LeafLayout.from_json(dict(leaf)) for leaf in leaves]  # malformed "packed": DataCorruptionError
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataCorruptionError(f"checkpoint leaves of a pack: malformed manifest entry: {e}") from None
+    packs = {lay.packed[0] if lay.packed is not None else None for lay in layouts}
+    if len(packs) != 1 or None in packs:
+        raise ValueError(f"read_pack_leaves: leaves of one pack expected, got packs {sorted(map(str, packs))}")
+    pack = str(packs.pop())
+    lo = min(lay.packed[1] for lay in layouts)  # type: ignore[index]
+    hi = max(lay.packed[1] + lay.nbytes for lay in layouts)  # type: ignore[index]
+    res = await step.read(pack, byte_range=ByteRange(lo, hi))
+    if res.state != "value" or len(res.value) != hi - lo:
+        got = "missing" if res.state != "value" else f"{len(res.value)} bytes"
+        raise DataCorruptionError(
+            f"checkpoint leaf {leaves[0].get('path')!r}: its pack {step.path + pack!r} at {step!r} is "
+            f"missing or short (expected {hi - lo} bytes at offset {lo}, found {got})"
+        )
+    mv = memoryview(res.value).cast("B")
+    out = []
+    for lay in layouts:
+        assert lay.packed is not None
+        part = mv[lay.packed[1] - lo: lay.packed[1] - lo + lay.nbytes]
+        if check:
+            check_leaf(lay.packed, lay.key, part)
+        out.append(bytes(part))
+    return out
 
 
 async def _open_packed(kv: KvStore, leaf: Mapping[str, Any], meta: dict[str, Any]) -> TensorStore:

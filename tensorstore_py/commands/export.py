@@ -55,7 +55,8 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.checkpoint.layout import zarr3_metadata
-from tensorstore_py.checkpoint.leaves import packed_chunk, read_packed
+from tensorstore_py.checkpoint.leaves import packed_chunk, read_pack_leaves
+from tensorstore_py.checkpoint.packing import PACK_BYTES
 from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.inspect import open_array
 from tensorstore_py.commands.target import Target, key_sizes, list_arrays, open_url, resolve, step_prefix
@@ -392,6 +393,40 @@ def _join(path: str, key: str) -> str:
     return f"{path}/{key}" if path else key
 
 
+async def _read_packs(step: KvStore, leaves: list[dict[str, Any]]) -> dict[str, bytes]:
+    """Leaf key -> stored bytes of the packed ``leaves``: ONE read per pack (of
+    the byte range its leaves span), each leaf checked against its crc32c."""
+    by_pack: dict[str, list[dict[str, Any]]] = {}
+    for leaf in leaves:
+        pack = leaf["packed"].get("key") if isinstance(leaf["packed"], dict) else None
+        by_pack.setdefault(str(pack), []).append(leaf)
+    out: dict[str, bytes] = {}
+
+    async def one(members: list[dict[str, Any]]) -> None:
+        for leaf, data in zip(members, await read_pack_leaves(step, members)):
+            out[str(leaf["key"])] = data
+
+    # a pack holds about packing.PACK_BYTES: memory stays near the budget's bytes in flight
+    await run_bounded(list(by_pack.values()), one, budget=ByteBudget(DEFAULT_BYTES_IN_FLIGHT),
+                      cost=lambda members: PACK_BYTES, max_tasks=16)
+    return out
+
+
+async def _keys_by_leaf(step: KvStore, leaf_keys: list[str]) -> dict[str, list[str]]:
+    """Leaf key -> the keys stored in its folder (relative to it), from ONE
+    listing of the step."""
+    wanted = set(leaf_keys)
+    out: dict[str, list[str]] = {}
+    for k in await step.list(""):
+        parts = k.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder in wanted:
+                out.setdefault(folder, []).append("/".join(parts[i:]))
+                break
+    return out
+
+
 async def export_step(root: str, step: int | None, dest: str, *,
                       progress: Progress | None = None) -> dict[str, Any]:
     """Write checkpoint ``step`` (default: the latest) of ``root`` to ``dest`` as
@@ -410,6 +445,9 @@ async def export_step(root: str, step: int | None, dest: str, *,
     # what goes where: (source store, key) per destination key; metadata documents as bytes
     chunks: dict[str, tuple[KvStore, str, int, bool]] = {}  # (source, key, chunk bytes, stored raw)
     docs: dict[str, bytes | tuple[KvStore, str]] = {}
+    step_view = t.store.with_path(step_prefix(s))
+    packed = await _read_packs(step_view, [leaf for leaf in arrays.values() if leaf.get("packed") is not None])
+    leaf_keys = await _keys_by_leaf(step_view, [str(leaf["key"]) for leaf in arrays.values()])
     for path, leaf in arrays.items():
         src = t.store.with_path(step_prefix(s) + str(leaf["key"]))
         try:
@@ -420,9 +458,8 @@ async def export_step(root: str, step: int | None, dest: str, *,
         size = math.prod(cshape) * dtype.itemsize
         codecs = list(leaf.get("codecs") or ())  # compressed chunks (SaveOptions.compression)
         if leaf.get("packed") is not None:  # a small leaf packed with others: its one chunk
-            step_view = t.store.with_path(step_prefix(s))
-            docs[_join(path, packed_chunk(leaf))] = await read_packed(step_view, leaf)
-        keys = await src.list("")
+            docs[_join(path, packed_chunk(leaf))] = packed[str(leaf["key"])]
+        keys = leaf_keys.get(str(leaf["key"]), [])
         for k in keys:
             if k != "zarr.json":
                 chunks[_join(path, k)] = (src, k, size, not codecs)
@@ -475,11 +512,23 @@ async def export_step(root: str, step: int | None, dest: str, *,
     # memory stays near the bytes in flight, whatever the chunk size
     await run_bounded(chunks.items(), chunk, budget=ByteBudget(DEFAULT_BYTES_IN_FLIGHT),
                       cost=lambda item: item[1][2], max_tasks=16)
-    # arrays appear complete or not at all (in insertion order: arrays, then groups deepest
-    # first); the root group, written last, marks a finished export
-    for key, doc in docs.items():
+    # arrays appear complete or not at all: the chunks of packed leaves, then every
+    # array's zarr.json, then the groups, deepest first; the root group, written
+    # last, marks a finished export. Each phase's documents are written concurrently.
+    async def doc_put(key: str) -> None:
+        doc = docs[key]
         if isinstance(doc, tuple):
             res = await doc[0].read(doc[1])
             doc = bytes(res.value)
         await put(key, doc)
+
+    array_docs = {_join(p, "zarr.json") for p in arrays}
+    group_docs = [_join(g, "zarr.json") for g in groups]
+    phases = [[k for k in docs if k not in array_docs and k not in group_docs], sorted(array_docs)]
+    phases += [[k for k in group_docs if k.count("/") == depth]
+               for depth in sorted({k.count("/") for k in group_docs if k != "zarr.json"}, reverse=True)]
+    if "zarr.json" in group_docs:  # the root group (else the step's root leaf is the one array)
+        phases.append(["zarr.json"])
+    for phase in phases:
+        await run_bounded(phase, doc_put, budget=ByteBudget(DEFAULT_BYTES_IN_FLIGHT), cost=1, max_tasks=16)
     return {"root": root, "step": s, "dest": dest, "arrays": len(arrays), "scalars": len(scalars), **stats}
