@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.checkpoint.layout import LeafLayout
+from tensorstore_py.checkpoint.layout import LeafLayout, zarr3_metadata
 from tensorstore_py.checkpoint.leaves import packed_chunk
 from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.target import Target, key_sizes, list_arrays, resolve, step_prefix
@@ -90,6 +90,22 @@ async def _describe(kv: KvStore, path: str, driver: str | None, sizes: dict[str,
         row["compression_ratio"] = round(nbytes / stored, 3) if stored else None
     if extra:
         row.update(extra)
+    return row
+
+
+def _describe_packed(leaf: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The row of a packed leaf (checkpoint/packing.py), from its manifest entry
+    alone: it is one raw chunk whose bytes lie in a pack, so its stored bytes are
+    its bytes. :class:`DataCorruptionError` for a malformed entry."""
+    layout = LeafLayout.from_json(leaf)
+    meta = zarr3_metadata(layout.dtype, layout.shape, layout.chunk_shape, [])
+    row: dict[str, Any] = {
+        "path": str(leaf["key"]), "driver": "zarr3", "shape": list(layout.shape),
+        "dtype": _dtype_name(layout.dtype), "chunk_shape": list(layout.chunk_shape),
+        "shard_shape": None, "codecs": codec_names(meta), "nbytes": layout.nbytes,
+        "stored_bytes": layout.nbytes, "compression_ratio": 1.0 if layout.nbytes else None,
+    }
+    row.update(extra)
     return row
 
 
@@ -189,8 +205,11 @@ async def info(url: str, *, step: int | None = None, version: int | None = None)
     rel = None if sizes is None else {k[len(step_prefix(s)):]: n for k, n in sizes.items()}
 
     async def one(leaf: dict[str, Any]) -> dict[str, Any]:
-        row = await _describe(view, str(leaf["key"]), "zarr3", rel,
-                              {"key": leaf["key"], "sharding": leaf.get("sharding")}, leaf=leaf)
+        extra = {"key": leaf["key"], "sharding": leaf.get("sharding")}
+        if leaf.get("packed") is not None:  # described by its manifest entry: nothing is read
+            row = _describe_packed(leaf, extra)
+        else:
+            row = await _describe(view, str(leaf["key"]), "zarr3", rel, extra, leaf=leaf)
         row["key"], row["path"] = row["path"], leaf.get("path", "")
         return row
 
