@@ -38,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.checkpoint.leaves import read_packed
+from tensorstore_py.checkpoint.layout import LeafLayout
+from tensorstore_py.checkpoint.leaves import read_pack_leaves
+from tensorstore_py.checkpoint.packing import check_leaf
 from tensorstore_py.checkpoint.storage import record_key
 from tensorstore_py.checkpoint.tiers import PART_KEY
 from tensorstore_py.commands import ckpt
@@ -239,23 +241,65 @@ async def _verify_step(t: Target, s: int, report: VerifyReport, progress: Progre
         key = str(leaf["key"])
         name = f"step {s} {leaf.get('path') or key}"
         expect = {f: leaf.get(f) for f in ("shape", "dtype", "chunk_shape")}
-        if leaf.get("packed") is not None:  # a small leaf packed with others: its bytes and crc32c
-            async with sem:
-                try:
-                    await read_packed(step_view, leaf)
-                except (DataCorruptionError, NotFoundError) as e:
-                    report.problems.append(Problem(_kind(e), f"array {name}: {e}", array=name,
-                                                   key=step_prefix(s) + str(leaf["packed"].get("key"))))
-                    return
-            report.arrays += 1
-            return
         async with sem:
             await check_array(step_view.with_path(key), name, report, driver="zarr3",
                               sizes=_below(rel, key), require_all=whole, expect=expect,
                               key_prefix=step_prefix(s) + key + "/", leaf=leaf, progress=progress)
 
-    await asyncio.gather(*(leaf_check(leaf) for leaf in ckpt.array_leaves(manifest)))
+    leaves = ckpt.array_leaves(manifest)
+    packed = [leaf for leaf in leaves if leaf.get("packed") is not None]
+    await asyncio.gather(*(leaf_check(leaf) for leaf in leaves if leaf.get("packed") is None),
+                         _check_packed(step_view, s, packed, rel, report))
     await check_digests(step_view, s, manifest, report)
+
+
+async def _check_packed(step_view: KvStore, s: int, leaves: list[dict[str, Any]],
+                        rel: dict[str, int] | None, report: VerifyReport) -> None:
+    """The packed leaves of step ``s`` (checkpoint/packing.py): ONE read per pack
+    of the bytes its leaves span, each leaf checked against its crc32c; and a
+    packed leaf's folder holds no key (its one chunk lies in the pack), so any
+    key found there is a problem named by its key."""
+    by_pack: dict[str, list[dict[str, Any]]] = {}
+    for leaf in leaves:
+        pack = leaf["packed"].get("key") if isinstance(leaf["packed"], dict) else None
+        by_pack.setdefault(str(pack), []).append(leaf)
+    sem = asyncio.Semaphore(LEAF_CONCURRENCY)
+
+    def name(leaf: dict[str, Any]) -> str:
+        return f"step {s} {leaf.get('path') or leaf['key']}"
+
+    async def pack_check(pack: str, members: list[dict[str, Any]]) -> None:
+        async with sem:
+            try:
+                datas = await read_pack_leaves(step_view, members, check=False)
+            except (DataCorruptionError, NotFoundError) as e:
+                for leaf in members:
+                    report.problems.append(Problem(_kind(e), f"array {name(leaf)}: {e}", array=name(leaf),
+                                                   key=step_prefix(s) + pack))
+                return
+        for leaf, data in zip(members, datas):
+            layout = LeafLayout.from_json(leaf)  # read_pack_leaves parsed it already
+            assert layout.packed is not None
+            try:
+                check_leaf(layout.packed, layout.key, data)
+            except DataCorruptionError as e:
+                report.problems.append(Problem(_kind(e), f"array {name(leaf)}: {e}", array=name(leaf),
+                                               key=step_prefix(s) + pack))
+                continue
+            report.arrays += 1
+
+    await asyncio.gather(*(pack_check(p, m) for p, m in by_pack.items()))
+    if rel is None:  # no sizes from this store: list the step once
+        rel = dict.fromkeys(await step_view.list(""), 0)
+    folders = {str(leaf["key"]).strip("/") + "/": leaf for leaf in leaves}
+    for k in sorted(rel):
+        top = next((f for f in folders if k.startswith(f)), None)
+        if top is not None:
+            leaf = folders[top]
+            report.problems.append(Problem(
+                "stray", f"array {name(leaf)}: key {step_prefix(s) + k!r} lies in the folder of a "
+                f"packed leaf (its bytes are in a pack; expected no key there)",
+                array=name(leaf), key=step_prefix(s) + k))
 
 
 def _kind(e: BaseException) -> str:

@@ -16,7 +16,8 @@ class Problem:
     or a chunk is absent), ``truncated``, ``corrupt`` (an object that does not
     decode), ``decode`` (a chunk that does not decode), ``shape`` (a chunk or
     array that does not have the declared shape/size), ``metadata``,
-    ``reference`` (a malformed reference), ``format``.
+    ``reference`` (a malformed reference), ``format``, ``stray`` (a key where
+    none belongs: under the folder of a packed checkpoint leaf).
     """
 
     kind: str
