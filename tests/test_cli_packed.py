@@ -126,3 +126,32 @@ def test_verify_names_a_stray_chunk_key_under_a_packed_leaf(
     np.testing.assert_array_equal(tsp.checkpoint.restore(root, step=5)["b"], tree["b"])
     assert main(["verify", root]) != 0
     assert stray in capsys.readouterr().out
+
+
+def test_verify_names_keys_outside_the_grid_of_a_leaf_with_chunks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the sibling of a stray key under a packed leaf: a leaf with chunk keys of its own
+    # (100 KB: not packed) holds a key beyond its grid and one that is no chunk key
+    tree = {"big": np.arange(25_000, dtype=np.float32), "small": np.arange(4, dtype=np.int8)}
+    root = _saved_with_chunks(tmp_path, tree)
+    assert main(["verify", root, "--json"]) == 0
+    capsys.readouterr()
+    vs = tsp.KvStore.open(f"versioned+{root}").result()
+    leaf_keys = [k for k in vs.list("000000000005/a/").result()]
+    assert leaf_keys == ["000000000005/a/0/c/0"], leaf_keys  # big is leaf 0, one chunk
+    planted = ["000000000005/a/0/c/1", "000000000005/a/0/notes.txt"]
+    for k in planted:
+        vs.write(k, b"\0" * 100_000).result()
+    assert main(["verify", root, "--json"]) != 0
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert sorted(p["key"] for p in problems) == planted, problems
+    assert all(p["kind"] == "stray" and "['big']" in p["message"] and p["key"] in p["message"]
+               for p in problems), problems
+    np.testing.assert_array_equal(tsp.checkpoint.restore(root, step=5)["big"], tree["big"])
+
+
+def _saved_with_chunks(tmp_path: Path, tree: dict[str, Any]) -> str:
+    root = f"file://{tmp_path}/ckpt/"
+    tsp.checkpoint.save(root, tree, step=5).result()
+    return root

@@ -245,6 +245,11 @@ async def _verify_step(t: Target, s: int, report: VerifyReport, progress: Progre
             await check_array(step_view.with_path(key), name, report, driver="zarr3",
                               sizes=_below(rel, key), require_all=whole, expect=expect,
                               key_prefix=step_prefix(s) + key + "/", leaf=leaf, progress=progress)
+        for k in _stray_keys(leaf, _below(rel, key) or {}):
+            report.problems.append(Problem(
+                "stray", f"array {name}: key {step_prefix(s) + key + '/' + k!r} is no chunk of the "
+                f"leaf's grid (expected c/<i>/... within {leaf.get('shape')} by "
+                f"{leaf.get('chunk_shape')})", array=name, key=step_prefix(s) + key + "/" + k))
 
     leaves = ckpt.array_leaves(manifest)
     packed = [leaf for leaf in leaves if leaf.get("packed") is not None]
@@ -300,6 +305,29 @@ async def _check_packed(step_view: KvStore, s: int, leaves: list[dict[str, Any]]
                 "stray", f"array {name(leaf)}: key {step_prefix(s) + k!r} lies in the folder of a "
                 f"packed leaf (its bytes are in a pack; expected no key there)",
                 array=name(leaf), key=step_prefix(s) + k))
+
+
+def _stray_keys(leaf: dict[str, Any], keys: dict[str, int]) -> list[str]:
+    """The keys of a (not packed) leaf's folder that are neither its metadata nor
+    a chunk of its grid (checkpoint leaves use zarr v3's default key encoding,
+    ``c/<i>/<j>``). Empty when the manifest entry is malformed (a metadata
+    problem, reported by check_array)."""
+    try:
+        shape, cshape = [int(n) for n in leaf["shape"]], [int(n) for n in leaf["chunk_shape"]]
+        grid = [math.ceil(n / c) if c else 0 for n, c in zip(shape, cshape)]
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return []
+    if len(grid) != len(shape):
+        return []
+
+    def in_grid(k: str) -> bool:
+        parts = k.split("/")
+        if parts[0] != "c" or len(parts) != len(grid) + 1:
+            return False
+        return all(p.isascii() and p.isdigit() and p == str(int(p)) and int(p) < g
+                   for p, g in zip(parts[1:], grid))
+
+    return sorted(k for k in keys if k not in METADATA_KEYS and not in_grid(k))
 
 
 def _kind(e: BaseException) -> str:

@@ -17,7 +17,8 @@ class Problem:
     decode), ``decode`` (a chunk that does not decode), ``shape`` (a chunk or
     array that does not have the declared shape/size), ``metadata``,
     ``reference`` (a malformed reference), ``format``, ``stray`` (a key where
-    none belongs: under the folder of a packed checkpoint leaf).
+    none belongs in a checkpoint leaf's folder: any key of a packed leaf, a key
+    that is no chunk of the grid otherwise).
     """
 
     kind: str
