@@ -16,7 +16,12 @@ from tensorstore_py.checkpoint.layout import LeafLayout, zarr3_metadata
 from tensorstore_py.checkpoint.leaves import packed_chunk
 from tensorstore_py.commands import ckpt
 from tensorstore_py.commands.target import Target, key_sizes, list_arrays, resolve, step_prefix
-from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError, UnsupportedError
+from tensorstore_py.core.errors import (
+    DataCorruptionError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnsupportedError,
+)
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.info import CommitDetails
@@ -97,7 +102,10 @@ def _describe_packed(leaf: dict[str, Any], extra: dict[str, Any]) -> dict[str, A
     """The row of a packed leaf (checkpoint/packing.py), from its manifest entry
     alone: it is one raw chunk whose bytes lie in a pack, so its stored bytes are
     its bytes. :class:`DataCorruptionError` for a malformed entry."""
-    layout = LeafLayout.from_json(leaf)
+    try:
+        layout = LeafLayout.from_json(leaf)  # a malformed "packed": DataCorruptionError
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataCorruptionError(f"checkpoint leaf {leaf.get('path')!r}: malformed manifest entry: {e}") from None
     meta = zarr3_metadata(layout.dtype, layout.shape, layout.chunk_shape, [])
     row: dict[str, Any] = {
         "path": str(leaf["key"]), "driver": "zarr3", "shape": list(layout.shape),
