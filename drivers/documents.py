@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
-from tensorstore_py.drivers.engine import json_object
+from tensorstore_py.drivers.chunked_metadata import json_object
 from tensorstore_py.drivers.rmw import RMW_RETRY
 from tensorstore_py.kvstore.base import Generation, KvStore
 

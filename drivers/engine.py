@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 from abc import abstractmethod
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 import numpy as np
 
@@ -42,13 +41,13 @@ from tensorstore_py.core.buffers import new_array
 from tensorstore_py.core.errors import (
     ConditionFailedError,
     InvalidArgumentError,
-    InvalidSpecError,
     NotFoundError,
     ReadOnlyError,
 )
 from tensorstore_py.core.pools import run_in
 from tensorstore_py.drivers.base import ArrayDriver, Index
 from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.chunked_metadata import ParsedMetadata, json_object
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec, is_fill
@@ -86,40 +85,6 @@ MAX_WRITE_CHUNK_BYTES = 2 << 30
 
 async def _value(x: Any) -> Any:
     return x
-
-
-class ParsedMetadata(Protocol):
-    """A format's validated metadata document, as the engine needs it (it only reads
-    these members: a format may hold them as plain attributes, properties or frozen
-    dataclass fields, its codec of any ChunkCodec type)."""
-
-    @property
-    def shape(self) -> tuple[int, ...]: ...
-    @property
-    def dtype(self) -> np.dtype: ...
-    @property
-    def fill(self) -> np.generic: ...
-    @property
-    def chunk_shape(self) -> tuple[int, ...]: ...
-    @property
-    def codec(self) -> ChunkCodec: ...
-    @property
-    def dimension_names(self) -> tuple[str | None, ...]: ...
-
-    def chunk_key(self, cell: tuple[int, ...]) -> str:
-        """The kvstore key of the chunk at grid position ``cell`` (the format's key encoding)."""
-        ...
-
-
-def json_object(raw: Any, where: str) -> dict[str, Any]:
-    """The JSON object stored in ``raw``; InvalidSpecError naming ``where`` otherwise."""
-    try:
-        meta = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidSpecError(f"{where}: not valid JSON: {e}") from None
-    if not isinstance(meta, dict):
-        raise InvalidSpecError(f"{where}: expected a JSON object, got {type(meta).__name__}")
-    return meta
 
 
 class ChunkedArray(ArrayDriver):

@@ -38,8 +38,8 @@ from tensorstore_py.core.errors import (
     NotFoundError,
     UnsupportedError,
 )
+from tensorstore_py.drivers.chunked_metadata import json_object
 from tensorstore_py.drivers.documents import check_attributes, update_json, url_of
-from tensorstore_py.drivers.engine import json_object
 from tensorstore_py.drivers.n5.metadata import ATTRIBUTES_KEY as N5_KEY
 from tensorstore_py.kvstore.base import Generation, KvStore, ReadResult
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from tensorstore_py.core.errors import InvalidSpecError
@@ -54,7 +55,8 @@ class MemoryKvStore(KvStore):
     Pickling: a store opened with a ``name`` pickles as its spec and reopens, in
     the receiving process, *that process's* store of that name (data is never
     copied between processes). A store without a given name refuses to pickle
-    (UnsupportedError): its generated name means nothing elsewhere.
+    (UnsupportedError): its generated name means nothing elsewhere. A store made
+    by :meth:`frozen` is read-only for good and pickles with its contents.
     """
 
     driver = "memory"
@@ -72,6 +74,20 @@ class MemoryKvStore(KvStore):
             _by_name[name] = data
         self._data = data
         self.name = name
+        self._frozen = False
+
+    @classmethod
+    def frozen(cls, items: Mapping[str, Buffer], *, path: str = "") -> MemoryKvStore:
+        """A read-only store of ``items`` (key -> bytes), fixed for good: it pickles
+        by value (its contents travel with it, so keep them small), and the
+        receiving process gets a frozen store of the same keys and bytes."""
+        store = cls(path=path)
+        for key, value in items.items():
+            store._data.values[key] = (bytes(value), Generation(next(_counter).to_bytes(8, "big")))
+            store._data.mtimes[key] = time.time()
+        store.read_only = True
+        store._frozen = True
+        return store
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> MemoryKvStore:
@@ -95,6 +111,9 @@ class MemoryKvStore(KvStore):
         return (self.name, self.path)
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self._frozen:
+            items = {key: value for key, (value, _gen) in self._data.values.items()}
+            return (_unpickle_frozen, (items, self.path))
         if not self._named:
             raise not_picklable(
                 self, "a memory store without a name lives in this process only; open it with "
@@ -148,3 +167,7 @@ class MemoryKvStore(KvStore):
 
 
 register_kvstore(MemoryKvStore, schemes=("memory",))
+
+
+def _unpickle_frozen(items: dict[str, bytes], path: str) -> MemoryKvStore:
+    return MemoryKvStore.frozen(items, path=path)

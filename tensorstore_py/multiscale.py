@@ -34,7 +34,7 @@ from typing import Any
 
 from tensorstore_py.core.errors import InvalidSpecError, NotFoundError, UnsupportedError
 from tensorstore_py.core.future import Future, spawn
-from tensorstore_py.drivers.engine import json_object
+from tensorstore_py.drivers.chunked_metadata import json_object
 from tensorstore_py.drivers.precomputed.metadata import INFO_KEY, MultiscaleMetadata
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import open_kvstore

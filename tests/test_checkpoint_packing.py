@@ -163,3 +163,24 @@ def test_small_jax_leaves_round_trip_through_every_staging_and_assembly(
     for k, v in values.items():
         assert isinstance(out[k], jax.Array) and out[k].sharding.device_set == {dev}, k
         assert np.asarray(out[k]).tobytes() == np.asarray(v).tobytes(), k
+
+
+def test_an_open_array_view_of_a_packed_leaf_reads_in_worker_processes(tmp_path: Path) -> None:
+    """A packed leaf's view holds its few bytes and pickles with them: Dask's
+    process scheduler reads it (a view over an unnamed memory store could not
+    leave the process)."""
+    import multiprocessing
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor
+
+    import tensorstore_py.dask as tspd
+    from tensorstore_py.checkpoint.api import leaf_paths, open_array, save
+
+    url = f"file://{tmp_path}/"
+    w = np.arange(64.0).reshape(8, 8)
+    save(url, {"w": w}, step=1).result()
+    view = open_array(url, leaf_paths(url).result()[0]).result()
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(view[2:4])).read().result(), w[2:4])
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        got = tspd.to_dask(view[::-1]).compute(scheduler="processes", pool=pool)
+    np.testing.assert_array_equal(got, w[::-1])

@@ -344,7 +344,7 @@ def test_an_open_array_view_of_a_checkpoint_reads_in_worker_processes(tmp_path: 
     from tensorstore_py.checkpoint.api import leaf_paths, open_array, save
 
     url = f"versioned+file://{tmp_path}/"
-    w = np.arange(64.0).reshape(8, 8)
+    w = np.arange(128.0 * 128).reshape(128, 128)  # 128 KiB: a leaf of its own, not packed with others
     save(url, {"w": w}, step=1).result()
     view = open_array(url, leaf_paths(url).result()[0]).result()  # leased, described by the manifest
     save(url, {"w": w * 0}, step=2).result()

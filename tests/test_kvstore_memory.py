@@ -49,3 +49,18 @@ def test_stored_value_is_a_copy() -> None:
     kv.write("k", buf).result()
     buf[0] = ord("z")
     assert bytes(kv.read("k").result().value) == b"abc"
+
+
+def test_a_frozen_store_pickles_with_its_contents_and_refuses_writes() -> None:
+    import pickle
+
+
+    kv = MemoryKvStore.frozen({"a/b": b"xyz", "c": bytearray(b"12")})
+    back = pickle.loads(pickle.dumps(kv))
+    assert back.list().result() == ["a/b", "c"]
+    assert bytes(back.read("a/b").result().value) == b"xyz" and bytes(back.read("c").result().value) == b"12"
+    assert pickle.loads(pickle.dumps(kv.with_path("a/"))).list().result() == ["b"]
+    for store in (kv, back):
+        with pytest.raises(tsp.errors.TensorStoreError):
+            store.write("c", b"new").result()
+        assert bytes(store.read("c").result().value) == b"12"

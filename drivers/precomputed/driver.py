@@ -107,7 +107,7 @@ class _ScaleCodec(EngineCodec):
 
 @dataclass(frozen=True)
 class _Layout:
-    """A scale as the chunk engine needs it (engine.ParsedMetadata)."""
+    """A scale as the chunk engine needs it (chunked_metadata.ParsedMetadata)."""
 
     shape: tuple[int, ...]
     dtype: np.dtype

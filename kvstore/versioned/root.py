@@ -17,7 +17,6 @@ plain StorageError) and :meth:`VersionedRoot.find_record` answers later.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
@@ -41,9 +40,7 @@ from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import note_may_land
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
-    HINT_NAME,
     MAGIC_CHANGES,
-    MAGIC_HINT,
     MAX_INLINE_CHANGES,
     CommitRecord,
     Entry,
@@ -55,6 +52,7 @@ from tensorstore_py.kvstore.versioned.format import (
     unframe,
 )
 from tensorstore_py.kvstore.versioned.leases import LeaseKeeper
+from tensorstore_py.kvstore.versioned.newest import probe_newest, read_hint, write_hint
 from tensorstore_py.kvstore.versioned.tree import (
     Change,
     Node,
@@ -511,7 +509,7 @@ class VersionedRoot:
 
     async def _write_hint(self) -> None:
         try:
-            await _write_hint_of(self.base, self.known)
+            await write_hint(self.base, self.known)
         finally:
             self._hint_task = None
 
@@ -543,17 +541,7 @@ def _hint_due(ref: weakref.ref[VersionedRoot], base: KvStore, known: list[int]) 
         root._hint_later = False
         root._maybe_write_hint()
     else:
-        asyncio.ensure_future(_write_hint_of(base, known[0]))
-
-
-async def _write_hint_of(base: KvStore, version: int) -> None:
-    """Rewrite the ``latest`` hint to name ``version``, if its commit record is
-    still there: a trailing rewrite that fires after the store was deleted
-    (and maybe recreated at the same place) writes nothing into it."""
-    with contextlib.suppress(Exception):
-        if version > 0 and (await base.read(commit_name(version))).state != "value":
-            return
-        await base.write(HINT_NAME, frame(MAGIC_HINT, {"version": version}))
+        asyncio.ensure_future(write_hint(base, known[0]))
 
 
 class RootView:
@@ -569,44 +557,6 @@ class RootView:
 def base_of(store: KvStore) -> KvStore:
     """The base store of a versioned store; any other store is taken as a base."""
     return store.base if isinstance(store, RootView) else store
-
-
-async def read_hint(base: KvStore) -> int:
-    """The version the ``latest`` hint names (0 when it is missing, damaged or unreadable)."""
-    try:
-        res = await base.read(HINT_NAME)
-        if res.state != "value":
-            return 0
-        body = unframe(MAGIC_HINT, res.value, HINT_NAME)
-        v = body.get("version") if isinstance(body, dict) else None
-        return v if isinstance(v, int) and v > 0 else 0
-    except (DataCorruptionError, StorageError):
-        return 0  # the hint is only a hint
-
-
-async def probe_newest(exists: Callable[[int], Awaitable[bool]], known: int, hint: int = 0) -> int:
-    """The newest version, probing commit records as FORMAT.md §6.1 says.
-
-    ``exists(v)`` tells whether ``commits/<v>`` exists (version 0 always does);
-    ``known`` is a version known to exist and ``hint`` one that may (the
-    ``latest`` hint). Versions are dense, so a galloping search upwards from
-    the higher of the two, then a bisection, finds the newest in O(log n) probes.
-    """
-    lo = known
-    if hint > lo and await exists(hint):
-        lo = hint
-    step = 1
-    while await exists(lo + step):
-        lo += step
-        step *= 2
-    hi = lo + step  # missing
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if await exists(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 # Weak: a root (and its caches) lives as long as some store, task or

@@ -14,8 +14,8 @@ from tensorstore_py.checkpoint.interop import restore_foreign_root
 from tensorstore_py.checkpoint.leaves import array_leaves, open_leaf
 from tensorstore_py.checkpoint.restoring import ReadStats, restore_step
 from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator, run_save, snapshot
-from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key
-from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError, NotFoundError
+from tensorstore_py.checkpoint.storage import StepInfo, StepStore, check_step, checked_metrics, record_key
+from tensorstore_py.core.errors import ConditionFailedError, NotFoundError
 from tensorstore_py.core.future import Future, run_sync, spawn
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import require_conditional_writes
@@ -56,8 +56,7 @@ class Root:
         on_commit: Callable[[StepInfo], Awaitable[Any]] | None = None,
         progress: ProgressArg = None,
     ) -> Future[StepInfo]:
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise InvalidArgumentError(f"checkpoint step must be an int >= 0, got {step!r}")
+        check_step(step)
         # named by the step and its attempt, before anything can fail (attempts.py)
         namespace = next_namespace(step)
         options = options or SaveOptions()
@@ -65,11 +64,7 @@ class Root:
         what = f"checkpoint step {step} at {self.kv!r}"
         try:
             require_conditional_writes(self.kv, f"checkpoint save of step {step}")
-            metrics = dict(metrics or {})
-            try:
-                json.dumps(metrics)
-            except (TypeError, ValueError) as e:
-                raise InvalidArgumentError(f"checkpoint step {step}: metrics must be JSON-able: {e}") from e
+            metrics = checked_metrics(step, metrics)
             if run_sync(self.kv.read(record_key(step))).state == "value":
                 raise ConditionFailedError(f"checkpoint step {step} already exists at {self.kv!r}")
             snap = snapshot(

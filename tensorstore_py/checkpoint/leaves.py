@@ -127,7 +127,7 @@ async def _open_packed(kv: KvStore, leaf: Mapping[str, Any], meta: dict[str, Any
     the step, above the leaf's folder) into a read-only one-chunk array."""
     step = copy.copy(kv)
     step.path = kv.path.removesuffix(str(leaf["key"]).strip("/") + "/")
-    mem = MemoryKvStore()
-    await mem.write(packed_chunk(leaf), await read_packed(step, leaf))
-    mem.read_only = True
+    # frozen: the view pickles with its bytes (at most PACK_LEAF_BYTES), so Dask's
+    # process and distributed schedulers read it too
+    mem = MemoryKvStore.frozen({packed_chunk(leaf): await read_packed(step, leaf)})
     return TensorStore(Zarr3Array.from_metadata(meta, mem, Generation.NO_VALUE))

@@ -41,14 +41,40 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensorstore_py.core.errors import ConflictError, DataCorruptionError, NotFoundError, UnsupportedError
+from tensorstore_py.core.errors import (
+    ConflictError,
+    DataCorruptionError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnsupportedError,
+)
 from tensorstore_py.kvstore.base import ByteRange, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.gc import DEFAULT_READ_GRACE
 from tensorstore_py.kvstore.versioned.gc import reclaim as gc_reclaim
 
-__all__ = ["FORMAT", "STEPS_PREFIX", "StepInfo", "StepStore", "list_steps", "read_spans", "record_key", "step_dir"]
+__all__ = [
+    "FORMAT", "STEPS_PREFIX", "StepInfo", "StepStore", "check_step", "checked_metrics", "list_steps", "read_spans",
+    "record_key", "step_dir",
+]
+
+
+def check_step(step: Any) -> None:
+    """InvalidArgumentError unless ``step`` is an int >= 0 (a bool is not)."""
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise InvalidArgumentError(f"checkpoint step must be an int >= 0, got {step!r}")
+
+
+def checked_metrics(step: int, metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of ``metrics`` (None: empty); InvalidArgumentError naming the step
+    unless it is JSON-able (it goes into the step record)."""
+    out = dict(metrics or {})
+    try:
+        json.dumps(out)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"checkpoint step {step}: metrics must be JSON-able: {e}") from e
+    return out
 
 log = logging.getLogger("tensorstore_py.checkpoint")
 

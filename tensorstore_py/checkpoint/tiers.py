@@ -42,8 +42,15 @@ from tensorstore_py.checkpoint.layout import LeafLayout, chunk_key, chunks_overl
 from tensorstore_py.checkpoint.prng import is_prng_key, key_data
 from tensorstore_py.checkpoint.pytree import flatten
 from tensorstore_py.checkpoint.saving import SaveOptions, Snapshot, _Chunk, _write_chunks, run_save, snapshot
-from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
-from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError, InvalidArgumentError
+from tensorstore_py.checkpoint.storage import (
+    StepInfo,
+    StepStore,
+    check_step,
+    checked_metrics,
+    record_key,
+    step_dir,
+)
+from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError
 from tensorstore_py.core.future import Future, run_sync, spawn
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.registry import require_conditional_writes
@@ -108,13 +115,8 @@ class LocalTier:
         """Commit this process's part of ``step`` (one single-process commit);
         returns once staged (as :meth:`Root.save`), the rest in the background.
         Raises :class:`ConditionFailedError` if this process's part exists."""
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise InvalidArgumentError(f"checkpoint step must be an int >= 0, got {step!r}")
-        metrics = dict(metrics)
-        try:
-            json.dumps(metrics)
-        except (TypeError, ValueError) as e:
-            raise InvalidArgumentError(f"checkpoint step {step}: metrics must be JSON-able: {e}") from e
+        check_step(step)
+        metrics = checked_metrics(step, metrics)
         if run_sync(self.kv.read(record_key(step))).state == "value":
             raise ConditionFailedError(f"checkpoint step {step} already exists in the local tier {self.kv!r}")
         n = self.process_count
