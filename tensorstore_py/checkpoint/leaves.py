@@ -13,7 +13,7 @@ memory as a read-only zarr v3 array of one chunk.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tensorstore_py.checkpoint.layout import LeafLayout, zarr3_metadata
@@ -82,7 +82,7 @@ async def read_packed(step: KvStore, leaf: Mapping[str, Any]) -> bytes:
     return bytes(res.value)
 
 
-async def read_pack_leaves(step: KvStore, leaves: list[Mapping[str, Any]], *,
+async def read_pack_leaves(step: KvStore, leaves: Sequence[Mapping[str, Any]], *,
                            check: bool = True) -> list[bytes]:
     """The stored bytes of the packed leaves ``leaves``, all in ONE pack of ``step``
     (a view of the step's keys), read with ONE read of the byte range they span
