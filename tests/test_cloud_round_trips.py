@@ -169,7 +169,9 @@ def test_concurrent_crops_of_one_shard_share_its_index_and_range_requests(gcs_em
         # shard 0: its index + the 4 runs of 2 neighbouring inner chunks (or fewer,
         # merged); shard 1: its index (missing). Each crop alone: 20 indexes + 64 runs
         assert requests <= 1 + 4 + 1
-        assert rounds == 2
+        # index, then ranges: 2; a loaded machine may start the missing shard's index
+        # read only after shard 0's came back, one more link in the chain
+        assert rounds <= 3
 
 
 def test_concurrent_reads_of_one_precomputed_shard_share_their_requests(gcs_emulator: Any) -> None:
