@@ -114,6 +114,14 @@ def main() -> None:
     def note(name: str, value: float) -> None:
         res.setdefault(name, []).append(value)
 
+    def timed_restore(mgr: Any, name: str) -> None:
+        t0 = time.perf_counter()
+        out = mgr.restore(step, target=target)
+        if target is not None:  # jax leaves: jax was imported above
+            jax.block_until_ready(out)
+        note(name, time.perf_counter() - t0)
+        check(out, args.gib, step)
+
     try:
         for rep in range(args.reps):
             step = 10 * rep + 1
@@ -127,15 +135,7 @@ def main() -> None:
             note("plain_save_s", time.perf_counter() - t0)
             if args.drop_caches:
                 drop_caches()
-            t0 = time.perf_counter()
-            out = plain.restore(step, target=target)
-            if target is not None:
-                import jax  # optional, as above
-
-                jax.block_until_ready(out)
-            note("plain_restore_s", time.perf_counter() - t0)
-            check(out, args.gib, step)
-            del out
+            timed_restore(plain, "plain_restore_s")
             plain.close()
             # local tier on the RAM disk
             mgr = tsp.CheckpointManager(f"file://{scratch}/persistent/", local=f"file://{shm}/local/",
@@ -143,15 +143,7 @@ def main() -> None:
             t0 = time.perf_counter()
             mgr.save(step, state).result()
             note("local_save_s", time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            out = mgr.restore(step, target=target)
-            if target is not None:
-                import jax  # optional, as above
-
-                jax.block_until_ready(out)
-            note("local_restore_s", time.perf_counter() - t0)
-            check(out, args.gib, step)
-            del out
+            timed_restore(mgr, "local_restore_s")
             t0 = time.perf_counter()
             mgr.save(step + 1, state, persist=True)
             mgr.wait_until_finished()

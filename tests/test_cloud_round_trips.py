@@ -31,6 +31,21 @@ def _rounds(proxy: ShapingProxy, op: Callable[[], Any]) -> tuple[int, int]:
     return proxy.sequential_round_trips(until=done), len(log)
 
 
+def _read_at_once(proxy: ShapingProxy, arr: Any, sels: list[Any], data: np.ndarray) -> tuple[int, int]:
+    """(sequential round trips, requests) of reading every selection of ``arr`` at
+    once (all in flight together), each checked against ``data``."""
+
+    async def together() -> list[Any]:
+        return list(await asyncio.gather(*(arr[s].read() for s in sels)))
+
+    got: list[Any] = []
+    rounds, requests = _rounds(proxy, lambda: got.extend(
+        asyncio.run_coroutine_threadsafe(together(), get_loop()).result(T)))
+    for s, g in zip(sels, got, strict=True):
+        np.testing.assert_array_equal(g, data[s])
+    return rounds, requests
+
+
 @pytest.mark.parametrize("size", [10, 300_000])
 def test_versioned_commit_of_one_key_takes_at_most_4_round_trips(gcs_emulator: Any, size: int) -> None:
     # with a warm cache: (data object | probe for the newest version), tree node,
@@ -157,15 +172,7 @@ def test_concurrent_crops_of_one_shard_share_its_index_and_range_requests(gcs_em
         sels = [tuple(slice(int(s), int(s) + 32) for s in rng.integers(1, 32, size=3)) for _ in range(16)]
         sels += [tuple(slice(int(s) + o, int(s) + o + 32) for s, o in zip(rng.integers(1, 32, size=3), (128, 0, 0)))
                  for _ in range(4)]
-
-        async def together() -> list[Any]:
-            return list(await asyncio.gather(*(arr[s].read() for s in sels)))
-
-        got: list[Any] = []
-        rounds, requests = _rounds(proxy, lambda: got.extend(
-            asyncio.run_coroutine_threadsafe(together(), get_loop()).result(T)))
-        for s, g in zip(sels, got, strict=True):
-            np.testing.assert_array_equal(g, data[s])
+        rounds, requests = _read_at_once(proxy, arr, sels, data)
         # shard 0: its index + the 4 runs of 2 neighbouring inner chunks (or fewer,
         # merged); shard 1: its index (missing). Each crop alone: 20 indexes + 64 runs
         assert requests <= 1 + 4 + 1
@@ -193,15 +200,7 @@ def test_concurrent_reads_of_one_precomputed_shard_share_their_requests(gcs_emul
         arr = tsp.open(spec).result(T)  # a fresh open: no index cached
         sels = [(slice(x, x + 32), slice(y, y + 32), slice(z, z + 32))
                 for x in (0, 32) for y in (0, 32) for z in (0, 32)]
-
-        async def together() -> list[Any]:
-            return list(await asyncio.gather(*(arr[s].read() for s in sels)))
-
-        got: list[Any] = []
-        rounds, requests = _rounds(proxy, lambda: got.extend(
-            asyncio.run_coroutine_threadsafe(together(), get_loop()).result(T)))
-        for s, g in zip(sels, got, strict=True):
-            np.testing.assert_array_equal(g, data[s])
+        rounds, requests = _read_at_once(proxy, arr, sels, data)
         # the index entries, the minishard indexes, the chunks (each read alone: 3
         # requests, 24 in all), and at most one more for chunks located in a later turn
         assert requests <= 4
