@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 from typing import Any, cast
 
 import numpy as np
 
 from tensorstore_py.core.errors import ResourceExhaustedError
 
-__all__ = ["MAPPED_BYTES", "PAGE", "aligned_empty", "mapped_empty", "new_array"]
+__all__ = ["MAPPED_BYTES", "PAGE", "aligned_empty", "mapped_empty", "new_array", "pread_full"]
 
 #: the alignment of every buffer made here
 PAGE = 4096
@@ -58,6 +59,21 @@ def mapped_empty(shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.ndar
         return aligned_empty(shape_t, dt)
     mem = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # page-aligned
     return cast(np.ndarray, np.frombuffer(mem, dtype=np.uint8).view(dt).reshape(shape_t))
+
+
+def pread_full(fd: int, mv: memoryview, offset: int, got: int = 0) -> int:
+    """Read file ``fd`` from ``offset`` into the bytes of ``mv`` (whose first
+    ``got`` are filled already) until ``mv`` is full or the file ends; returns
+    the bytes ``mv`` now holds. A short read (``preadv`` may return less than
+    asked) goes on where it stopped."""
+    mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+    n = mv.nbytes
+    while got < n:
+        k = os.preadv(fd, (mv[got:],), offset + got)
+        if k == 0:
+            break
+        got += k
+    return got
 
 
 def new_array(shape: tuple[int, ...], dtype: Any, *, what: str, aligned: bool = False) -> np.ndarray:

@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.buffers import aligned_empty, pread_full
 from tensorstore_py.core.errors import (
     InvalidArgumentError,
     InvalidKeyError,
@@ -206,12 +206,8 @@ class FileKvStore(KvStore):
             size = os.fstat(fd).st_size  # another size (or a short read): look
             if size != n:
                 return size
-            mv = dest.data.cast("B")
-            while 0 < got < n:  # a short read: go on until EOF, as _read_sync does
-                k = os.preadv(fd, (mv[got:],), got)
-                if k == 0:
-                    break
-                got += k
+            if got > 0:  # a short read: go on until EOF, as _read_sync does
+                got = pread_full(fd, dest.data, 0, got)
             if got != n:
                 raise StorageError(f"file kvstore: {path!r} shrank while being read")
             return n
@@ -295,12 +291,7 @@ class FileKvStore(KvStore):
             n = stop - start
             buf = aligned_empty(n)
             mv = buf.data
-            got = 0
-            while got < n:
-                k = os.preadv(fd, [mv[got:]], start + got)
-                if k == 0:
-                    break
-                got += k
+            got = pread_full(fd, mv, start)
             if got != n:
                 raise StorageError(f"file kvstore: {path!r} shrank while being read")
             return ReadResult("value", mv, gen)

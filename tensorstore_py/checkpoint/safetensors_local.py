@@ -35,7 +35,7 @@ import numpy as np
 from tensorstore_py.checkpoint.layout import Region, c_strides, region_shape, span_in_chunk
 from tensorstore_py.checkpoint.restoring import ReadStats
 from tensorstore_py.checkpoint.safetensors_format import TensorEntry
-from tensorstore_py.core.buffers import mapped_empty
+from tensorstore_py.core.buffers import mapped_empty, pread_full
 from tensorstore_py.core.errors import DataCorruptionError, NotFoundError, StorageError
 from tensorstore_py.core.pools import available_cpus, cpu_pool
 
@@ -166,13 +166,7 @@ def _tensor_tasks(fd: int, group: list[LocalBlock], where: str) -> list[tuple[in
 def _read_exact(fd: int, off: int, buf: np.ndarray, e: TensorEntry, where: str) -> int:
     """``buf.nbytes`` bytes at ``off`` into ``buf`` (uint8, contiguous)."""
     n = buf.nbytes
-    mv = buf.data  # a memoryview of the array
-    got = os.preadv(fd, (mv,), off)
-    while 0 < got < n:  # a short read: go on until EOF
-        k = os.preadv(fd, (mv[got:],), off + got)
-        if k == 0:
-            break
-        got += k
+    got = pread_full(fd, buf.data, off)
     if got != n:
         raise DataCorruptionError(
             f"{where}: tensor {e.name!r} cut short (read {got} bytes of {n}) at byte {off}"
