@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tensorstore_py.checkpoint.jax_adapter import jax_module
+from tensorstore_py.checkpoint.jax_adapter import jax_module, put_blocks
 from tensorstore_py.checkpoint.staging import check_choice
 
 __all__ = ["ASSEMBLIES", "Assemble", "DeviceBlock", "assemble_on_device", "check_assemble", "put_whole_blocks"]
@@ -126,13 +126,20 @@ class DeviceBlock:
 
 def put_whole_blocks(items: list[tuple[DeviceBlock, np.ndarray]]) -> None:
     """Each host array is its block's whole content: all of them go to their
-    devices in ONE batched ``device_put`` (many small leaves: one transfer, not
-    one per leaf), waited for. Blocking: runs on an I/O thread; when it returns
-    the host arrays are no longer referenced."""
+    devices in ONE batch (``jax_adapter.put_blocks``: many small leaves, one
+    transfer, not one per leaf; never aliasing the host arrays), waited for.
+    Blocking: runs on an I/O thread; when it returns the host arrays are no
+    longer referenced."""
     if not items:
         return
     jax = jax_module()
-    placed = jax.device_put([b._piece(p) for b, p in items], [b.device for b, _ in items])
-    jax.block_until_ready(placed)
+    shardings: dict[Any, Any] = {}  # one per device: put_blocks' fast path keys on it
+    dests = []
+    for b, _ in items:
+        s = shardings.get(b.device)
+        if s is None:
+            s = shardings[b.device] = jax.sharding.SingleDeviceSharding(b.device)
+        dests.append(s)
+    placed = put_blocks([b._piece(p) for b, p in items], dests, copy=True)  # waited for
     for (b, _), x in zip(items, placed):
         b._block = x

@@ -44,6 +44,7 @@ from tensorstore_py.checkpoint.jax_adapter import (
     assemble_all,
     global_array,
     is_sharded_target,
+    put_blocks,
     target_regions,
 )
 from tensorstore_py.checkpoint.layout import (
@@ -55,6 +56,7 @@ from tensorstore_py.checkpoint.layout import (
     region_shape,
     span_in_chunk,
 )
+from tensorstore_py.checkpoint.packed_restore import restore_packed
 from tensorstore_py.checkpoint.packing import check_leaf
 from tensorstore_py.checkpoint.prng import from_key_data, is_prng_key
 from tensorstore_py.checkpoint.pytree import flatten_target, unflatten
@@ -63,6 +65,7 @@ from tensorstore_py.core.budget import ByteBudget, run_bounded
 from tensorstore_py.core.buffers import aligned_empty
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import run_sync
+from tensorstore_py.core.gcpause import gc_paused
 from tensorstore_py.core.pools import run_cpu, run_io
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.progress import Progress
@@ -342,17 +345,36 @@ def restore_step(
     Blocking (call from a user thread). Planning and the final JAX calls run in
     the calling thread; the reads run on the library's event loop, and with
     device assembly the transfers of pieces run on I/O threads as they arrive.
+    The garbage collector is paused meanwhile (core/gcpause.py: a few objects
+    per leaf, thousands of leaves).
     """
+    with gc_paused():
+        return _restore_step(store, step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats,
+                             progress=progress, cast=cast, assemble=assemble)
+
+
+def _restore_step(
+    store: StepStore, step: int | None, target: Any, *, max_bytes_in_flight: int,
+    stats: ReadStats | None, progress: Progress | None, cast: bool, assemble: Assemble,
+) -> Any:
     check_assemble(assemble)
     step, manifest, data = run_sync(store.open_step(step))
     entries = manifest["leaves"]
     sinks: list[DeviceBlock | None] = []
+    # packed leaves wanted whole on the host or on one device: packed_restore.py
+    packed = _PackedLeaves()
+    counts = stats if stats is not None else ReadStats()
 
     def read(requests: list[tuple[LeafLayout, Region]]) -> list[np.ndarray | None]:
-        return run_sync(read_regions(
-            data, requests, max_bytes_in_flight=max_bytes_in_flight, stats=stats, progress=progress,
-            sinks=sinks,
-        ))
+        async def both() -> list[np.ndarray | None]:
+            if packed.layouts:
+                await restore_packed(data, packed.layouts, packed.place, max_bytes_in_flight=max_bytes_in_flight,
+                                     counts=counts, progress=progress)
+            return await read_regions(
+                data, requests, max_bytes_in_flight=max_bytes_in_flight, stats=counts, progress=progress,
+                sinks=sinks,
+            )
+        return run_sync(both())
 
     if target is None:
         requests: list[tuple[LeafLayout, Region]] = []
@@ -360,15 +382,20 @@ def restore_step(
         for e in entries:
             if e["kind"] != "python":
                 leaf = LeafLayout.from_json(e)
+                if leaf.packed is not None:
+                    slots.append(~packed.add(leaf, leaf.dtype.newbyteorder("="), None))
+                    continue
                 slots.append(len(requests))
                 requests.append((leaf, tuple((0, n) for n in leaf.shape)))
-        stored = iter(read(requests))
+        read_out = read(requests)
+        stored = iter(slots)
         values: list[Any] = []
         for e in entries:
             if e["kind"] == "python":
                 values.append(_python_value(e["value"]))
             else:
-                a = _native(next(stored))  # type: ignore[arg-type]
+                k = next(stored)
+                a = packed.out[~k] if k < 0 else _native(read_out[k])  # type: ignore[arg-type]
                 if "prng" in e:
                     a = from_key_data(a, e["prng"], None, f"checkpoint step {step}: leaf {e['path']}")
                 values.append(a[()] if e["kind"] == "numpy_scalar" else a)
@@ -415,6 +442,9 @@ def restore_step(
             on_device = where_cache.get(sharding)
             if on_device is None:  # many leaves share a sharding
                 on_device = where_cache[sharding] = assemble_on_device(assemble, sharding)
+            if leaf.packed is not None and not on_device and len(dev_regions) == 1 and _one_device(sharding):
+                plans.append(("packed", (packed.add(leaf, tdtype, sharding), False)))
+                continue
             uniq: dict[Region, int] = {}
             for d, reg in dev_regions:
                 if reg not in uniq:  # several local devices, one read
@@ -423,6 +453,8 @@ def restore_step(
                     sinks.append(DeviceBlock(d, region_shape(reg), tdtype) if on_device else None)
             kind = "device" if on_device else "jax"
             plans.append((kind, (t, sharding, [(d, uniq[reg]) for d, reg in dev_regions], tdtype)))
+        elif leaf.packed is not None:
+            plans.append(("packed", (packed.add(leaf, tdtype, None), isinstance(t, np.generic))))
         else:
             plans.append(("numpy", (len(requests), tdtype, isinstance(t, np.generic))))
             requests.append((leaf, tuple((0, n) for n in leaf.shape)))
@@ -440,6 +472,9 @@ def restore_step(
                 raise InvalidArgumentError(f"{where}: the target asks for PRNG keys {t.dtype}, the "
                                            f"step stores an array of {arrays[i].dtype}")  # type: ignore[union-attr]
             values.append(from_key_data(_native(arrays[i]), prng, t, where))  # type: ignore[arg-type]
+        elif kind == "packed":
+            i, scalar = p
+            values.append(packed.out[i][()] if scalar else packed.out[i])
         elif kind == "numpy":
             i, tdtype, scalar = p
             a = _native(_cast(arrays[i], tdtype))  # type: ignore[arg-type]
@@ -468,6 +503,50 @@ def restore_step(
     for slot, t, sharding, blocks in assembled:
         values[slot] = global_array(t, sharding, blocks)
     return rebuild(values)
+
+
+def _one_device(sharding: Any) -> bool:
+    """A sharding whose one device holds the whole array."""
+    try:
+        return len(sharding.device_set) == 1
+    except Exception:
+        return False
+
+
+class _PackedLeaves:
+    """The packed leaves a restore reads whole (packed_restore.py) and where each goes."""
+
+    def __init__(self) -> None:
+        self.layouts: list[LeafLayout] = []
+        #: per leaf: its dtype (the target's) and its one-device sharding (None: numpy)
+        self.to: list[tuple[np.dtype, Any]] = []
+        self.out: list[Any] = []  # the restored arrays
+
+    def add(self, leaf: LeafLayout, dtype: np.dtype, sharding: Any) -> int:
+        self.layouts.append(leaf)
+        self.to.append((dtype, sharding))
+        self.out.append(None)
+        return len(self.layouts) - 1
+
+    def place(self, indices: list[int], views: list[np.ndarray]) -> None:
+        """Views of read buffers (packed_restore.py) as arrays of their own:
+        numpy copies, or jax arrays put by ONE batched transfer, waited for, that
+        never alias the buffers (on CPU devices ``device_put`` may)."""
+        on_dev: list[int] = []
+        blocks: list[np.ndarray] = []
+        shardings: list[Any] = []
+        for i, v in zip(indices, views):
+            dtype, sharding = self.to[i]
+            a = _cast(v, dtype)
+            if sharding is not None:
+                on_dev.append(i)
+                blocks.append(a)
+                shardings.append(sharding)
+            else:
+                self.out[i] = a.copy() if a is v else a
+        if blocks:
+            for i, x in zip(on_dev, put_blocks(blocks, shardings, copy=True)):
+                self.out[i] = x
 
 
 def _native(a: np.ndarray) -> np.ndarray:

@@ -70,6 +70,7 @@ from tensorstore_py.checkpoint.staging import (
 )
 from tensorstore_py.checkpoint.storage import StepInfo, StepStore, record_key, step_dir
 from tensorstore_py.core.errors import ConditionFailedError, InvalidArgumentError
+from tensorstore_py.core.gcpause import gc_paused
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
@@ -217,7 +218,18 @@ def snapshot(
     In a multi-process job a ``jax.Array`` that lives on this process alone
     (fully addressable, e.g. a step counter made with ``jnp.int32``) is taken
     to be the same on every process, like a numpy leaf, and process 0 writes it.
+
+    Runs with the garbage collector paused (core/gcpause.py): a few objects per
+    leaf, thousands of leaves.
     """
+    with gc_paused():
+        return _snapshot(tree, process_index=process_index, process_count=process_count,
+                         options=options, replicas=replicas)
+
+
+def _snapshot(
+    tree: Any, *, process_index: int, process_count: int, options: SaveOptions, replicas: bool
+) -> Snapshot:
     pairs, structure = flatten(tree)
     snap = Snapshot(structure=structure, leaves=[])
     # (leaf key, region, chunk shape, dtype, single-device array): staged together below
