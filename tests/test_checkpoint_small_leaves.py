@@ -125,3 +125,41 @@ def test_gc_paused_keeps_collection_off_while_any_thread_is_inside() -> None:
     with pytest.raises(RuntimeError), gc_paused():
         raise RuntimeError("boom")
     assert gc.isenabled()
+
+
+def test_a_tree_flattened_again_by_its_jax_structure_keeps_paths_and_walks_what_jax_does_not(
+    tmp_path: Path,
+) -> None:
+    jax = pytest.importorskip("jax")
+    import collections
+    import dataclasses
+
+    from tensorstore_py.checkpoint.pytree import flatten
+
+    Pair = collections.namedtuple("Pair", ["lo", "hi"])
+
+    @dataclasses.dataclass
+    class Box:  # not registered with JAX: a leaf for JAX, a node for checkpoints
+        inner: np.ndarray
+
+    def tree(i: int, b: object) -> dict[object, object]:
+        return {"w": jax.numpy.full((2,), i, np.float32), "n": {3: [Pair(np.int8(i), None), "s"], 1: i},
+                "b": b, "z": {"y": 1.5 * i}}
+
+    first = flatten(tree(1, np.zeros(2, np.int16)))
+    again = flatten(tree(2, np.ones(2, np.int16)))  # the same JAX structure: paths and structure reused
+    assert [p for p, _ in again[0]] == [p for p, _ in first[0]] == [
+        "['b']", "['n'][1]", "['n'][3][0].lo", "['n'][3][1]", "['w']", "['z']['y']"]
+    assert again[1] == first[1]
+    assert [np.asarray(v).tolist() if not isinstance(v, str) else v for _, v in again[0]] == [
+        [1, 1], 2, 2, "s", [2.0, 2.0], 3.0]
+    # the same JAX structure, but a leaf that checkpoints walk into
+    walked = flatten(tree(3, Box(np.arange(3))))
+    assert [p for p, _ in walked[0]] == [
+        "['b'].inner", "['n'][1]", "['n'][3][0].lo", "['n'][3][1]", "['w']", "['z']['y']"]
+    root = f"file://{tmp_path}/"
+    tsp.checkpoint.save(root, tree(4, np.ones(2, np.int16)), step=1).result()
+    tsp.checkpoint.save(root, tree(5, Box(np.arange(3))), step=2).result()
+    out = tsp.checkpoint.restore(root, step=2)
+    assert out["b"]["inner"].tolist() == [0, 1, 2] and out["w"].tolist() == [5.0, 5.0]
+    assert out["n"][3][0].lo == 5 and out["n"][3][1] == "s" and out["n"][1] == 5 and out["z"] == {"y": 7.5}

@@ -55,22 +55,27 @@ def is_sharded_target(x: Any) -> bool:
     return jax is not None and isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
 
 
-_SHARDING_JSON: dict[Any, dict[str, Any] | None] = {}  # thousands of leaves share a few shardings
+#: sharding -> (one device holds it all and it is addressable here, its JSON):
+#: thousands of leaves share a few shardings
+_SHARDING_INFO: dict[Any, tuple[bool, dict[str, Any] | None]] = {}
 
 
-def _sharding_json(arr: Any) -> dict[str, Any] | None:
-    s = arr.sharding
+def _sharding_info(s: Any) -> tuple[bool, dict[str, Any] | None]:
     try:
-        return _SHARDING_JSON[s]
+        return _SHARDING_INFO[s]
     except (KeyError, TypeError):  # not seen yet, or not hashable
         pass
-    out = _describe_sharding(s)
+    one = len(s.device_set) == 1 and bool(s.is_fully_addressable)
     try:
-        if len(_SHARDING_JSON) < 1024:
-            _SHARDING_JSON[s] = out
+        sj = _describe_sharding(s)
+    except Exception:
+        sj = None
+    try:
+        if len(_SHARDING_INFO) < 1024:
+            _SHARDING_INFO[s] = (one, sj)
     except TypeError:
         pass
-    return out
+    return one, sj
 
 
 def _describe_sharding(s: Any) -> dict[str, Any] | None:
@@ -92,7 +97,8 @@ def shards_to_save(
     ``replicas=True``: every addressable region once, whichever replica it is)."""
     shape = tuple(arr.shape)
     parts: list[tuple[Region, Any]] = []
-    if len(arr.sharding.device_set) == 1 and arr.is_fully_addressable:
+    one, sj = _sharding_info(arr.sharding)
+    if one:
         # one device holds it all (the common case for small leaves): skip the shard walk
         shard_shape = shape
         parts.append((tuple((0, n) for n in shape), arr))
@@ -105,10 +111,6 @@ def shards_to_save(
                 if region not in seen:
                     seen.add(region)
                     parts.append((region, s.data))
-    try:
-        sj = _sharding_json(arr)
-    except Exception:
-        sj = None
     return shape, np.dtype(arr.dtype), shard_shape, parts, sj
 
 

@@ -25,6 +25,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError
 
 __all__ = ["flatten", "flatten_target", "path_str", "unflatten"]
@@ -79,9 +81,78 @@ def flatten(tree: Any) -> tuple[list[tuple[str, Any]], Structure]:
 
     ``None`` is an empty node (as in JAX), not a leaf. Raises
     :class:`InvalidArgumentError` for dict keys that JSON can not hold.
+
+    With JAX imported, a tree whose ``jax.tree_util`` structure was seen
+    before (a train state saved every few steps, its restore target) is
+    flattened by JAX alone and takes the paths and structure found then
+    (:func:`_flatten_cached`), instead of a walk in Python.
     """
-    leaves: list[tuple[str, Any]] = []
     tu = _jax_tree_util()
+    if tu is None:
+        return _walk(tree, None)
+    cached = _flatten_cached(tu, tree)
+    if cached is not None:
+        return cached
+    leaves, structure = _walk(tree, tu)
+    _remember(tu, tree, leaves, structure)
+    return leaves, structure
+
+
+#: a jax treedef -> the paths of its leaves and the structure :func:`_walk` gave
+_BY_TREEDEF: dict[Any, tuple[list[str], Structure]] = {}
+_BY_TREEDEF_MAX = 16
+#: types of the leaves that :func:`_walk` and ``jax.tree_util`` both take as leaves
+_PLAIN_TYPES: set[type] = {bool, int, float, complex, str, bytes}
+
+
+def _plain(x: Any) -> bool:
+    t = type(x)
+    if t in _PLAIN_TYPES:
+        return True
+    jax = sys.modules.get("jax")
+    kinds: tuple[type, ...] = (np.ndarray, np.generic)
+    if jax is not None:
+        kinds += (jax.Array, jax.ShapeDtypeStruct)
+    if isinstance(x, kinds):
+        _PLAIN_TYPES.add(t)
+        return True
+    return False
+
+
+def _flatten_cached(tu: Any, tree: Any) -> tuple[list[tuple[str, Any]], Structure] | None:
+    """:func:`flatten` of a tree of a known treedef whose leaves are all plain
+    (arrays, scalars: leaves for both), else None."""
+    if not _BY_TREEDEF:
+        return None
+    try:
+        jleaves, treedef = tu.tree_flatten(tree)
+        hit = _BY_TREEDEF.get(treedef)
+    except Exception:  # not flattenable by JAX, an unhashable node: walk it
+        return None
+    if hit is None or not all(map(_plain, jleaves)):
+        return None
+    paths, structure = hit
+    return list(zip(paths, jleaves)), structure
+
+
+def _remember(tu: Any, tree: Any, leaves: list[tuple[str, Any]], structure: Structure) -> None:
+    """Keep the paths and structure of ``tree`` by its treedef when JAX sees the
+    very same leaves in the same order, all plain."""
+    try:
+        jleaves, treedef = tu.tree_flatten(tree)
+        same = len(jleaves) == len(leaves) and all(a is b for a, (_, b) in zip(jleaves, leaves))
+        if not same or not all(map(_plain, jleaves)):
+            return
+        if len(_BY_TREEDEF) >= _BY_TREEDEF_MAX:
+            _BY_TREEDEF.pop(next(iter(_BY_TREEDEF)))
+        _BY_TREEDEF[treedef] = ([p for p, _ in leaves], structure)
+    except Exception:  # not flattenable by JAX, an unhashable node: nothing kept
+        return
+
+
+def _walk(tree: Any, tu: Any) -> tuple[list[tuple[str, Any]], Structure]:
+    """:func:`flatten` by a walk of the tree in Python."""
+    leaves: list[tuple[str, Any]] = []
 
     def walk(x: Any, path: str) -> Structure:
         if x is None:

@@ -238,7 +238,7 @@ def _snapshot(
     # leaf key -> its manifest entry, for the leaves packed with others (packing.py)
     packable: dict[str, dict[str, Any]] = {}
     members: list[Member] = []
-    chunk_shapes: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}
+    kinds: dict[tuple[Any, ...], _LeafKind] = {}
     for i, (path, leaf) in enumerate(pairs):
         entry: dict[str, Any] = {"path": path}
         if isinstance(leaf, (bool, int, float, complex, str, bytes)) and not isinstance(leaf, np.generic):
@@ -275,28 +275,24 @@ def _snapshot(
                 "expected jax.Array, numpy array/scalar or python scalar"
             )
         dtype = np.dtype(dtype)
-        if on_jax:
-            snap.arrays[f"a/{i}"] = (path, leaf)
-        cshape = chunk_shapes.get((shard_shape := tuple(shard_shape), dtype.itemsize))
-        if cshape is None:  # thousands of leaves share a few shapes
-            cshape = chunk_shapes[(shard_shape, dtype.itemsize)] = chunk_shape_for(
-                shard_shape, dtype.itemsize, target_bytes=options.target_chunk_bytes)
         key = f"a/{i}"
-        entry.update(dtype=v3, shape=list(shape), chunk_shape=list(cshape), key=key)
-        codecs = codecs_json(options.compression, dtype)
+        if on_jax:
+            snap.arrays[key] = (path, leaf)
+        kind = kinds.get((shape, dtype, shard_shape))
+        if kind is None:  # thousands of leaves share a few shapes and dtypes
+            kind = kinds[(shape, dtype, shard_shape)] = _LeafKind.of(
+                tuple(shape), dtype, tuple(shard_shape), options, process_index)
+        cshape, codecs, nbytes = kind.chunk_shape, kind.codecs, kind.nbytes
+        # the JSON lists of a kind are shared by its leaves' entries (never changed)
+        entry.update(dtype=v3, shape=kind.shape_json, chunk_shape=kind.chunk_shape_json, key=key)
         if codecs:
             entry["codecs"] = codecs
             leaf_codec[key] = chunk_codec(codecs, dtype, cshape, where=f"checkpoint leaf {path}")
         snap.leaves.append(entry)
-        nbytes = int(math.prod(shape)) * dtype.itemsize
         snap.nbytes += nbytes
-        if process_index == 0 and nbytes >= options.zarr_metadata_min_bytes:
+        if kind.zarr_json:
             snap.zarr_json[f"{key}/zarr.json"] = zarr3_metadata(dtype, tuple(shape), cshape, codecs)
-        elif (
-            len(parts) == 1 and cshape == tuple(shape) and parts[0][0] == tuple((0, n) for n in shape)
-            and options.pack_small_leaves
-            and is_packable(nbytes, compressed=bool(codecs), process_index=process_index)
-        ):
+        elif kind.packable and len(parts) == 1 and parts[0][0] == kind.whole:
             packable[key] = entry  # one whole chunk, written by this process alone
         for region, part in parts:
             if isinstance(part, np.ndarray):
@@ -345,6 +341,37 @@ def _snapshot(
     if snap.unstaged == 0:
         snap.staged.set()
     return snap
+
+
+@dataclass(frozen=True, slots=True)
+class _LeafKind:
+    """What leaves of one shape, dtype and shard shape share in a save."""
+
+    chunk_shape: tuple[int, ...]
+    shape_json: list[int]
+    chunk_shape_json: list[int]
+    codecs: list[dict[str, Any]]
+    nbytes: int
+    #: the region of the whole leaf
+    whole: Region
+    #: leaves of this kind get a zarr.json (process 0)
+    zarr_json: bool
+    #: a leaf of this kind whose one part is the whole leaf is packed (packing.py)
+    packable: bool
+
+    @staticmethod
+    def of(shape: tuple[int, ...], dtype: np.dtype, shard_shape: tuple[int, ...], options: SaveOptions,
+           process_index: int) -> _LeafKind:
+        cshape = chunk_shape_for(shard_shape, dtype.itemsize, target_bytes=options.target_chunk_bytes)
+        codecs = codecs_json(options.compression, dtype)
+        nbytes = int(math.prod(shape)) * dtype.itemsize
+        zarr_json = process_index == 0 and nbytes >= options.zarr_metadata_min_bytes
+        packable = (
+            not zarr_json and cshape == shape and options.pack_small_leaves
+            and is_packable(nbytes, compressed=bool(codecs), process_index=process_index)
+        )
+        return _LeafKind(cshape, list(shape), list(cshape), codecs, nbytes, tuple((0, n) for n in shape),
+                         zarr_json, packable)
 
 
 def _cutter(

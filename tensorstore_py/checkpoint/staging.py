@@ -147,6 +147,19 @@ def on_host_memory(x: Any) -> bool:
     return getattr(x.sharding, "memory_kind", None) in _HOST_KINDS
 
 
+def _placement(x: Any, places: dict[Any, tuple[bool, Any]]) -> tuple[bool, Any]:
+    """(``on_host_memory(x)``, ``x``'s device) of a single-device array, memoised
+    in ``places`` by sharding (thousands of small leaves share a few)."""
+    s = x.sharding
+    try:
+        return places[s]
+    except KeyError:
+        out = places[s] = (on_host_memory(x), _device(x))
+        return out
+    except TypeError:  # not hashable
+        return on_host_memory(x), _device(x)
+
+
 def has_pinned_host(device: Any) -> bool:
     try:
         return any(m.kind == "pinned_host" for m in device.addressable_memories())
@@ -186,12 +199,16 @@ def choose_staging(staging: str, shards: Sequence[Any]) -> str:
     check_staging(staging)
     if staging != "auto":
         return staging
-    on_device = [x for x in shards if not on_host_memory(x)]
-    if all(_device(x).platform == "cpu" for x in on_device):
+    places: dict[Any, tuple[bool, Any]] = {}  # sharding -> (in a host memory kind, its device)
+    on_device = []
+    for x in shards:
+        host, d = _placement(x, places)
+        if not host:
+            on_device.append((x, d))
+    if all(d.platform == "cpu" for _x, d in on_device):
         return "host"
     need: dict[Any, int] = {}
-    for x in on_device:
-        d = _device(x)
+    for x, d in on_device:
         need[d] = need.get(d, 0) + int(x.nbytes)
     if all(_room_for(d, n) for d, n in need.items()):
         return "device"
