@@ -22,6 +22,7 @@ from tensorstore_py.checkpoint.jax_adapter import assemble_all, is_sharded_targe
 from tensorstore_py.checkpoint.layout import Region
 from tensorstore_py.checkpoint.pytree import flatten_target
 from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
+from tensorstore_py.core.gcpause import gc_paused
 
 __all__ = ["ForeignLeaf", "ReadRegions", "dotted_name", "restore_foreign"]
 
@@ -82,8 +83,17 @@ def restore_foreign(
     ``build(arrays)`` makes the result when ``target`` is None from every leaf read
     whole. Raises NotFoundError for a target leaf the source lacks and
     InvalidArgumentError for a shape or dtype mismatch (dtypes convert only with
-    ``cast=True``), both before anything is read.
+    ``cast=True``), both before anything is read. Runs with the garbage
+    collector paused (core/gcpause.py: a few objects per leaf, thousands of leaves).
     """
+    with gc_paused():
+        return _restore_foreign(source, leaves, read, target, lookup=lookup, build=build, cast=cast)
+
+
+def _restore_foreign(
+    source: str, leaves: Sequence[ForeignLeaf], read: ReadRegions, target: Any, *,
+    lookup: Callable[[str], int | None], build: Callable[[list[np.ndarray]], Any], cast: bool,
+) -> Any:
     if target is None:
         return build(read([(i, _full(leaf.shape)) for i, leaf in enumerate(leaves)]))
     pairs, rebuild = flatten_target(target)

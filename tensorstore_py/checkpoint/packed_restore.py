@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from tensorstore_py.checkpoint.jax_adapter import put_blocks
 from tensorstore_py.checkpoint.layout import LeafLayout
 from tensorstore_py.checkpoint.packing import check_leaf
 from tensorstore_py.checkpoint.storage import read_spans
@@ -31,7 +32,7 @@ from tensorstore_py.core.pools import run_io
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.progress import Progress
 
-__all__ = ["PackSpan", "leaf_views", "plan_pack_reads", "restore_packed"]
+__all__ = ["PackSpan", "PackedTargets", "leaf_views", "one_device", "plan_pack_reads", "restore_packed"]
 
 _LITTLE = sys.byteorder == "little"
 #: a batch of pack reads holds about this share of the budget (several in flight)
@@ -133,3 +134,56 @@ async def restore_packed(
 
     await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight),
                       cost=lambda g: sum(hi - lo for _k, _i, lo, hi in g))
+
+
+def one_device(sharding: Any) -> bool:
+    """A sharding whose one device holds the whole array."""
+    try:
+        return len(sharding.device_set) == 1
+    except Exception:
+        return False
+
+
+class PackedTargets:
+    """The packed leaves a restore reads whole and where each goes; its
+    :meth:`place` is the ``deliver`` of :func:`restore_packed`."""
+
+    def __init__(self) -> None:
+        self.layouts: list[LeafLayout] = []
+        #: per leaf: its dtype (the target's) and its one-device sharding (None: numpy)
+        self.to: list[tuple[np.dtype, Any]] = []
+        self.out: list[Any] = []  # the restored arrays
+
+    def add(self, leaf: LeafLayout, dtype: np.dtype, sharding: Any) -> int:
+        self.layouts.append(leaf)
+        self.to.append((dtype, sharding))
+        self.out.append(None)
+        return len(self.layouts) - 1
+
+    def place(self, indices: list[int], views: list[np.ndarray]) -> None:
+        """Views of read buffers as arrays of their own:
+        numpy copies, or jax arrays put by ONE batched transfer, waited for, that
+        never alias the buffers (on CPU devices ``device_put`` may)."""
+        on_dev: list[int] = []
+        blocks: list[np.ndarray] = []
+        shardings: list[Any] = []
+        for i, v in zip(indices, views):
+            dtype, sharding = self.to[i]
+            a = _as_dtype(v, dtype)
+            if sharding is not None:
+                on_dev.append(i)
+                blocks.append(a)
+                shardings.append(sharding)
+            else:
+                self.out[i] = a.copy() if a is v else a
+        if blocks:
+            for i, x in zip(on_dev, put_blocks(blocks, shardings, copy=True)):
+                self.out[i] = x
+
+
+def _as_dtype(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` (stored bytes, little endian) in native byte order as ``dtype``
+    (numpy ``astype``: the restore's ``cast``); ``a`` itself when it is that already."""
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    return a if a.dtype == dtype else a.astype(dtype)

@@ -44,7 +44,6 @@ from tensorstore_py.checkpoint.jax_adapter import (
     assemble_all,
     global_array,
     is_sharded_target,
-    put_blocks,
     target_regions,
 )
 from tensorstore_py.checkpoint.layout import (
@@ -56,7 +55,7 @@ from tensorstore_py.checkpoint.layout import (
     region_shape,
     span_in_chunk,
 )
-from tensorstore_py.checkpoint.packed_restore import restore_packed
+from tensorstore_py.checkpoint.packed_restore import PackedTargets, one_device, restore_packed
 from tensorstore_py.checkpoint.packing import check_leaf
 from tensorstore_py.checkpoint.prng import from_key_data, is_prng_key
 from tensorstore_py.checkpoint.pytree import flatten_target, unflatten
@@ -362,7 +361,7 @@ def _restore_step(
     entries = manifest["leaves"]
     sinks: list[DeviceBlock | None] = []
     # packed leaves wanted whole on the host or on one device: packed_restore.py
-    packed = _PackedLeaves()
+    packed = PackedTargets()
     counts = stats if stats is not None else ReadStats()
 
     def read(requests: list[tuple[LeafLayout, Region]]) -> list[np.ndarray | None]:
@@ -442,7 +441,7 @@ def _restore_step(
             on_device = where_cache.get(sharding)
             if on_device is None:  # many leaves share a sharding
                 on_device = where_cache[sharding] = assemble_on_device(assemble, sharding)
-            if leaf.packed is not None and not on_device and len(dev_regions) == 1 and _one_device(sharding):
+            if leaf.packed is not None and not on_device and len(dev_regions) == 1 and one_device(sharding):
                 plans.append(("packed", (packed.add(leaf, tdtype, sharding), False)))
                 continue
             uniq: dict[Region, int] = {}
@@ -503,50 +502,6 @@ def _restore_step(
     for slot, t, sharding, blocks in assembled:
         values[slot] = global_array(t, sharding, blocks)
     return rebuild(values)
-
-
-def _one_device(sharding: Any) -> bool:
-    """A sharding whose one device holds the whole array."""
-    try:
-        return len(sharding.device_set) == 1
-    except Exception:
-        return False
-
-
-class _PackedLeaves:
-    """The packed leaves a restore reads whole (packed_restore.py) and where each goes."""
-
-    def __init__(self) -> None:
-        self.layouts: list[LeafLayout] = []
-        #: per leaf: its dtype (the target's) and its one-device sharding (None: numpy)
-        self.to: list[tuple[np.dtype, Any]] = []
-        self.out: list[Any] = []  # the restored arrays
-
-    def add(self, leaf: LeafLayout, dtype: np.dtype, sharding: Any) -> int:
-        self.layouts.append(leaf)
-        self.to.append((dtype, sharding))
-        self.out.append(None)
-        return len(self.layouts) - 1
-
-    def place(self, indices: list[int], views: list[np.ndarray]) -> None:
-        """Views of read buffers (packed_restore.py) as arrays of their own:
-        numpy copies, or jax arrays put by ONE batched transfer, waited for, that
-        never alias the buffers (on CPU devices ``device_put`` may)."""
-        on_dev: list[int] = []
-        blocks: list[np.ndarray] = []
-        shardings: list[Any] = []
-        for i, v in zip(indices, views):
-            dtype, sharding = self.to[i]
-            a = _cast(v, dtype)
-            if sharding is not None:
-                on_dev.append(i)
-                blocks.append(a)
-                shardings.append(sharding)
-            else:
-                self.out[i] = a.copy() if a is v else a
-        if blocks:
-            for i, x in zip(on_dev, put_blocks(blocks, shardings, copy=True)):
-                self.out[i] = x
 
 
 def _native(a: np.ndarray) -> np.ndarray:
