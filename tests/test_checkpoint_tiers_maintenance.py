@@ -60,7 +60,7 @@ def test_delete_waits_for_the_steps_promotion_so_it_can_not_come_back(tmp_path: 
     _, local = _urls(tmp_path)
     mgr = tsp.CheckpointManager(_slow_root(tmp_path, 1.0), local=local)
     mgr.save(1, _tree(1)).result()
-    mgr.save(2, _tree(2), persist=True).result()  # local commit done, promotion in flight
+    mgr.save(2, _tree(2), persist=True)  # the local commit and the promotion in flight
     mgr.delete(2)
     mgr.wait_until_finished()
     mgr.close()

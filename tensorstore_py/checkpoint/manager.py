@@ -339,18 +339,19 @@ class CheckpointManager:
 
     def delete(self, step: int) -> None:
         """Delete ``step`` now from every tier: one commit unpublishes it at the
-        root, then its bytes are freed. With a local tier, a promotion of
-        ``step`` still in flight ends first (so it can not publish the step
-        again afterwards), then this process's local part is deleted too, by
+        root, then its bytes are freed. With a local tier, the local save and a
+        promotion of ``step`` still in flight end first (so the promotion can
+        not publish the step again afterwards; their errors stay for
+        :meth:`wait_until_finished`), then this process's local part is deleted too, by
         one commit of the local tier: call it on every process, as
         :meth:`save` (the root's deletion is idempotent). NotFoundError when no
         tier holds ``step``."""
+        if self._tiers is not None:
+            self._tiers.settle(step)
         if step not in self.all_steps():
             where = f"at {self._root.kv!r}" if self._tiers is None else \
                 f"at {self._root.kv!r} or in the local tier {self._tiers.local.kv!r}"
             raise NotFoundError(f"checkpoint step {step} not found {where}")
-        if self._tiers is not None:
-            self._tiers.settle(step)
         run_sync(self._root.store.delete_steps([step], read_grace=self.read_grace))
         if self._tiers is not None:
             self._tiers.delete_local(step)
