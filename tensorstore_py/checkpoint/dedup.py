@@ -24,6 +24,12 @@ that save, so a chunk whose remembered digest equals the previous step's is
 linked without being copied off the device or read (only weak references to
 the arrays are kept between saves).
 
+A manager's local tier saves incrementally too (against this process's
+previous local part), and a promotion of a local part to the root takes the
+digests the part recorded (:attr:`Incremental.known`): a chunk whose recorded
+digest equals the root's previous step's is linked without being read from the
+local tier, and no chunk is hashed twice.
+
 Guarantees: a linked chunk is a whole, ordinary key of the new step: restores,
 ``open_array``, exports and other readers see no difference. The link's
 source is checked at commit (a step deleted meanwhile fails the save with
