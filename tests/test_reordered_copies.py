@@ -1,7 +1,8 @@
 """Chunks whose elements run the other way than the result's (N5 blocks, zarr
 ``order: F``, zarr3's ``transpose`` codec) are copied in slabs
-(drivers/copies.py::copy_into): whole chunks, unaligned parts, edge chunks,
-byte-swapped types and strided reads, each compared with the array written.
+(drivers/copies.py::copy_into), when read and when written: whole chunks,
+unaligned parts, edge chunks, byte-swapped types and strided reads, each
+compared with the array written; written chunks byte for byte.
 """
 
 from __future__ import annotations
@@ -67,3 +68,43 @@ def test_copy_into_matches_numpy(shape: tuple[int, ...]) -> None:
         copy_into(view, src)
         np.testing.assert_array_equal(view, src)
         assert big.sum() == view.sum()  # nothing written outside it
+
+
+# -- writing: a C-order source into chunks stored first dimension fastest -------------------
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "float32"])
+def test_n5_raw_blocks_hold_the_elements_first_dimension_fastest(tmp_path: Path, dtype: str) -> None:
+    data = values(dtype)
+    a = tsp.open(tmp_path.as_uri() + "/n5/", driver="n5", create=True, dtype=dtype, shape=SHAPE,
+                 chunks=CHUNKS, compression="raw").result()
+    a.write(data).result()
+    for cell in [(0, 0, 0), (1, 0, 1), (2, 1, 2)]:  # interior, and edge blocks stored clipped
+        sl = tuple(slice(c * b, min((c + 1) * b, n)) for c, b, n in zip(cell, CHUNKS, SHAPE))
+        block = data[sl]
+        stored = (tmp_path / "n5" / "/".join(map(str, cell))).read_bytes()
+        header = 4 + 4 * len(SHAPE)
+        assert stored[header:] == block.astype(np.dtype(dtype).newbyteorder(">")).tobytes(order="F")
+    check(a, data)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float64"])
+def test_zarr2_fortran_chunks_hold_the_elements_first_dimension_fastest(tmp_path: Path, dtype: str) -> None:
+    data = values(dtype)
+    a = tsp.open(tmp_path.as_uri() + "/z/", driver="zarr", create=True, dtype=dtype, shape=SHAPE,
+                 chunks=CHUNKS, order="F", compression=None).result()
+    a.write(data).result()
+    stored = (tmp_path / "z" / "1.0.1").read_bytes()
+    assert stored == data[32:64, 0:32, 32:64].tobytes(order="F")
+    check(a, data)
+    ts = pytest.importorskip("tensorstore")
+    theirs = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path / "z")}}).result()
+    np.testing.assert_array_equal(theirs.read().result(), data)
+
+
+def test_copy_into_fortran_destination() -> None:
+    rng = np.random.default_rng(2)
+    for shape in [(64, 64, 64), (33, 9, 70), (70, 300)]:
+        src = rng.integers(0, 255, shape).astype("<u2")
+        for s in (src, src[1:, ..., ::-1]):
+            dest = np.empty(s.shape, ">u2", order="F")
+            copy_into(dest, s)
+            np.testing.assert_array_equal(dest, s)
