@@ -96,7 +96,7 @@ def batches(parts: Iterable[T], chunk_nbytes: int, *,
 
 def read_blocking(arr: ChunkOps, kv: Any, index: tuple[slice, ...], out: np.ndarray, *, tasks: int) -> None:
     """Read ``index`` into ``out`` from the calling thread, with up to ``tasks`` - 1
-    helpers, no more than there are CPUs free for them now (``spare_cpus``):
+    helpers (chunks to decode: no more than there are CPUs free for them now):
     ``submit_blocking`` jobs that, like the caller, take batches from
     one shared queue until it is empty. A helper that starts late finds less (or
     no) work; one that never started is run by the caller when it waits for it
@@ -124,9 +124,11 @@ def read_blocking(arr: ChunkOps, kv: Any, index: tuple[slice, ...], out: np.ndar
     n_chunks = math.prod(0 if s.stop <= s.start else (s.stop - 1) // c - s.start // c + 1
                          for s, c in zip(index, arr._chunk_shape))
     per_batch = max(1, min(BATCH_PARTS, target // max(1, arr._chunk_nbytes)))
-    # helpers only where a CPU is free for them (core.pools.spare_cpus)
+    # helpers of a read of chunks to decode only where a CPU is free for them
+    # (core.pools.spare_cpus); raw chunks gain from a second batch even then: one
+    # batch's system calls overlap the other's Python work (drivers/sizing.py)
     n_helpers = min(tasks, -(-n_chunks // per_batch)) - 1
-    if n_helpers > 0:
+    if n_helpers > 0 and target == DECODE_BATCH_BYTES:
         n_helpers = min(n_helpers, spare_cpus())
     helpers = [submit_blocking(work) for _ in range(n_helpers)]
     work()
