@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 __all__ = ["COPY_THREADS", "Concurrency", "at_exit_before_pools", "available_cpus", "copy_pool", "cpu_pool",
-           "io_pool", "run_copy", "run_cpu", "run_in", "run_io", "spare_cpus"]
+           "io_pool", "run_copy", "run_cpu", "run_in", "run_io"]
 
 T = TypeVar("T")
 
@@ -48,27 +48,6 @@ def available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not on Linux
         return max(1, os.cpu_count() or 1)
-
-
-def spare_cpus() -> int:
-    """How many more threads could run on a CPU of their own right now, besides
-    the caller's: the machine's CPUs less the threads runnable on it at this
-    instant (Linux: /proc/loadavg's count of running threads, the caller
-    included), at most :func:`available_cpus` - 1. Where the count is not
-    available, :func:`available_cpus` - 1.
-
-    A thread started to share Python work with the caller only helps where it
-    gets a CPU of its own: on a machine whose CPUs are all busy the two take
-    turns, and every hand-over of the GIL between them waits for the
-    scheduler.
-    """
-    usable = available_cpus() - 1
-    try:
-        with open("/proc/loadavg", "rb") as f:
-            running = int(f.read().split()[3].split(b"/")[0])
-    except (OSError, IndexError, ValueError):
-        return usable
-    return max(0, min(usable, (os.cpu_count() or 1) - running))
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,6 @@ import numpy as np
 from tensorstore_py.core.buffers import aligned_empty, thread_scratch
 from tensorstore_py.core.errors import ConditionFailedError
 from tensorstore_py.core.future import submit_blocking
-from tensorstore_py.core.pools import spare_cpus
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
@@ -96,8 +95,7 @@ def batches(parts: Iterable[T], chunk_nbytes: int, *,
 
 def read_blocking(arr: ChunkOps, kv: Any, index: tuple[slice, ...], out: np.ndarray, *, tasks: int) -> None:
     """Read ``index`` into ``out`` from the calling thread, with up to ``tasks`` - 1
-    helpers (chunks to decode: no more than there are CPUs free for them now):
-    ``submit_blocking`` jobs that, like the caller, take batches from
+    helpers: ``submit_blocking`` jobs that, like the caller, take batches from
     one shared queue until it is empty. A helper that starts late finds less (or
     no) work; one that never started is run by the caller when it waits for it
     (and finds the queue empty), so helpers never deadlock a full pool. No event
@@ -124,13 +122,7 @@ def read_blocking(arr: ChunkOps, kv: Any, index: tuple[slice, ...], out: np.ndar
     n_chunks = math.prod(0 if s.stop <= s.start else (s.stop - 1) // c - s.start // c + 1
                          for s, c in zip(index, arr._chunk_shape))
     per_batch = max(1, min(BATCH_PARTS, target // max(1, arr._chunk_nbytes)))
-    # helpers of a read of chunks to decode only where a CPU is free for them
-    # (core.pools.spare_cpus); raw chunks gain from a second batch even then: one
-    # batch's system calls overlap the other's Python work (drivers/sizing.py)
-    n_helpers = min(tasks, -(-n_chunks // per_batch)) - 1
-    if n_helpers > 0 and target == DECODE_BATCH_BYTES:
-        n_helpers = min(n_helpers, spare_cpus())
-    helpers = [submit_blocking(work) for _ in range(n_helpers)]
+    helpers = [submit_blocking(work) for _ in range(min(tasks, -(-n_chunks // per_batch)) - 1)]
     work()
     for h in helpers:  # they still write into out: wait for every one
         h.result()
