@@ -47,10 +47,10 @@ def _read_at_once(proxy: ShapingProxy, arr: Any, sels: list[Any], data: np.ndarr
 
 
 @pytest.mark.parametrize("size", [10, 300_000])
-def test_versioned_commit_of_one_key_takes_at_most_4_round_trips(gcs_emulator: Any, size: int) -> None:
+def test_versioned_commit_of_one_key_takes_3_round_trips(gcs_emulator: Any, size: int) -> None:
     # with a warm cache: (data object | probe for the newest version), tree node,
-    # the pre-commit check that the data object is there, commit record; a small
-    # value is inline in the node (no data object, no check): 3
+    # commit record; the writer's lease vouches for the data object (no pre-commit
+    # read of it, docs/FORMAT.md §9.3); a small value is inline in the node
     bucket = gcs_emulator.create_bucket()
     with ShapingProxy(gcs_emulator.endpoint, ttfb=0.05) as proxy:
         base = {**gcs_emulator.spec(bucket, path="v/"), "endpoint": proxy.endpoint}
@@ -59,7 +59,7 @@ def test_versioned_commit_of_one_key_takes_at_most_4_round_trips(gcs_emulator: A
             store.write(f"k{i:02d}", b"old %d" % i).result(T)  # a warm cache
         value = bytes(range(256)) * (size // 256) + b"!" * (size % 256)
         rounds, _ = _rounds(proxy, lambda: store.write("k07", value).result(T))
-        assert rounds <= (3 if size <= 128 else 4)  # INLINE_MAX
+        assert rounds <= 3
         reader = tsp.KvStore.open({"driver": "versioned", "base": gcs_emulator.spec(bucket, path="v/")}).result(T)
         assert reader.read("k07").result(T).value == value
         assert reader.read("k08").result(T).value == b"old 8"
@@ -102,7 +102,7 @@ def test_opening_an_array_reads_its_metadata_once(gcs_emulator: Any, driver: str
         np.testing.assert_array_equal(opened[0].read().result(T), data)
 
 
-def test_versioned_transaction_of_written_keys_commits_in_4_round_trips(gcs_emulator: Any) -> None:
+def test_versioned_transaction_of_written_keys_commits_in_3_round_trips(gcs_emulator: Any) -> None:
     bucket = gcs_emulator.create_bucket()
     with ShapingProxy(gcs_emulator.endpoint, ttfb=0.05) as proxy:
         base = {**gcs_emulator.spec(bucket, path="v/"), "endpoint": proxy.endpoint}
@@ -114,9 +114,9 @@ def test_versioned_transaction_of_written_keys_commits_in_4_round_trips(gcs_emul
         view.write("k03", b"a" * 5000).result(T)  # packed into a data object at commit
         view.write("k04", b"b" * 10).result(T)  # inline
         # the data object and the probe for the newest version, the tree node, the
-        # check that the data object is there, the record
+        # record (the lease vouches for the data object: no read of it)
         rounds, _ = _rounds(proxy, lambda: txn.commit().result(T))
-        assert rounds <= 4
+        assert rounds <= 3
         assert store.read("k03").result(T).value == b"a" * 5000
         assert store.read("k04").result(T).value == b"b" * 10
         assert store.read("k05").result(T).value == b"old 5"
