@@ -238,11 +238,8 @@ class KvStore(ABC):
     #: True when :meth:`list_folder` asks the store for one level (a delimiter
     #: listing, a directory read) rather than listing every key below
     lists_folders_natively: ClassVar[bool] = False
-    #: True when one clock stamps every modification time of the store, whatever
-    #: host writes (the server's: gcs, s3; the one process's: memory), so that ages
-    #: and leases measured by the store need no synchronised host clocks
-    #: (docs/FORMAT.md §9.1); False where clients may stamp times (a file store may
-    #: sit on Lustre or CephFS) or the store can not tell (wrappers, fsspec)
+    #: True when one clock stamps every modification time, whatever host writes (gcs,
+    #: s3: the server's; memory), docs/FORMAT.md §9.1; False where clients may (file)
     single_clock: ClassVar[bool] = False
     #: requests the store keeps in flight at once (a remote store's
     #: ``concurrency``), None when it has no such bound (local stores). Array
