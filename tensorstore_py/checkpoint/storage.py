@@ -274,7 +274,8 @@ Span = tuple[str, int, int, bool]  # (key relative to the view, start, stop, cov
 
 
 async def read_spans(
-    view: KvStore, spans: list[Span], *, coalesce_gap: int = 4096, whole: bool = False
+    view: KvStore, spans: list[Span], *, coalesce_gap: int = 4096, whole: bool = False,
+    into: list[memoryview | None] | None = None,
 ) -> list[Any]:
     """The bytes ``[start, stop)`` of each key's value, in order (``whole=True``:
     each value whole, whatever its size, checked against its crc32c where stored:
@@ -287,14 +288,20 @@ async def read_spans(
     few requests instead of one each. A span covering a whole value is checked
     against the value's crc32c (:class:`ChecksumError` names the key and object).
     Elsewhere each span is one ``read``. A missing key raises DataCorruptionError.
+
+    ``into``: per span a writable byte buffer of its size, or None; a span's
+    bytes land in its buffer, which is then its result (on a file store the
+    kernel reads into it directly; elsewhere the bytes are copied into it).
     """
     if whole or not (isinstance(view, VersionedKvStore) and view.version is not None):
-        return await asyncio.gather(*(_read_one(view, k, a, b, w or whole) for k, a, b, w in spans))
+        got = await asyncio.gather(*(_read_one(view, k, a, b, w or whole) for k, a, b, w in spans))
+        return _copied_into(got, into) if into is not None else got
     # check the pinned version first (NotFoundError if it was deleted), so that a
     # NotFoundError below can only mean a key the manifest names is gone
     await view.stat([])
     try:
-        return await view.read_spans([(k, a, b) for k, a, b, _whole in spans], coalesce_gap=coalesce_gap)
+        return await view.read_spans([(k, a, b) for k, a, b, _whole in spans], coalesce_gap=coalesce_gap,
+                                     into=into)
     except NotFoundError as e:
         raise DataCorruptionError(f"checkpoint: {e}") from None
 
@@ -305,3 +312,16 @@ async def _read_one(view: KvStore, key: str, a: int, b: int, whole: bool) -> Any
     if res.state != "value":
         raise DataCorruptionError(f"checkpoint key {view.path + key!r} is missing from {view!r}")
     return res.value
+
+
+def _copied_into(values: list[Any], into: list[memoryview | None]) -> list[Any]:
+    """Each value copied into its buffer of ``into`` (where one is given and the
+    sizes match: a size mismatch is left for the caller to report)."""
+    out: list[Any] = []
+    for v, dest in zip(values, into):
+        if dest is None or len(v) != len(dest):
+            out.append(v)
+        else:
+            dest[:] = memoryview(v).cast("B")
+            out.append(dest)
+    return out
