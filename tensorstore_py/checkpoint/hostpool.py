@@ -13,7 +13,8 @@ Guarantees:
   enough are free instead of allocating past the limit; a request for more
   slots than the limit holds is admitted alone, once nothing else is held.
 * **Lazy and reused.** Slots are made on first need, never more than the limit
-  holds, and kept after use: later saves and restores with the same slot size
+  holds (counting the host copies held elsewhere: free slots are returned to
+  the system as those take their place), and kept after use: later saves and restores with the same slot size
   reuse them instead of asking the system for fresh memory each time. Every
   slot of one pool has the same size (a multiple of :data:`SLOT_GRANULE`), so
   buffers never fragment into odd sizes as an allocator's power-of-two size
@@ -106,6 +107,8 @@ class HostPool:
         self.made = 0
         #: buffers made over the pool's life (reuse keeps this small)
         self.made_total = 0
+        #: slots held without buffers of ours (JAX's pinned copies)
+        self.held_elsewhere = 0
         self.capacity = 1
         self.set_limit(limit_bytes)
 
@@ -114,9 +117,7 @@ class HostPool:
         free buffers beyond that are returned to the system."""
         with self._lock:
             self.capacity = max(1, int(limit_bytes) // self.slot_bytes)
-            while self._free and self.made > self.capacity:
-                self._free.pop()
-                self.made -= 1
+            self._shed_locked()
             ready = self._admit_locked()
         _wake(ready)
 
@@ -166,17 +167,26 @@ class HostPool:
                     bufs.append(mapped_empty(self.slot_bytes))
                     self.made += 1
                     self.made_total += 1
+        else:
+            self.held_elsewhere += count
+            self._shed_locked()  # host memory elsewhere takes the place of free slots
         return HostLease(self, count, bufs)
+
+    def _shed_locked(self) -> None:
+        """Drop free buffers while the pool's buffers and the memory held
+        elsewhere together exceed the limit."""
+        while self._free and self.made + self.held_elsewhere > self.capacity:
+            self._free.pop()
+            self.made -= 1
 
     def _release(self, lease: HostLease) -> None:
         with self._lock:
             self.held -= lease.count
-            for b in lease.buffers:
-                if self.made > self.capacity:  # over the limit (a smaller budget since): let it go
-                    self.made -= 1
-                else:
-                    self._free.append(b)
+            if not lease.buffers:
+                self.held_elsewhere -= lease.count
+            self._free.extend(lease.buffers)
             lease.buffers = []
+            self._shed_locked()  # over the limit (a smaller budget since): let them go
             ready = self._admit_locked()
         _wake(ready)
 
