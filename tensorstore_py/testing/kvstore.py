@@ -43,12 +43,9 @@ picklable module-level function taking a spec).
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
-import pickle
 import threading
-from collections.abc import Callable
 from functools import partial
 from typing import Any, ClassVar
 
@@ -58,11 +55,11 @@ from tensorstore_py.core.errors import (
     ConditionFailedError,
     InvalidArgumentError,
     InvalidKeyError,
-    ReadOnlyError,
     UnsupportedError,
 )
-from tensorstore_py.core.future import Future
 from tensorstore_py.kvstore.base import Generation, KvStore
+from tensorstore_py.testing.kvstore_common import BAD_KEYS, Conformance, raises_from
+from tensorstore_py.testing.kvstore_readonly import ReadOnlyKvStoreConformance
 
 __all__ = [
     "BAD_KEYS",
@@ -71,9 +68,6 @@ __all__ = [
     "cas_increment",
     "cas_increment_worker",
 ]
-
-#: keys every store must refuse with InvalidKeyError (before any I/O)
-BAD_KEYS: tuple[str, ...] = ("", "/a", "a/../b", "..", "./a", "a//b", "a\x00b", "a/")
 
 
 def _value(n: int, seed: int = 0) -> bytes:
@@ -110,40 +104,7 @@ def cas_increment_worker(spec: dict[str, Any], key: str, increments: int) -> int
     return cas_increment(store, key, increments)
 
 
-def _raises(
-    exc: type[BaseException], fn: Callable[[], Future[Any]], timeout: float
-) -> BaseException:
-    """``fn()`` must raise ``exc``, either at call time or from its Future."""
-    with pytest.raises(exc) as info:
-        fn().result(timeout)
-    return info.value
-
-
-class _Common:
-    #: seconds to wait for any one Future
-    timeout: ClassVar[float] = 60.0
-    #: False for stores that can not be reopened in another process (see the module doc)
-    picklable: ClassVar[bool] = True
-
-    def _res(self, fut: Future[Any]) -> Any:
-        return fut.result(self.timeout)
-
-    def _check_pickle(self, store: KvStore, key: str, data: bytes) -> KvStore | None:
-        """``store`` pickled and unpickled (it must still read ``key`` as ``data``),
-        or None for a store that must refuse to pickle; copies are handles on the same data."""
-        for dup in (copy.copy(store), copy.deepcopy(store)):
-            assert dup == store and bytes(self._res(dup.read(key)).value) == data
-        if not self.picklable:
-            with pytest.raises(UnsupportedError, match="pickle"):
-                pickle.dumps(store)
-            return None
-        again = pickle.loads(pickle.dumps(store.with_path("")))
-        assert type(again) is type(store) and again.spec() == store.spec()
-        assert bytes(self._res(again.read(key)).value) == data
-        return again
-
-
-class KvStoreConformance(_Common):
+class KvStoreConformance(Conformance):
     """Tests every store must pass. Subclasses provide fixture ``store``:
     a fresh, empty, writable :class:`KvStore` (function-scoped)."""
 
@@ -163,10 +124,10 @@ class KvStoreConformance(_Common):
         g = self._res(store.write("k", b"v"))
         t = self.timeout
         for cond in (Generation.NO_VALUE, g):
-            err = _raises(UnsupportedError, partial(store.write, "k", b"new", if_equal=cond), t)
+            err = raises_from(UnsupportedError, partial(store.write, "k", b"new", if_equal=cond), t)
             assert "k" in str(err)
-            _raises(UnsupportedError, partial(store.write, "absent", b"new", if_equal=cond), t)
-            _raises(UnsupportedError, partial(store.delete, "k", if_equal=cond), t)
+            raises_from(UnsupportedError, partial(store.write, "absent", b"new", if_equal=cond), t)
+            raises_from(UnsupportedError, partial(store.delete, "k", if_equal=cond), t)
         assert bytes(self._res(store.read("k")).value) == b"v"
         assert self._res(store.read("absent")).state == "missing"
 
@@ -299,7 +260,7 @@ class KvStoreConformance(_Common):
         if not self.supports_conditional_writes:
             return self._check_refuses_conditions(store)
         g = self._res(store.write("k", b"first", if_equal=Generation.NO_VALUE))
-        err = _raises(
+        err = raises_from(
             ConditionFailedError,
             lambda: store.write("k", b"second", if_equal=Generation.NO_VALUE),
             self.timeout,
@@ -314,14 +275,14 @@ class KvStoreConformance(_Common):
         g1 = self._res(store.write("k", b"v1"))
         g2 = self._res(store.write("k", b"v2", if_equal=g1))
         assert g2 != g1
-        _raises(ConditionFailedError, lambda: store.write("k", b"stale", if_equal=g1), self.timeout)
+        raises_from(ConditionFailedError, lambda: store.write("k", b"stale", if_equal=g1), self.timeout)
         r = self._res(store.read("k"))
         assert bytes(r.value) == b"v2" and r.generation == g2
         g3 = self._res(store.write("k", b"v3", if_equal=g2))
         assert bytes(self._res(store.read("k")).value) == b"v3"
         # a generation of an absent key never matches
         self._res(store.delete("k"))
-        _raises(ConditionFailedError, lambda: store.write("k", b"x", if_equal=g3), self.timeout)
+        raises_from(ConditionFailedError, lambda: store.write("k", b"x", if_equal=g3), self.timeout)
         assert self._res(store.read("k")).state == "missing"
 
     def test_delete(self, store: KvStore) -> None:
@@ -336,8 +297,8 @@ class KvStoreConformance(_Common):
             return self._check_refuses_conditions(store)
         g1 = self._res(store.write("d", b"1"))
         g2 = self._res(store.write("d", b"2"))
-        _raises(ConditionFailedError, lambda: store.delete("d", if_equal=g1), self.timeout)
-        _raises(
+        raises_from(ConditionFailedError, lambda: store.delete("d", if_equal=g1), self.timeout)
+        raises_from(
             ConditionFailedError,
             lambda: store.delete("d", if_equal=Generation.NO_VALUE),
             self.timeout,
@@ -347,7 +308,7 @@ class KvStoreConformance(_Common):
         assert self._res(store.read("d")).state == "missing"
         # NO_VALUE matches an absent key; a stale generation does not
         self._res(store.delete("d", if_equal=Generation.NO_VALUE))
-        _raises(ConditionFailedError, lambda: store.delete("d", if_equal=g2), self.timeout)
+        raises_from(ConditionFailedError, lambda: store.delete("d", if_equal=g2), self.timeout)
 
     # -- listing -------------------------------------------------------------------
     def _fill(self, store: KvStore, keys: list[str]) -> None:
@@ -382,8 +343,8 @@ class KvStoreConformance(_Common):
         assert (none.keys, none.folders) == ([], [])
         sub = self._res(store.with_path("a/").list_folder("x/"))
         assert (sub.keys, sub.folders) == (["x/y"], ["x/z/"])
-        _raises(InvalidArgumentError, lambda: store.list_folder("a"), self.timeout)
-        _raises(InvalidKeyError, lambda: store.list_folder("../"), self.timeout)
+        raises_from(InvalidArgumentError, lambda: store.list_folder("a"), self.timeout)
+        raises_from(InvalidKeyError, lambda: store.list_folder("../"), self.timeout)
 
     def test_delete_range(self, store: KvStore) -> None:
         keys = ["a/1", "a/2", "a/x/y", "ab", "b", "a0"]
@@ -429,22 +390,22 @@ class KvStoreConformance(_Common):
         assert self._res(store.list()) == ["outside", "sub/dir/k"]
         reopened = self._res(KvStore.open(sub.spec()))
         assert bytes(self._res(reopened.read("k")).value) == b"in view"
-        _raises(InvalidKeyError, lambda: sub.read("../outside"), self.timeout)
+        raises_from(InvalidKeyError, lambda: sub.read("../outside"), self.timeout)
         self._res(sub.delete_range(""))
         assert self._res(store.list()) == ["outside"]
 
     # -- errors --------------------------------------------------------------------
     @pytest.mark.parametrize("key", BAD_KEYS)
     def test_invalid_keys(self, store: KvStore, key: str) -> None:
-        _raises(InvalidKeyError, lambda: store.read(key), self.timeout)
-        _raises(InvalidKeyError, lambda: store.write(key, b"x"), self.timeout)
-        _raises(InvalidKeyError, lambda: store.delete(key), self.timeout)
-        _raises(InvalidKeyError, lambda: store.read_ranges(key, [slice(0, 1)]), self.timeout)
+        raises_from(InvalidKeyError, lambda: store.read(key), self.timeout)
+        raises_from(InvalidKeyError, lambda: store.write(key, b"x"), self.timeout)
+        raises_from(InvalidKeyError, lambda: store.delete(key), self.timeout)
+        raises_from(InvalidKeyError, lambda: store.read_ranges(key, [slice(0, 1)]), self.timeout)
         assert self._res(store.list()) == []
 
     def test_invalid_prefix(self, store: KvStore) -> None:
-        _raises(InvalidKeyError, lambda: store.list("../"), self.timeout)
-        _raises(InvalidKeyError, lambda: store.delete_range("/abs"), self.timeout)
+        raises_from(InvalidKeyError, lambda: store.list("../"), self.timeout)
+        raises_from(InvalidKeyError, lambda: store.delete_range("/abs"), self.timeout)
 
     # -- async use -----------------------------------------------------------------
     def test_await_from_other_loop(self, store: KvStore) -> None:
@@ -473,9 +434,7 @@ class KvStoreConformance(_Common):
 
         def worker() -> None:
             try:
-                lost.append(
-                    cas_increment(store, "counter", self.race_increments, timeout=self.timeout)
-                )
+                lost.append(cas_increment(store, "counter", self.race_increments, timeout=self.timeout))
             except BaseException as e:  # reported below
                 errors.append(e)
 
@@ -487,126 +446,3 @@ class KvStoreConformance(_Common):
         assert not errors, errors
         final = int(bytes(self._res(store.read("counter")).value).decode())
         assert final == self.race_workers * self.race_increments
-
-
-class ReadOnlyKvStoreConformance(_Common):
-    """Tests for read-only stores. Subclasses provide fixtures ``populated_store``
-    (a read-only store holding exactly ``expected_values``) and
-    ``expected_values`` (``dict[str, bytes]``; at least one value of >= 16 bytes,
-    and at least one key containing '/')."""
-
-    #: False for stores that can not list (they must raise UnsupportedError)
-    supports_list: ClassVar[bool] = True
-
-    def _longest(self, expected_values: dict[str, bytes]) -> tuple[str, bytes]:
-        key = max(expected_values, key=lambda k: len(expected_values[k]))
-        return key, expected_values[key]
-
-    def test_read_all(self, populated_store: KvStore, expected_values: dict[str, bytes]) -> None:
-        futs = {k: populated_store.read(k) for k in expected_values}
-        for k, f in futs.items():
-            r = self._res(f)
-            assert r.state == "value", k
-            assert bytes(r.value) == expected_values[k], k
-            assert not r.generation.is_no_value
-
-    def test_list_folder(self, populated_store: KvStore, expected_values: dict[str, bytes]) -> None:
-        if not self.supports_list:
-            _raises(UnsupportedError, lambda: populated_store.list_folder(), self.timeout)
-            return
-        top = self._res(populated_store.list_folder())
-        assert top.keys == sorted(k for k in expected_values if "/" not in k)
-        assert top.folders == sorted({k.split("/")[0] + "/" for k in expected_values if "/" in k})
-
-    def test_read_missing(self, populated_store: KvStore) -> None:
-        r = self._res(populated_store.read("no/such/key"))
-        assert r.state == "missing" and r.generation.is_no_value and bytes(r.value) == b""
-
-    def test_byte_ranges(self, populated_store: KvStore, expected_values: dict[str, bytes]) -> None:
-        key, data = self._longest(expected_values)
-        n = len(data)
-        cases = [
-            slice(2, 10),
-            slice(5, None),
-            slice(-4, None),
-            slice(n - 3, n + 50),
-            slice(n, n + 5),
-            slice(n + 10, None),
-            slice(-(n + 10), None),
-            slice(0, 1),
-        ]
-        for rng in cases:
-            r = self._res(populated_store.read(key, byte_range=rng))
-            start = rng.start
-            expect = data[max(0, n + start) :] if start < 0 else data[start : rng.stop]
-            assert r.state == "value", rng
-            assert bytes(r.value) == expect, rng
-
-    def test_if_not_equal(
-        self, populated_store: KvStore, expected_values: dict[str, bytes]
-    ) -> None:
-        key, data = self._longest(expected_values)
-        g = self._res(populated_store.read(key)).generation
-        r = self._res(populated_store.read(key, if_not_equal=g))
-        assert r.state == "unchanged" and r.generation == g
-        other = Generation(b"not-a-real-generation")
-        r = self._res(populated_store.read(key, if_not_equal=other))
-        assert r.state == "value" and bytes(r.value) == data
-
-    def test_read_ranges(self, populated_store: KvStore, expected_values: dict[str, bytes]) -> None:
-        key, data = self._longest(expected_values)
-        ranges = [slice(0, 3), slice(5, 9), slice(-2, None)]
-        res = self._res(populated_store.read_ranges(key, ranges))
-        assert res.state == "value"
-        assert [bytes(v) for v in res.values] == [data[0:3], data[5:9], data[-2:]]
-
-    def test_writes_refused(
-        self, populated_store: KvStore, expected_values: dict[str, bytes]
-    ) -> None:
-        key = next(iter(expected_values))
-        t = self.timeout
-        _raises(ReadOnlyError, lambda: populated_store.write(key, b"x"), t)
-        _raises(ReadOnlyError, lambda: populated_store.write("new", b"x"), t)
-        _raises(
-            ReadOnlyError,
-            lambda: populated_store.write("new", b"x", if_equal=Generation.NO_VALUE),
-            t,
-        )
-        _raises(ReadOnlyError, lambda: populated_store.delete(key), t)
-        _raises(ReadOnlyError, lambda: populated_store.delete_range(""), t)
-        assert bytes(self._res(populated_store.read(key)).value) == expected_values[key]
-
-    def test_list(self, populated_store: KvStore, expected_values: dict[str, bytes]) -> None:
-        if self.supports_list:
-            assert self._res(populated_store.list()) == sorted(expected_values)
-        else:
-            _raises(UnsupportedError, lambda: populated_store.list(), self.timeout)
-
-    @pytest.mark.parametrize("key", BAD_KEYS)
-    def test_invalid_keys(self, populated_store: KvStore, key: str) -> None:
-        _raises(InvalidKeyError, lambda: populated_store.read(key), self.timeout)
-
-    def test_spec_round_trip(
-        self, populated_store: KvStore, expected_values: dict[str, bytes]
-    ) -> None:
-        spec = json.loads(json.dumps(populated_store.spec()))
-        assert spec == populated_store.spec()
-        assert spec["driver"] == populated_store.driver
-        reopened = self._res(KvStore.open(spec))
-        assert reopened.spec() == spec
-        assert repr(reopened) == repr(populated_store)
-        key, data = self._longest(expected_values)
-        assert bytes(self._res(reopened.read(key)).value) == data
-
-    def test_pickles_as_its_spec(
-        self, populated_store: KvStore, expected_values: dict[str, bytes]
-    ) -> None:
-        key, data = self._longest(expected_values)
-        self._check_pickle(populated_store, key, data)
-
-    def test_with_path(self, populated_store: KvStore, expected_values: dict[str, bytes]) -> None:
-        key = next(k for k in sorted(expected_values) if "/" in k)
-        head, rest = key.split("/", 1)
-        view = populated_store.with_path(head)
-        assert bytes(self._res(view.read(rest)).value) == expected_values[key]
-        _raises(InvalidKeyError, lambda: view.read("../" + key), self.timeout)
