@@ -130,7 +130,7 @@ async def read_spans(
             res = await root.base.read_ranges(obj, ranges, coalesce_gap=coalesce_gap)
             if res.state != "value":
                 raise DataCorruptionError(f"{where}: data object {obj!r} is missing")
-            values = _copied_into(res.values, dests)
+            values = copied_into(res.values, dests)
         for i, e, buf in zip(idx, refs, values):
             key, a, b = spans[i]
             if len(buf) != b - a:
@@ -176,7 +176,10 @@ async def read_into_buffers(
     return await run_io(run)
 
 
-def _copied_into(values: Sequence[Any], dests: list[memoryview | None]) -> list[Any]:
+def copied_into(values: Sequence[Any], dests: Sequence[memoryview | None]) -> list[Any]:
+    """Each value copied into its buffer of ``dests`` (where one is given and
+    the sizes match; a size mismatch is left for the caller to report), which
+    is then its result."""
     out: list[Any] = []
     for i, v in enumerate(values):
         dest = dests[i] if i < len(dests) else None

@@ -53,6 +53,7 @@ from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.gc import DEFAULT_READ_GRACE
 from tensorstore_py.kvstore.versioned.gc import reclaim as gc_reclaim
+from tensorstore_py.kvstore.versioned.info import copied_into
 
 __all__ = [
     "FORMAT", "STEPS_PREFIX", "StepInfo", "StepStore", "check_step", "checked_metrics", "list_steps", "read_spans",
@@ -295,7 +296,7 @@ async def read_spans(
     """
     if whole or not (isinstance(view, VersionedKvStore) and view.version is not None):
         got = await asyncio.gather(*(_read_one(view, k, a, b, w or whole) for k, a, b, w in spans))
-        return _copied_into(got, into) if into is not None else got
+        return copied_into(got, into) if into is not None else got
     # check the pinned version first (NotFoundError if it was deleted), so that a
     # NotFoundError below can only mean a key the manifest names is gone
     await view.stat([])
@@ -313,15 +314,3 @@ async def _read_one(view: KvStore, key: str, a: int, b: int, whole: bool) -> Any
         raise DataCorruptionError(f"checkpoint key {view.path + key!r} is missing from {view!r}")
     return res.value
 
-
-def _copied_into(values: list[Any], into: list[memoryview | None]) -> list[Any]:
-    """Each value copied into its buffer of ``into`` (where one is given and the
-    sizes match: a size mismatch is left for the caller to report)."""
-    out: list[Any] = []
-    for v, dest in zip(values, into):
-        if dest is None or len(v) != len(dest):
-            out.append(v)
-        else:
-            dest[:] = memoryview(v).cast("B")
-            out.append(dest)
-    return out
