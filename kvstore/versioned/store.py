@@ -38,6 +38,7 @@ views with different paths over one base commit into the same versions.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -349,8 +350,9 @@ class VersionedKvStore(VersionHistory):
                 # a large value is uploaded now: look the newest version up meanwhile
                 large = len(memoryview(value).cast("B")) >= LARGE_MIN
                 probe = self._root.start_probe() if large else None
+                started = time.monotonic()
                 entry = await make_entry(self._root, value)  # on failure the probe just ends
-                await submit(self._root, "put", key, entry, if_equal, probe=probe)
+                await submit(self._root, "put", key, entry, if_equal, probe=probe, started=started)
         return Generation(entry.stamp)
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:

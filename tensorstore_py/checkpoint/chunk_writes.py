@@ -59,6 +59,12 @@ class Chunk:
     #: the chunk's shape and dtype (with ``fill``)
     shape: tuple[int, ...] = ()
     dtype: Any = None
+    #: stored as it is, neither hashed nor linked: a promoted chunk of a compressed
+    #: leaf whose digest (of its raw bytes, dedup.py) the local part did not record
+    unhashed: bool = False
+    #: a chunk read back from a store (a promotion's local part): awaited inside
+    #: the budget, on the store's own I/O path (no thread of the copy pool waits for it)
+    read: Callable[[], Awaitable[np.ndarray]] | None = None
 
 
 def _bytes(a: np.ndarray) -> memoryview:
@@ -84,12 +90,12 @@ async def write_chunks(
             await incremental.put(view, key, data, lambda: _encoded(data, codec))
 
     async def one(c: Chunk) -> None:
-        if incremental is not None and not c.meta and c.batch is None and c.pack is None:
+        if incremental is not None and not (c.meta or c.unhashed) and c.batch is None and c.pack is None:
             # a leaf that is the very array this process saved last time: linked
             # without copying it off the device or hashing it (dedup.py)
             keys = [k for k, _ in c.cuts] if c.cuts is not None else [c.key]
             if await incremental.link_known(keys, c.nbytes):
-                c.fetch = c.cuts = c.data = None
+                c.fetch = c.fill = c.cuts = c.data = c.read = None
                 if c.reads_caller:
                     chunk_staged()
                 if progress is not None:
@@ -116,6 +122,9 @@ async def write_chunks(
             del fill  # the last reference to the caller's shard may go now
             if c.reads_caller:
                 chunk_staged()
+        if c.read is not None:
+            read, c.read = c.read, None
+            c.data = await read()
         if c.fetch is not None:
             fetch, c.fetch = c.fetch, None
             # device -> (pinned) host, inside the budget, on the few threads of the
@@ -143,7 +152,7 @@ async def write_chunks(
                     progress.advance(b.nbytes)
             return
         assert c.data is not None
-        if c.meta:
+        if c.meta or c.unhashed:
             await view.write(c.key, _bytes(c.data))
         else:
             await put(c.key, c.data, c.codec)

@@ -24,6 +24,12 @@ that save, so a chunk whose remembered digest equals the previous step's is
 linked without being copied off the device or read (only weak references to
 the arrays are kept between saves).
 
+A manager's local tier saves incrementally too (against this process's
+previous local part), and a promotion of a local part to the root takes the
+digests the part recorded (:attr:`Incremental.known`): a chunk whose recorded
+digest equals the root's previous step's is linked without being read from the
+local tier, and no chunk is hashed twice.
+
 Guarantees: a linked chunk is a whole, ordinary key of the new step: restores,
 ``open_array``, exports and other readers see no difference. The link's
 source is checked at commit (a step deleted meanwhile fails the save with
@@ -139,8 +145,8 @@ async def load_previous(root: KvStore, step: int, leaves: list[dict[str, Any]]) 
         return None
     prev = older[-1]
     pdir = step_dir(prev)
-    raw = await _read_json(root, f"{pdir}/manifest.json")
-    names = [k for k in await root.list(f"{pdir}/{DIGESTS_DIR}/") if k.endswith(".json")]
+    raw, listed = await asyncio.gather(_read_json(root, f"{pdir}/manifest.json"), root.list(f"{pdir}/{DIGESTS_DIR}/"))
+    names = [k for k in listed if k.endswith(".json")]
     if raw is None or not names:
         return None
     docs = await asyncio.gather(*(_read_json(root, k) for k in names))
@@ -181,6 +187,9 @@ class Incremental:
     root_id: str = ""
     #: leaf key -> (leaf path, the jax.Array saved there): the identity shortcut
     arrays: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    #: chunk key -> its digest, known without hashing: a promotion copies chunks
+    #: whose digests the local part recorded when it hashed them (tiers.py)
+    known: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
     bytes_written: int = 0
     bytes_linked: int = 0
@@ -192,7 +201,10 @@ class Incremental:
         """The digest of chunk ``key`` when its leaf is the very ``jax.Array``
         (alive, not deleted) this process saved to this root last time: its
         bytes are those it hashed then (jax arrays are immutable; a donated
-        array is deleted)."""
+        array is deleted); or when :attr:`known` records it."""
+        digest = self.known.get(key)
+        if digest is not None:
+            return digest
         leaf, _, rest = key.partition("/c/")
         got = self.arrays.get(leaf)
         if got is None:
@@ -214,9 +226,10 @@ class Incremental:
 
     async def link_known(self, keys: list[str], nbytes: int) -> bool:
         """Link every chunk of ``keys`` (``nbytes`` in all) without reading them,
-        when each is known by identity (see :meth:`_known`) and equal to the
-        previous step's; False, having staged nothing, when any is not."""
-        if self.previous is None or not self.arrays or not keys:
+        when each is known by identity or recorded digest (see :meth:`_known`)
+        and equal to the previous step's; False, having staged nothing, when
+        any is not."""
+        if self.previous is None or not (self.arrays or self.known) or not keys:
             return False
         found = []
         for key in keys:
@@ -264,14 +277,19 @@ class Incremental:
             self.bytes_written += data.nbytes
             return
         src = self.previous.sources.get(key) if self.previous is not None else None
+        known = self.known.get(key)
         if src is None:  # nothing to link to: hash while the chunk is written
             async def write() -> None:
                 await view.write(key, await encoded())
 
-            self.digests[key], _ = await asyncio.gather(chunk_digest(data), write())
+            if known is not None:
+                await write()
+                self.digests[key] = known
+            else:
+                self.digests[key], _ = await asyncio.gather(chunk_digest(data), write())
             self.bytes_written += data.nbytes
             return
-        digest = await chunk_digest(data)
+        digest = known if known is not None else await chunk_digest(data)
         self.digests[key] = digest
         if src[1] == digest and await link_value(
             self.root, f"{step_dir(self.step)}/{key}", src[0]

@@ -20,6 +20,7 @@ from tensorstore_py.checkpoint.storage import StepInfo
 from tensorstore_py.checkpoint.tiered import Tiers
 from tensorstore_py.core.errors import InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import Future, ready, run_sync
+from tensorstore_py.kvstore.versioned.gcreport import GcReport
 from tensorstore_py.progress import ProgressArg
 
 __all__ = ["CheckpointManager"]
@@ -337,10 +338,51 @@ class CheckpointManager:
             return tree
 
     def delete(self, step: int) -> None:
-        """Delete ``step`` now: one commit unpublishes it, then its bytes are freed."""
+        """Delete ``step`` now from every tier: one commit unpublishes it at the
+        root, then its bytes are freed. With a local tier, the local save and a
+        promotion of ``step`` still in flight end first (so the promotion can
+        not publish the step again afterwards; their errors stay for
+        :meth:`wait_until_finished`), then this process's local part is deleted too, by
+        one commit of the local tier: call it on every process, as
+        :meth:`save` (the root's deletion is idempotent). NotFoundError when no
+        tier holds ``step``."""
+        if self._tiers is not None:
+            self._tiers.settle(step)
         if step not in self.all_steps():
-            raise NotFoundError(f"checkpoint step {step} not found at {self._root.kv!r}")
+            where = f"at {self._root.kv!r}" if self._tiers is None else \
+                f"at {self._root.kv!r} or in the local tier {self._tiers.local.kv!r}"
+            raise NotFoundError(f"checkpoint step {step} not found {where}")
         run_sync(self._root.store.delete_steps([step], read_grace=self.read_grace))
+        if self._tiers is not None:
+            self._tiers.delete_local(step)
+
+    def gc(self, *, grace: float | None = None, dry_run: bool = True) -> dict[str, GcReport]:
+        """Garbage-collect every tier: ``{"persistent": report}`` for the root and,
+        with a local tier, ``"local"`` for this process's local root.
+
+        Retention is caught up first (unless ``dry_run``): the root's
+        (``max_to_keep`` / ``best_metric``) on process 0, and the local tier's
+        (``local_max_to_keep``; a step whose promotion has not ended is kept).
+        Then each tier's versioned store collects what no retained version
+        references (``VersionedKvStore.gc``: only objects older than ``grace``
+        seconds, default hours, that no live writer's lease claims, so a save
+        or promotion in flight is never robbed; a chunk shared by kept steps
+        stays). ``dry_run`` (the default) deletes nothing and reports what
+        would go."""
+        if not dry_run:
+            if self._coordinator_index() == 0:
+                run_sync(self._retain())
+            if self._tiers is not None:
+                run_sync(self._tiers.retain_local())
+        out = {"persistent": self._root.kv.gc(grace=grace, dry_run=dry_run).result()}
+        if self._tiers is not None:
+            out["local"] = self._tiers.local.kv.gc(grace=grace, dry_run=dry_run).result()
+        return out
+
+    def _coordinator_index(self) -> int:
+        if self._tiers is not None:
+            return self._tiers.coordinator.process_index
+        return self._root._coordinator().process_index
 
     def close(self) -> None:
         """Wait for the save (and promotions) in flight; put back the SIGTERM handler."""

@@ -28,13 +28,14 @@ Phases:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +78,7 @@ from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.progress import Progress
 
-__all__ = ["MANIFEST_FORMAT", "SaveOptions", "run_save", "snapshot"]
+__all__ = ["MANIFEST_FORMAT", "SaveOptions", "run_save", "snapshot", "write_documents"]
 
 MANIFEST_FORMAT = "tensorstore_py.checkpoint.manifest/1"
 #: the format of a manifest with compressed leaves (entries with ``codecs``);
@@ -423,11 +424,14 @@ async def run_save(
     options: SaveOptions,
     on_commit: Callable[[StepInfo], Awaitable[Any]] | None = None,
     progress: Progress | None = None,
+    digests: Mapping[str, str] | None = None,
 ) -> StepInfo:
     """Phases 2 and 3 (background). Raises ConditionFailedError if ``step`` exists.
     ``progress`` advances with the bytes of each chunk written. The caller
     releases the snapshot (:meth:`Snapshot.release`) when this ends, however it
-    ends."""
+    ends. ``digests``: chunk key -> digest of chunks whose digests are known
+    (a promotion: the local part's), not hashed again, and linked without
+    being read when equal to the previous step's."""
     p, n = coordinator.process_index, coordinator.process_count
     timeout = options.commit_timeout
     if n > 1:
@@ -448,25 +452,12 @@ async def run_save(
     started = time.time()
     committing = False
     try:
-        if p == 0:
-            record = StepInfo(step=step, time=started, metrics=metrics, process_count=n, nbytes=snap.nbytes)
-            try:  # create-only: a step is saved once (a racing save fails at commit)
-                await view.write(record_key(step), json.dumps(record.to_json()).encode(),
-                                 if_equal=Generation.NO_VALUE)
-            except ConditionFailedError as e:
-                raise ConditionFailedError(
-                    f"checkpoint step {step} already exists at {store.kv!r}"
-                ) from e
-        incremental = None
-        if options.incremental:
-            previous = await load_previous(view, step, snap.leaves)
-            incremental = Incremental(view, step, p, previous, root_id=repr(store.kv), arrays=snap.arrays)
+        # the step's create-only record and the previous step's digests are read
+        # at once: both wait on the version the transaction pins, not on each other
+        incremental = await _begin(view, store, step, snap, options, p, n, metrics, started, digests)
         step_view = view.with_path(step_dir(step))
         await _write_chunks(step_view, snap, options, progress, incremental=incremental)
-        if incremental is not None and incremental.digests:
-            await step_view.write(digests_key(p), incremental.document())
-        if p == 0:  # after the chunks: packed leaves' checksums are known once their packs are filled
-            await view.write(f"{step_dir(step)}/manifest.json", json.dumps(snap.manifest()).encode())
+        await write_documents(view, step, snap, incremental, p, manifest=p == 0)
         committing = True
         committed = await txn.commit()
         if incremental is not None:
@@ -502,6 +493,54 @@ async def run_save(
     else:
         await run_io(coordinator.wait_for, f"{namespace}/done", timeout)
     return info
+
+
+async def _begin(
+    view: KvStore, store: StepStore, step: int, snap: Snapshot, options: SaveOptions, p: int, n: int,
+    metrics: dict[str, Any], started: float, digests: Mapping[str, str] | None,
+) -> Incremental | None:
+    """Process 0 stages the step's record (create-only: a step is saved once; a
+    racing save fails at commit) while every process loads what an incremental
+    save may link (dedup.py): concurrently, both read the pinned version only.
+    ConditionFailedError if the step exists."""
+
+    async def create_record() -> None:
+        if p != 0:
+            return
+        record = StepInfo(step=step, time=started, metrics=metrics, process_count=n,
+                          nbytes=snap.nbytes)
+        try:
+            await view.write(record_key(step), json.dumps(record.to_json()).encode(), if_equal=Generation.NO_VALUE)
+        except ConditionFailedError as e:
+            raise ConditionFailedError(f"checkpoint step {step} already exists at {store.kv!r}") from e
+
+    async def previous() -> Incremental | None:
+        if not options.incremental:
+            return None
+        prev = await load_previous(view, step, snap.leaves)
+        return Incremental(view, step, p, prev, root_id=repr(store.kv), arrays=snap.arrays,
+                           known=dict(digests or {}))
+
+    created, loaded = await asyncio.gather(create_record(), previous(), return_exceptions=True)
+    for outcome in (created, loaded):  # the record's error first: "the step exists" explains the other
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return loaded  # type: ignore[return-value]
+
+
+async def write_documents(
+    view: KvStore, step: int, snap: Snapshot, incremental: Incremental | None, p: int, *, manifest: bool
+) -> None:
+    """After the chunks: process ``p``'s digests and (``manifest``) the step manifest,
+    written concurrently (a large one is its own data object, made durable as
+    it is written). The manifest comes after the chunks: packed leaves'
+    checksums are known once their packs are filled."""
+    writes = []
+    if incremental is not None and incremental.digests:
+        writes.append(view.write(f"{step_dir(step)}/{digests_key(p)}", incremental.document()))
+    if manifest:
+        writes.append(view.write(f"{step_dir(step)}/manifest.json", json.dumps(snap.manifest()).encode()))
+    await asyncio.gather(*writes)
 
 
 async def _publish_failure(coordinator: Coordinator, txn: Transaction, error: BaseException) -> None:

@@ -110,15 +110,34 @@ class Tiers:
         fut.add_done_callback(report)
         self.promotion = fut
 
-    async def _retain_local(self, info: StepInfo) -> None:
-        """Local retention after each local commit (this process's parts); never raises."""
+    async def retain_local(self) -> None:
+        """Delete this process's local parts beyond the newest ``local_max_to_keep``,
+        except those whose promotion has not ended (one commit)."""
         n = self.local_max_to_keep
         if n is None:
             return
+        steps = await self.local.store.list_steps()
+        victims = [s for s in steps[:-n] if s not in self.unpromoted]
+        await self.local.store.delete_steps(victims, read_grace=self.read_grace)
+
+    def settle(self, step: int) -> None:
+        """Wait for the local save and the promotion of ``step`` if they are in
+        flight (their failures stay for :meth:`wait` to raise)."""
+        fut, prom = self.pending, self.promotion
+        for f in (fut, prom if step in self.unpromoted else None):
+            if f is not None:
+                with contextlib.suppress(Exception):
+                    f.result()
+
+    def delete_local(self, step: int) -> None:
+        """Delete this process's local part of ``step`` (one commit of the local tier;
+        nothing when it holds none)."""
+        run_sync(self.local.store.delete_steps([step], read_grace=self.read_grace))
+
+    async def _retain_local(self, info: StepInfo) -> None:
+        """Local retention after each local commit (this process's parts); never raises."""
         try:
-            steps = await self.local.store.list_steps()
-            victims = [s for s in steps[:-n] if s not in self.unpromoted]
-            await self.local.store.delete_steps(victims, read_grace=self.read_grace)
+            await self.retain_local()
         except Exception as e:
             log.warning("checkpoint step %d is committed in the local tier %r, but local retention failed "
                         "(the next save retries it): %s: %s", info.step, self.local.kv, type(e).__name__, e)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -36,12 +37,21 @@ import numpy as np
 
 from tensorstore_py.checkpoint.api import RootLike, open_root
 from tensorstore_py.checkpoint.coordination import Coordinator
+from tensorstore_py.checkpoint.dedup import DIGESTS_DIR, Incremental, load_previous, parse_digests
 from tensorstore_py.checkpoint.inflight import track
 from tensorstore_py.checkpoint.jax_adapter import is_jax_array
 from tensorstore_py.checkpoint.layout import LeafLayout, chunk_key, chunks_overlapping, region_of_index
 from tensorstore_py.checkpoint.prng import is_prng_key, key_data
 from tensorstore_py.checkpoint.pytree import flatten
-from tensorstore_py.checkpoint.saving import SaveOptions, Snapshot, _Chunk, _write_chunks, run_save, snapshot
+from tensorstore_py.checkpoint.saving import (
+    SaveOptions,
+    Snapshot,
+    _Chunk,
+    _write_chunks,
+    run_save,
+    snapshot,
+    write_documents,
+)
 from tensorstore_py.checkpoint.storage import (
     StepInfo,
     StepStore,
@@ -57,6 +67,8 @@ from tensorstore_py.kvstore.registry import require_conditional_writes
 from tensorstore_py.kvstore.transaction import Transaction
 
 __all__ = ["PART_KEY", "LocalTier", "choose_step", "promote", "read_part"]
+
+log = logging.getLogger("tensorstore_py.checkpoint")
 
 #: the key (under a step's folder) naming which process's part a local step is
 PART_KEY = "part.json"
@@ -102,6 +114,8 @@ class LocalTier:
         self.kv = self.store.kv
         self.process_index = process_index
         self.process_count = process_count
+        #: the sets of foreign parts already warned about (:meth:`steps`)
+        self._warned: set[Any] = set()
 
     def save(
         self,
@@ -150,10 +164,14 @@ class LocalTier:
         try:
             await view.write(record_key(step), json.dumps(record.to_json()).encode(),
                              if_equal=Generation.NO_VALUE)
-            await view.write(f"{step_dir(step)}/manifest.json", json.dumps(snap.manifest()).encode())
             await view.write(f"{step_dir(step)}/{PART_KEY}", json.dumps(part).encode())
-            await _write_chunks(view.with_path(step_dir(step)), snap, options)
+            incremental = await self._incremental(view, step, snap, options)
+            await _write_chunks(view.with_path(step_dir(step)), snap, options, incremental=incremental)
+            # after the chunks: packed leaves' checksums are known once their packs are filled
+            await write_documents(view, step, snap, incremental, self.process_index, manifest=True)
             committed = await txn.commit()
+            if incremental is not None:
+                incremental.remember()
         except BaseException:
             if txn.state == "open":
                 txn.abort()
@@ -164,17 +182,47 @@ class LocalTier:
             await on_commit(info)
         return info
 
+    async def _incremental(
+        self, view: KvStore, step: int, snap: Snapshot, options: SaveOptions
+    ) -> Incremental | None:
+        """An incremental local save (``options.incremental``) links the chunks equal
+        to this process's previous part and records every chunk's digest, which
+        the promotion of the step then uses instead of hashing (dedup.py)."""
+        if not options.incremental:
+            return None
+        previous = await load_previous(view, step, snap.leaves)
+        return Incremental(view, step, self.process_index, previous, root_id=repr(self.kv), arrays=snap.arrays)
+
     async def steps(self) -> list[int]:
-        """This process's committed parts of the current process layout, ascending."""
+        """This process's committed parts of the current process layout, ascending.
+        Parts saved by a job of another process count (or as another process)
+        are left out, with a warning (logger ``tensorstore_py.checkpoint``, once
+        per set of such parts) naming them: they are neither restored nor
+        promoted, and local retention does not count them."""
         snap = await self.store.snapshot()
         out = []
+        foreign: dict[tuple[int, int], list[int]] = {}
         for s in await self.store.list_steps(snap):
             part = await _part(snap, s)
-            if part is None or (part["process_index"], part["process_count"]) == (
-                self.process_index, self.process_count
-            ):
+            layout = (self.process_index, self.process_count) if part is None else \
+                (int(part["process_index"]), int(part["process_count"]))
+            if layout == (self.process_index, self.process_count):
                 out.append(s)
+            else:
+                foreign.setdefault(layout, []).append(s)
+        if foreign:
+            self._warn_foreign(foreign)
         return out
+
+    def _warn_foreign(self, foreign: dict[tuple[int, int], list[int]]) -> None:
+        key = tuple(sorted((k, tuple(v)) for k, v in foreign.items()))
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        found = "; ".join(f"steps {v} as process {i} of {n}" for (i, n), v in sorted(foreign.items()))
+        log.warning("checkpoint local tier %r holds parts saved by another process layout (%s); this is "
+                    "process %d of %d: they are ignored (not restored, promoted or retained)",
+                    self.kv, found, self.process_index, self.process_count)
 
 
 async def _part(view: KvStore, step: int) -> dict[str, Any] | None:
@@ -221,7 +269,10 @@ async def promote(
     p = coordinator.process_index
     shared = set(part.get("shared", []))
     replicas = set(part.get("replicas", []))
-    keys = [k for k in await view.list("") if k not in ("manifest.json", PART_KEY)]
+    listed = await view.list("")
+    keys = [k for k in listed if k not in ("manifest.json", PART_KEY) and not k.startswith(f"{DIGESTS_DIR}/")]
+    digests = await _part_digests(view, [k for k in listed if k.startswith(f"{DIGESTS_DIR}/")])
+    compressed = {e["key"] for e in manifest["leaves"] if e.get("codecs")}
     snap = Snapshot(structure=manifest["tree"], leaves=manifest["leaves"], nbytes=info.nbytes)
     # a chunk's bytes in flight: its leaf's full chunk (compressed ones are at most that)
     sizes = {
@@ -236,15 +287,28 @@ async def promote(
             continue
         if (p != 0 and leaf in shared) or k in replicas:
             continue
-        snap.chunks.append(_Chunk(k, None, max(1, sizes.get(leaf, 1 << 20)), fetch=_fetcher(view, k)))
+        # a compressed chunk is copied as stored: its digest (of the raw bytes) is
+        # the local part's, or none (hashing the stored bytes would record a wrong one)
+        snap.chunks.append(_Chunk(k, None, max(1, sizes.get(leaf, 1 << 20)), read=_reader(view, k),
+                                  unhashed=leaf in compressed and k not in digests))
     snap.staged.set()
     try:
         return await run_save(
             persistent, step, snap, coordinator=coordinator, namespace=namespace,
-            metrics=dict(info.metrics), options=options, on_commit=on_commit,
+            metrics=dict(info.metrics), options=options, on_commit=on_commit, digests=digests,
         )
     finally:
         snap.release()
+
+
+async def _part_digests(view: KvStore, names: list[str]) -> dict[str, str]:
+    """chunk key -> digest recorded by the local part's save (none for a part saved
+    without incremental saves, or by a version that recorded none)."""
+    out: dict[str, str] = {}
+    for name in names:
+        if name.endswith(".json"):
+            out.update(parse_digests(bytes(await _read(view, name)), view.path + name))
+    return out
 
 
 async def _read(view: KvStore, key: str) -> Any:
@@ -254,9 +318,16 @@ async def _read(view: KvStore, key: str) -> Any:
     return r.value
 
 
-def _fetcher(view: KvStore, key: str) -> Callable[[], np.ndarray]:
-    """Reads one stored chunk back (blocking, on a copy thread): its bytes as written."""
-    return lambda: np.frombuffer(bytes(run_sync(_read(view, key))), dtype=np.uint8)
+def _reader(view: KvStore, key: str) -> Callable[[], Awaitable[np.ndarray]]:
+    """Reads one stored chunk back, its crc32c checked (the versioned store reads
+    a large value and checks it in one call of the I/O pool): its bytes as
+    written, not copied again. As many run at once as the save's byte budget
+    and the I/O pool (sized from the CPUs) allow."""
+
+    async def read() -> np.ndarray:
+        return np.frombuffer(await _read(view, key), dtype=np.uint8)
+
+    return read
 
 
 def choose_step(

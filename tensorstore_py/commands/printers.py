@@ -80,6 +80,7 @@ def ls(data: dict[str, Any]) -> str:
         out.append(format_table(["STEP", "TIME", "SIZE", "TIERS", "METRICS"], rows, right=[0, 2])
                    if rows else "(no steps)")
         out.append(f"local tier: {data['local']} ({len(data['local_roots'])} part root(s))")
+        out.extend(f"note: {n}" for n in data.get("local_notes", []))
     elif data["kind"] == "checkpoint":
         rows = [[s["step"], human_time(s["time"]), human_size(s["nbytes"]),
                  human_size(s.get("bytes_added")), s.get("readable_version") or s["version"] or "-",

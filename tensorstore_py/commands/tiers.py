@@ -34,12 +34,13 @@ async def _open(url: str) -> KvStore:
 async def local_parts(local: str) -> list[str]:
     """The URLs of the local parts' roots under ``local`` (itself, or ``process_<i>/``)."""
     kv = await _open(local)
-    if await list_steps(StepStore(kv).kv):
-        return [local]
+    # both: a one-process job's part root and, below it, a multi-process job's
+    # (a job run again with another process count keeps its old parts)
+    own = [local] if await list_steps(StepStore(kv).kv) else []
     listing = await kv.list_folder("")
     found = [k.rstrip("/") for k in listing.folders if k.rstrip("/").startswith("process_")]
     found.sort(key=lambda name: int(name.split("_", 1)[1]) if name.split("_", 1)[1].isdigit() else -1)
-    return [_join(local, name) + "/" for name in found]
+    return own + [_join(local, name) + "/" for name in found]
 
 
 async def _part_steps(url: str) -> dict[int, int]:
@@ -68,19 +69,37 @@ async def ls_tiers(url: str, local: str) -> dict[str, Any]:
             held.setdefault(s, []).append(n)
             first.setdefault(s, p)
     for s, counts in held.items():
-        n = max(counts)
+        # complete for a job of n processes when n parts of that layout are there
+        complete = [c for c in set(counts) if counts.count(c) >= c]
+        n = max(complete or counts)
         row = rows.get(s)
         if row is None:
             info = await StepStore(await _open(first[s])).record(s)
             row = rows[s] = {"step": s, "time": info.time, "nbytes": info.nbytes, "version": None,
                              "write_id": None, "message": None, "metrics": info.metrics,
                              "process_count": n, "readable_version": None, "retired": False, "tiers": []}
-        row["local_parts"] = [len(counts), n]
-        row["tiers"] = (["local"] if len(counts) >= n else [f"local {len(counts)}/{n}"]) + row["tiers"]
+        row["local_parts"] = [counts.count(n), n]
+        row["local_process_count"] = n
+        row["tiers"] = (["local"] if complete else [f"local {counts.count(n)}/{n}"]) + row["tiers"]
     out["steps"] = [rows[s] for s in sorted(rows)]
     out["local"] = local
     out["local_roots"] = parts
+    out["local_notes"] = _layout_notes(held)
     return out
+
+
+def _layout_notes(held: dict[int, list[int]]) -> list[str]:
+    """A note when the local tier holds parts of jobs of different process counts:
+    a manager restores, promotes and retains only the parts of its own."""
+    by_count: dict[int, list[int]] = {}
+    for s, counts in held.items():
+        for n in set(counts):
+            by_count.setdefault(n, []).append(s)
+    if len(by_count) < 2:
+        return []
+    return [f"steps {sorted(steps)}: local parts of a job of {n} process(es)" for n, steps in sorted(by_count.items())] + [
+        "a manager restores, promotes and retains only the local parts of its own process count"
+    ]
 
 
 async def verify_tiers(
