@@ -218,6 +218,25 @@ class FileKvStore(KvStore):
         finally:
             os.close(fd)
 
+    def _read_range_into_blocking(self, path: str, offset: int, dest: memoryview) -> int:
+        """Read the bytes of the file at ``path`` from ``offset`` into ``dest``
+        (a writable byte buffer) until it is full or the file ends; returns the
+        bytes read, or -1 when the key is missing. No buffer is allocated: the
+        kernel copies into ``dest`` itself (what a checkpoint restore's host
+        buffer pool relies on). Immutable values only (no generation is taken)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return -1
+        except OSError as e:
+            raise StorageError(f"file kvstore: reading {path!r}: {e}") from e
+        try:
+            return pread_full(fd, dest, offset)
+        except IsADirectoryError:
+            return -1
+        finally:
+            os.close(fd)
+
     # -- what the filesystem offers (methods, so that a test can stand in for
     # -- a filesystem without xattrs or with coarse timestamps) -----------------
     def _store_token(self, fd: int, token: bytes) -> bool:
