@@ -113,11 +113,13 @@ def _values(seed: int, shape: tuple[int, ...]) -> np.ndarray:
 def test_restores_reusing_the_slots_never_change_arrays_restored_before(
     tmp_path: Path, assemble: str, compression: str | None
 ) -> None:
-    # "multi": 4 chunks of 2 MiB, restored whole (each chunk lands in a slot and
-    # is copied into the block, or put on the device); "one": a leaf of one 2 MiB
-    # chunk, a device block that is the slot's piece itself (on CPU devices
-    # device_put would alias the slot: it must be copied)
-    shapes = {"multi": (2048, 1024), "one": (512, 1024)}
+    # "a_one": a leaf of one 2 MiB chunk, a device block that is the slot's piece
+    # itself (on CPU devices device_put would alias the slot: it must be copied);
+    # read first, so that the chunks of "b_multi" reuse its slot within the same
+    # restore (a restore returns its free slots when it ends); "b_multi": 4 chunks
+    # of 2 MiB, restored whole (each chunk lands in a slot and is copied into the
+    # block, or put on the device)
+    shapes = {"a_one": (512, 1024), "b_multi": (2048, 1024)}
     opts = SaveOptions(target_chunk_bytes=2 * MiB, compression=compression, pack_small_leaves=False)
     mgr = tsp.CheckpointManager(f"file://{tmp_path}/", options=opts)
     dev = jax.devices()[0]
@@ -135,3 +137,5 @@ def test_restores_reusing_the_slots_never_change_arrays_restored_before(
     for i, (k, s) in enumerate(shapes.items()):
         assert kept[k] == _values(i, s).tobytes(), k  # computed before the later restores
         assert np.asarray(first[k]).tobytes() == _values(i, s).tobytes(), k
+    # the restores returned their free slots to the system when they ended
+    assert shared_pool(2 * MiB, 4 * MiB).made == 0

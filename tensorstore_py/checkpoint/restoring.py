@@ -285,7 +285,13 @@ async def read_regions(
         batches.append(cur)
     if progress is not None:
         progress.add_total(sum(size(b) for b in batches))
-    await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight), cost=cost)
+    try:
+        await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight), cost=cost)
+    finally:
+        if pool is not None:
+            # a restore is rare and the job that follows wants its memory: the free
+            # slots go back to the system (saves keep theirs, they come again)
+            pool.trim()
     return [r.out for r in reqs]
 
 
