@@ -6,7 +6,8 @@ large live heap (the caller's arrays, a train state's tree) each run costs
 about a millisecond: measured at 40-60% of a 10,000-leaf ``save()``'s blocking
 time and of its restore. :func:`gc_paused` turns automatic collection off for
 such a burst and back on after it (collection then catches up on its own:
-nothing is lost, cycles made meanwhile are collected later).
+nothing is lost, cycles made meanwhile are collected later). It is a context
+manager, and a decorator (``@gc_paused()``) of a function that is such a burst.
 
 Thread-safe and nestable: automatic collection stays off while any thread is
 inside :func:`gc_paused`, and is turned back on by the last one out, only if

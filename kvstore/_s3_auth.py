@@ -4,9 +4,11 @@ botocore (the AWS SDK's core, optional: the ``s3`` extra) provides both halves:
 the standard credential chain (environment, shared credentials and config
 files with profiles, SSO, web identity, container and EC2 instance metadata,
 refreshed before they expire) and Signature Version 4 with S3's rules
-(``S3SigV4Auth``: no path normalisation, ``x-amz-content-sha256``). It is
-imported lazily, only by stores that sign requests; lookups and refreshes run
-on the I/O pool (see :mod:`~tensorstore_py.kvstore._auth`).
+(``S3SigV4Auth``: no path normalisation, ``x-amz-content-sha256``), which
+:mod:`~tensorstore_py.kvstore._sigv4` computes the same way without building a
+botocore request per signature. It is imported lazily, only by stores that
+sign requests; lookups and refreshes run on the I/O pool (see
+:mod:`~tensorstore_py.kvstore._auth`).
 
 Payloads: over https the body is sent as ``UNSIGNED-PAYLOAD`` (every body
 carries an ``x-amz-checksum-*`` header that S3 verifies, and TLS protects
@@ -26,6 +28,7 @@ import yarl
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.core.ranges import Buffer
 from tensorstore_py.kvstore._auth import CachedCredentials, CredentialsMode
+from tensorstore_py.kvstore._sigv4 import RESERVED_HEADERS, sigv4_headers
 
 __all__ = ["S3Auth", "default_region", "require_botocore"]
 
@@ -99,7 +102,18 @@ class S3Auth(CachedCredentials):
 def _signed_headers(frozen: Any, region: str, method: str, url: str,
                     headers: Mapping[str, str], payload: str) -> dict[str, str]:
     """The headers SigV4 adds (Authorization, X-Amz-Date, X-Amz-Content-SHA256, a
-    session token) for a request whose body hashes to ``payload``."""
+    session token) for a request whose body hashes to ``payload``: computed by
+    :mod:`~tensorstore_py.kvstore._sigv4` (botocore's rules, a tenth of its
+    cost), by botocore itself for a request that carries a header the signer sets."""
+    if not any(k.lower() in RESERVED_HEADERS for k in headers):
+        return sigv4_headers(frozen.access_key, frozen.secret_key, frozen.token, region, method, url,
+                             headers, payload)
+    return _botocore_signed_headers(frozen, region, method, url, headers, payload)
+
+
+def _botocore_signed_headers(frozen: Any, region: str, method: str, url: str,
+                             headers: Mapping[str, str], payload: str) -> dict[str, str]:
+    """:func:`_signed_headers` by botocore's ``S3SigV4Auth``."""
     global _signer_class
     # botocore is the optional s3 extra (see S3Auth._lookup)
     from botocore.auth import S3SigV4Auth

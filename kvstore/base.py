@@ -238,6 +238,9 @@ class KvStore(ABC):
     #: True when :meth:`list_folder` asks the store for one level (a delimiter
     #: listing, a directory read) rather than listing every key below
     lists_folders_natively: ClassVar[bool] = False
+    #: True when one clock stamps every modification time, whatever host writes (gcs,
+    #: s3: the server's; memory), docs/FORMAT.md §9.1; False where clients may (file)
+    single_clock: ClassVar[bool] = False
     #: requests the store keeps in flight at once (a remote store's
     #: ``concurrency``), None when it has no such bound (local stores). Array
     #: drivers keep that many chunk requests going, as far as their byte budget

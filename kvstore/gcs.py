@@ -197,6 +197,7 @@ class GcsKvStore(ObjectKvStore):
     """Objects in a GCS bucket (or an emulator speaking the GCS JSON API)."""
 
     driver = "gcs"
+    single_clock = True  # modification times: the server's (``updated``)
     #: objects per list request (GCS allows up to 1000)
     list_page_size: int = 1000
     #: values above this go up in a resumable upload (bounded memory, resumed on failure)

@@ -60,6 +60,7 @@ class MemoryKvStore(KvStore):
     """
 
     driver = "memory"
+    single_clock = True  # modification times: this process's clock
 
     def __init__(self, *, path: str = "", name: str | None = None) -> None:
         super().__init__(path=path)

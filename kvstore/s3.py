@@ -208,6 +208,7 @@ class S3KvStore(ObjectKvStore):
     """Objects in an S3 bucket (or an S3-compatible server)."""
 
     driver = "s3"
+    single_clock = True  # modification times: the server's (``LastModified``)
     #: objects per list request (S3 allows up to 1000)
     list_page_size: int = 1000
 

@@ -8,12 +8,15 @@ each attempt. A write with ``if_equal`` is checked then, and a failed condition
 fails only that write. The batch holds a writer lease (docs/FORMAT.md §9.3) from
 packing its small values to its commit record, and checks right before the
 record that every data object it adds still exists (DataCorruptionError for
-the whole batch, nothing visible, when a collector took one).
+the whole batch, nothing visible, when a collector took one), except those the
+lease vouches for (``LeaseKeeper.vouches``: written under a lease that has held
+without a lapse since, on a store stamped by one clock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,17 +40,21 @@ class _Op:
     if_equal: Generation | None
     future: asyncio.Future[Any]
     probe: asyncio.Future[int] | None = None
+    #: when the upload of the value's data object started (time.monotonic(), under a writer lease)
+    started: float | None = None
 
 
 async def submit(root: VersionedRoot, kind: str, key: str, value: Any, if_equal: Generation | None,
-                 *, probe: asyncio.Future[int] | None = None) -> Any:
+                 *, probe: asyncio.Future[int] | None = None, started: float | None = None) -> Any:
     """Queue one operation (``kind``: "put", "delete" or "delete_prefix") and
     wait until the version holding it is committed (or its condition failed).
 
     ``probe``: a ``root.start_probe()`` the caller started while it uploaded the
     value, which the batch's commit plans against first (one round trip less;
-    a stale answer only costs a lost race and a re-plan)."""
-    op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future(), probe)
+    a stale answer only costs a lost race and a re-plan). ``started``: when the
+    upload of ``value``'s data object started, under a writer lease held since
+    (its lease may vouch for it at commit)."""
+    op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future(), probe, started)
     root.queue.append(op)
     if root.committer is None:
         root.committer = asyncio.ensure_future(_run_queue(root))
@@ -86,18 +93,23 @@ async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
     if pending:
         # the newest version is looked up while the data uploads: one round trip less
         probe = probe or root.start_probe()
+        started = time.monotonic()
         try:
             values = [op.value for op in pending if isinstance(op.value, Pending)]  # all of them
             for op, e in zip(pending, await pack(root, values)):
                 op.value = e
+                op.started = started
         except BaseException:
             probe.cancel()
             raise
     outcome: dict[int, BaseException | None] = {}
-    added = sorted({op.value.object for op in batch if isinstance(op.value, RefEntry)})
+    # an upload without a start time (none so far) is checked whatever the lease says
+    added = {op.value.object: float("-inf") if op.started is None else op.started
+             for op in batch if isinstance(op.value, RefEntry)}
 
     async def check() -> None:
-        await require_present(root.base, added, f"group commit on {root.base!r}", "this batch wrote")
+        await require_present(root.base, root.leases.unvouched(added), f"group commit on {root.base!r}",
+                              "this batch wrote")
 
     async def plan(parent: CommitRecord | None) -> Plan | None:
         tree = parent.root if parent else None

@@ -31,9 +31,13 @@ registering in that window waits and writes it again. A reader's pin
 credentials are common for readers): it reads on without a lease, and a read
 of a version reclaimed meanwhile raises SnapshotExpiredError, never wrong
 bytes. A store that refuses the write as such (read only) gets no lease. The
-backstop for writers is the commit's own check (``txn.py``): every data object
-the commit is about to reference for the first time must still exist right
-before its commit record, or the commit is refused.
+backstop for writers is the commit's own check (``data.require_present``):
+every data object the commit is about to reference for the first time must
+still exist right before its commit record, or the commit is refused -- unless
+the keeper vouches for it (:meth:`LeaseKeeper.unvouched`): on a store whose
+modification times one clock stamps, an object whose write began while this
+lease already said ``writing``, and which has said so without a lapse ever
+since, can not have been collected (docs/FORMAT.md §9.3).
 """
 
 from __future__ import annotations
@@ -86,6 +90,11 @@ LINGER = 1.0
 SLACK = 60.0
 #: seconds between two tries of a refresh that failed
 RETRY = 5.0
+#: a lease vouches for its writers' objects only while each rewrite landed within
+#: this fraction of the ttl after the previous one started (host and store clocks
+#: may tick at slightly different rates), and the newest started within half the
+#: ttl (the commit record still has that long to land)
+VOUCH = 0.8
 
 _IO_ERRORS = (StorageError, OSError, TimeoutError)
 
@@ -217,6 +226,11 @@ class LeaseKeeper:
         self._sync_armed = False
         self._retry = False  # the last refresh failed: the next comes after RETRY
         self.disabled = False  # the store refused a lease write (read-only)
+        # the lease object has said ``writing`` without a lapse since _chain
+        # (time.monotonic(); None: it does not now); _last: when the newest
+        # successful write saying so started
+        self._chain: float | None = None
+        self._last = 0.0
 
     def __repr__(self) -> str:
         return f"LeaseKeeper({self.base!r}, {self.name!r})"
@@ -260,6 +274,27 @@ class LeaseKeeper:
             hold.release()
             raise
         return hold
+
+    def vouches(self, started: float) -> bool:
+        """Whether an object of a running writer, whose write started at
+        ``started`` (``time.monotonic()``), is certainly still on the store.
+
+        True when the store's modification times come from one clock
+        (``KvStore.single_clock``) and the lease object has said ``writing``
+        without a lapse from before ``started`` until now, the newest write
+        within half the ttl: every collector that ran meanwhile saw a live
+        lease protecting the object (docs/FORMAT.md §9.3, §9.5). A writer asks
+        right before its commit record; False means "check it".
+        """
+        if self.disabled or not getattr(self.base, "single_clock", False):
+            return False
+        chain = self._chain
+        return chain is not None and chain <= started and time.monotonic() - self._last < TTL / 2
+
+    def unvouched(self, written: dict[str, float]) -> list[str]:
+        """The objects of ``written`` (name -> when its write started) that
+        :meth:`vouches` can not vouch for, sorted: those the pre-commit check reads."""
+        return sorted(name for name, started in written.items() if not self.vouches(started))
 
     @contextlib.asynccontextmanager
     async def writing(self) -> AsyncIterator[None]:
@@ -321,6 +356,8 @@ class LeaseKeeper:
         if d is not None:
             # in flight, the store holds the old content or the new: claim only both
             self._durable = _Durable(d.versions & versions, d.writing and writing, d.at)
+        if not writing:
+            self._chain = None  # the store may say "not writing" from here on
         try:
             await self.base.write(self.name, frame(MAGIC_LEASE, body))
         except (ReadOnlyError, UnsupportedError):
@@ -337,6 +374,12 @@ class LeaseKeeper:
             return
         self._retry = False
         self._durable = _Durable(versions, writing, t0)
+        if writing:
+            t1 = time.monotonic()
+            # stamped by t1; the previous write's lease lived until _last + ttl
+            if self._chain is None or d is None or not d.writing or t1 - self._last > TTL * VOUCH:
+                self._chain = t1
+            self._last = t0
         if self._refresher is None:
             self._refresher = asyncio.ensure_future(self._refresh())
 
@@ -363,6 +406,7 @@ class LeaseKeeper:
                 # nothing counts as durable from here on: a registration arriving
                 # while the delete is in flight waits for the lock and writes anew
                 self._durable = None
+                self._chain = None
                 try:
                     await self.base.delete(self.name)
                 except _IO_ERRORS as e:
@@ -383,6 +427,7 @@ class LeaseKeeper:
     async def release_all(self) -> None:
         """Delete the lease object now (process exit)."""
         if self._durable is not None:
+            self._chain = None
             with contextlib.suppress(Exception):
                 await self.base.delete(self.name)
             self._durable = None

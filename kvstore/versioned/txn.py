@@ -163,7 +163,8 @@ class VersionedParticipant(Participant):
         self._pending_bytes = 0
         self._packing: set[int] = set()  # ids of Pending values being packed
         # the writer lease (from the first staged change until the commit ends)
-        # and the data objects written so far, with when (time.monotonic())
+        # and the data objects written so far, with when each write started
+        # (time.monotonic(): the lease may vouch for it at commit)
         self._hold: Hold | None = None
         self._written: dict[str, float] = {}
         #: what the transaction read, checked at commit (serializable isolation only)
@@ -257,9 +258,10 @@ class VersionedParticipant(Participant):
         if value is None:
             self._stage(key, None)
             return None
+        started = time.monotonic()  # under the writer lease, before the object's write
         entry = await make_entry(self.root, value)
         if isinstance(entry, RefEntry):
-            self._written[entry.object] = time.monotonic()
+            self._written[entry.object] = started
         self._stage(key, entry)
         if isinstance(entry, Pending) and self._pending_bytes >= STAGING_MAX:
             await self._flush()
@@ -322,14 +324,14 @@ class VersionedParticipant(Participant):
         for _, s in items:  # concurrent flushes take disjoint items
             self._packing.add(id(s))
             self._pending_bytes -= len(s.value)
+        started = time.monotonic()
         try:
             entries = await pack(self.root, [s for _, s in items])
         finally:
             for _, s in items:
                 self._packing.discard(id(s))
-        now = time.monotonic()
         for (k, s), e in zip(items, entries, strict=True):
-            self._written.setdefault(e.object, now)
+            self._written.setdefault(e.object, started)
             if self.writes.get(k) is s:  # else a newer write replaced it: garbage
                 self.writes[k] = e
 
@@ -388,12 +390,17 @@ class VersionedParticipant(Participant):
     async def check_written(self, changes: builtins.list[Change]) -> None:
         """Refuse the commit when a data object this transaction wrote and still
         references is gone (a collector that did not see our lease took it):
-        DataCorruptionError, nothing visible. Every such object is checked,
-        whatever its age (a collector with a short grace may take a young one);
-        objects the base version already references are not (collectors mark
-        them): one 1-byte read per data object the commit adds."""
-        mine = sorted({e.object for _, e in changes if isinstance(e, RefEntry) and e.object in self._written})
-        await require_present(self.root.base, mine, self.name, "this transaction wrote")
+        DataCorruptionError, nothing visible. Such an object is checked,
+        whatever its age (a collector with a short grace may take a young one),
+        unless this process's lease vouches for it (written under a lease that
+        has said ``writing`` without a lapse since, on a store stamped by one
+        clock: ``LeaseKeeper.vouches``, docs/FORMAT.md §9.3); objects the base
+        version already references are not (collectors mark them). Cost: one
+        1-byte read per data object the commit adds that the lease does not
+        vouch for; none on gcs and s3 while the lease holds."""
+        written = self._written
+        mine = {e.object: written[e.object] for _, e in changes if isinstance(e, RefEntry) and e.object in written}
+        await require_present(self.root.base, self.root.leases.unvouched(mine), self.name, "this transaction wrote")
 
     def abort(self) -> None:
         self.writes.clear()

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from tensorstore_py.core.errors import InvalidArgumentError
+from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError
 from tensorstore_py.drivers.dtypes import dtype_to_v3, is_variable_length
 
-__all__ = ["check_storable", "scalar_json"]
+__all__ = ["check_storable", "scalar_json", "scalar_value"]
 
 
 def scalar_json(x: Any) -> dict[str, Any]:
@@ -26,6 +26,24 @@ def scalar_json(x: Any) -> dict[str, Any]:
     if isinstance(x, str):
         return {"py": "str", "v": x}
     return {"py": "bytes", "v": bytes(x).hex()}
+
+
+def scalar_value(j: dict[str, Any]) -> Any:
+    """The Python scalar that :func:`scalar_json` described (DataCorruptionError for an unknown type)."""
+    t, v = j["py"], j["v"]
+    if t == "bool":
+        return bool(v)
+    if t == "int":
+        return int(v)
+    if t == "float":
+        return float(v)
+    if t == "complex":
+        return complex(float(v[0]), float(v[1]))
+    if t == "str":
+        return str(v)
+    if t == "bytes":
+        return bytes.fromhex(v)
+    raise DataCorruptionError(f"checkpoint manifest: unknown python scalar type {t!r}")
 
 
 _STORABLE: dict[np.dtype, str] = {}  # dtype -> its zarr v3 name, for the dtypes checked once

@@ -67,6 +67,7 @@ def _full(shape: tuple[int, ...]) -> Region:
     return tuple((0, n) for n in shape)
 
 
+@gc_paused()
 def restore_foreign(
     source: str,
     leaves: Sequence[ForeignLeaf],
@@ -86,14 +87,6 @@ def restore_foreign(
     ``cast=True``), both before anything is read. Runs with the garbage
     collector paused (core/gcpause.py: a few objects per leaf, thousands of leaves).
     """
-    with gc_paused():
-        return _restore_foreign(source, leaves, read, target, lookup=lookup, build=build, cast=cast)
-
-
-def _restore_foreign(
-    source: str, leaves: Sequence[ForeignLeaf], read: ReadRegions, target: Any, *,
-    lookup: Callable[[str], int | None], build: Callable[[list[np.ndarray]], Any], cast: bool,
-) -> Any:
     if target is None:
         return build(read([(i, _full(leaf.shape)) for i, leaf in enumerate(leaves)]))
     pairs, rebuild = flatten_target(target)

@@ -66,6 +66,8 @@ from tensorstore_py.checkpoint.staging import (
     check_staging,
     choose_staging,
     chunk_fetcher,
+    chunk_filler,
+    fills_on_host,
     shard_fetcher,
     stage,
 )
@@ -202,6 +204,7 @@ class Snapshot:
         self.staged.set()
 
 
+@gc_paused()
 def snapshot(
     tree: Any, *, process_index: int, process_count: int = 1, options: SaveOptions, replicas: bool = False
 ) -> Snapshot:
@@ -223,14 +226,6 @@ def snapshot(
     Runs with the garbage collector paused (core/gcpause.py): a few objects per
     leaf, thousands of leaves.
     """
-    with gc_paused():
-        return _snapshot(tree, process_index=process_index, process_count=process_count,
-                         options=options, replicas=replicas)
-
-
-def _snapshot(
-    tree: Any, *, process_index: int, process_count: int, options: SaveOptions, replicas: bool
-) -> Snapshot:
     pairs, structure = flatten(tree)
     snap = Snapshot(structure=structure, leaves=[])
     # (leaf key, region, chunk shape, dtype, single-device array): staged together below
@@ -323,6 +318,9 @@ def _snapshot(
             continue
         size = int(math.prod(cshape)) * dtype.itemsize
         grid_subs = chunks_overlapping(region, cshape)
+        if staged.streamed and fills_on_host(src):
+            _add_filled_chunks(snap, key, src, region, grid_subs, cshape, dtype, leaf_codec.get(key))
+            continue
         if staged.streamed and int(src.nbytes) <= options.max_bytes_in_flight:
             # the whole shard in one copy, cut on the host: no slices on the device
             cuts = [
@@ -373,6 +371,20 @@ class _LeafKind:
         )
         return _LeafKind(cshape, list(shape), list(cshape), codecs, nbytes, tuple((0, n) for n in shape),
                          zarr_json, packable)
+
+
+def _add_filled_chunks(
+    snap: Snapshot, key: str, src: Any, region: Region, grid_subs: list[tuple[tuple[int, ...], Region]],
+    cshape: tuple[int, ...], dtype: np.dtype, codec: Any,
+) -> None:
+    """The chunks of a streamed shard on a CPU device: each copied from a
+    zero-copy view of the shard into a slot of the host pool when its write
+    starts (chunk_writes.py), so the save's host copies are the pool's slots."""
+    size = int(math.prod(cshape)) * dtype.itemsize
+    for grid, sub in grid_subs:
+        snap.chunks.append(_Chunk(chunk_key(key, grid), None, size, reads_caller=True, codec=codec,
+                                  fill=chunk_filler(src, region, sub, cshape), shape=cshape, dtype=dtype))
+        snap.unstaged += 1
 
 
 def _cutter(
