@@ -76,10 +76,14 @@ def test_put_blocks_takes_strided_blocks_like_device_put() -> None:
 
     s = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
-    blocks = [base.T, base[:, ::2], base, base.T, base[1:3]]
+    big = aligned_empty((3 << 18,), np.dtype(np.float32))  # 3 MiB: device_put's own path
+    big[...] = np.arange(big.size, dtype=np.float32)
+    blocks = [base.T, base[:, ::2], base, base.T, base[1:3], big]
+    want = [b.copy() for b in blocks]
     got = put_blocks(blocks, [s] * len(blocks), copy=True)
-    for g, b in zip(got, blocks):
-        assert g.shape == b.shape and np.array_equal(np.asarray(g), b)
+    big[...] = -1  # reused: the result must not change
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and np.array_equal(np.asarray(g), w)
 
 
 def test_the_garbage_collector_is_back_on_after_saves_and_restores_that_fail(tmp_path: Path) -> None:

@@ -187,6 +187,9 @@ def global_array(target: Any, sharding: Any, arrays: list[Any]) -> Any:
 #: one-device sharding, or None where :func:`put_blocks` must use ``jax.device_put``
 _DIRECT: dict[tuple[Any, ...], Any] = {}
 _DIRECT_MAX = 4096
+#: larger blocks always take ``jax.device_put``: its Python costs little beside
+#: their bytes, and the direct path's first trial put would copy them again
+_DIRECT_MAX_BYTES = 1 << 20
 
 
 def _direct_put() -> Any:
@@ -204,9 +207,9 @@ def put_blocks(blocks: list[np.ndarray], shardings: list[Any], *, copy: bool = F
 
     ``jax.device_put`` of a list costs about 50-100 us of Python per array (an
     aval built and checked per array): most of the restore of 10,000 small
-    leaves. A block that one device holds whole (a one-device sharding in its
-    device's default memory) of a dtype JAX keeps as it is goes instead through
-    the one call that ``device_put`` ends in for it (jaxlib's
+    leaves. A block of at most 1 MiB that one device holds whole (a one-device
+    sharding in its device's default memory) of a dtype JAX keeps as it is goes
+    instead through the one call that ``device_put`` ends in for it (jaxlib's
     ``batched_device_put``) with the aval ``device_put`` gave the first block of
     that shape, dtype and sharding: for each such key the first block is put by
     ``jax.device_put`` and one more by the direct call, and only when the two
@@ -248,9 +251,21 @@ def _device_put(jax: Any, xs: Any, dest: Any, copy: bool) -> Any:
     """``jax.device_put``; ``copy``: of private copies of the host arrays (on
     CPU devices JAX 0.10 aliases an aligned numpy array even with
     ``may_alias=False``; an alias of a copy that nothing else holds is safe)."""
-    if copy:
-        xs = [np.array(x) for x in xs] if isinstance(xs, list) else np.array(xs)
+    if copy and isinstance(xs, list):
+        dests = dest if isinstance(dest, list) else [dest] * len(xs)
+        xs = [np.array(x) if _on_cpu(d) else x for x, d in zip(xs, dests)]
+    elif copy and _on_cpu(dest):
+        xs = np.array(xs)
     return jax.device_put(xs, dest)
+
+
+def _on_cpu(sharding: Any) -> bool:
+    """Whether ``sharding`` places on CPU devices (where ``device_put`` may alias
+    host memory; elsewhere it always copies)."""
+    try:
+        return any(d.platform == "cpu" for d in sharding.device_set)
+    except Exception:
+        return True
 
 
 def _first_direct(jax: Any, put: Any, key: tuple[Any, ...], block: np.ndarray, sharding: Any, copy: bool) -> Any:
@@ -262,7 +277,8 @@ def _first_direct(jax: Any, put: Any, key: tuple[Any, ...], block: np.ndarray, s
         devices = list(sharding.device_set)
         default = devices[0].default_memory().kind if len(devices) == 1 else None
         if (
-            len(devices) == 1 and getattr(sharding, "memory_kind", None) in (None, default)
+            block.nbytes <= _DIRECT_MAX_BYTES
+            and len(devices) == 1 and getattr(sharding, "memory_kind", None) in (None, default)
             and ref.dtype == block.dtype and tuple(ref.shape) == block.shape
         ):
             trial = put(ref.aval, sharding, [block], devices, True, copy)
