@@ -349,8 +349,8 @@ class VersionedRoot:
                 # Dense versions rest on "commits/<n+1> is only created by a writer
                 # that read commits/<n>" (FORMAT.md §5.1), and a store deleted and
                 # recreated under this process's cached history must never get a
-                # gap. The probe behind ``n`` (one that began after this attempt
-                # did: the caller's ``probe`` or :meth:`newest`) read commits/<n>
+                # gap. The probe behind ``n`` (one that began after the commit was
+                # called: the caller's ``probe`` or :meth:`newest`) read commits/<n>
                 # from the store, never from the cache: the version it knew with
                 # its write-id (``_same_record``) or a version above it
                 # (``_exists``; cached records are never above ``known``), or this
