@@ -9,7 +9,10 @@ writes its first commit record.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,6 +63,34 @@ def test_a_collector_on_the_destination_keeps_what_the_copy_wrote(tmp_path: Path
         assert bytes(out.read(k).result(T).value) == v
     assert bytes(out.snapshot(1).read("big").result(T).value) == values["big"]
     assert verify(out).result(T) == []
+
+
+def test_a_collector_in_another_process_keeps_what_the_copy_wrote(tmp_path: Path) -> None:
+    """The same race with a real second process: ``tensorstore-py gc --grace 0s
+    --apply`` on the destination, between the copy's last object and its first record."""
+    src, values = _source(tmp_path)
+    inner = FileKvStore(path=str(tmp_path / "dst"))
+    dst = Paused(inner)
+    runs: list[tuple[int | None, bytes, bytes]] = []
+
+    async def collect() -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tensorstore_py.cli", "gc", f"file://{tmp_path}/dst/", "--grace", "0s",
+            "--apply", "--json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        runs.append((proc.returncode, out, err))
+
+    dst.pause("write", "commits/*", collect)
+    src.copy_to(dst).result(T)
+    assert dst.fired and runs
+    code, out, err = runs[0]
+    assert code == 0, err.decode()
+    report = json.loads(out)
+    assert report["applied"] and report["count"] == 0 and report["kept_leased"] >= 5, report
+    dst_kv = VersionedKvStore(FileKvStore(path=str(tmp_path / "dst")))
+    for k, v in values.items():
+        assert bytes(dst_kv.read(k).result(T).value) == v
+    assert verify(dst_kv).result(T) == []
 
 
 def test_a_copy_whose_objects_a_collector_took_is_refused(tmp_path: Path) -> None:
