@@ -6,7 +6,11 @@ each referenced value in a data object by its crc32c. Objects are created with
 create-only writes, and commit records are written last, oldest first, so the
 destination shows no version before everything that version references is there.
 Not atomic: an interrupted copy leaves unreferenced objects (collected by gc)
-and possibly a prefix of the versions. Running the copy again resumes it: an
+and possibly a prefix of the versions. Only retained versions' objects are
+copied, so while that prefix ends below the newest version, a version the
+source deleted (and reclaimed) looks retained at the destination without its
+objects: reading it, and a collector there, fail with DataCorruptionError
+until the newest record lands. Running the copy again resumes it: an
 object already at the destination holding exactly the bytes to be written is
 kept; different bytes fail the copy with ConditionFailedError (nothing is ever
 overwritten).
