@@ -231,6 +231,7 @@ def child_save(system: str, gib: float, kind: str, root: str) -> dict[str, Any]:
         out["manager_s"] = time.perf_counter() - t0
         shards = [p for x in jax.tree_util.tree_leaves(state) for _, p in shards_to_save(x)[3]]
         out["staging"] = choose_staging(staging, shards)
+        out["save_budget_mib"] = _save_budget(mgr, out["staging"], nbytes) / MiB
 
         def save(step: int) -> tuple[float, float]:
             t0 = time.perf_counter()
@@ -260,6 +261,22 @@ def child_save(system: str, gib: float, kind: str, root: str) -> dict[str, Any]:
     return out
 
 
+def _save_budget(mgr: Any, staging: str, nbytes: int) -> int:
+    """The host memory a save is configured to hold: the write budget, plus the
+    staged state where it is staged whole in host memory ("pinned_host" within
+    the host staging limit, "host")."""
+    from tensorstore_py.checkpoint.staging import default_staging_bytes
+
+    opts = mgr.options
+    limit = opts.max_staging_bytes if opts.max_staging_bytes is not None else default_staging_bytes()
+    staged = staging == "host" or (staging == "pinned_host" and nbytes <= limit)
+    return int(opts.max_bytes_in_flight + (nbytes if staged else 0))
+
+
+#: the restore's read budget (``restore(max_bytes_in_flight=)``, its default)
+RESTORE_BUDGET = 512 * MiB
+
+
 def child_restore(system: str, gib: float, kind: str, root: str) -> dict[str, Any]:
     import jax
 
@@ -272,7 +289,7 @@ def child_restore(system: str, gib: float, kind: str, root: str) -> dict[str, An
         assemble = "device" if system in ("tsp_pinned", "tsp_device") else "auto"
 
         def restore() -> Any:
-            return mgr.restore(2, target=target, assemble=assemble)
+            return mgr.restore(2, target=target, assemble=assemble, max_bytes_in_flight=RESTORE_BUDGET)
     else:
         import orbax.checkpoint as ocp
 
@@ -284,6 +301,8 @@ def child_restore(system: str, gib: float, kind: str, root: str) -> dict[str, An
     t0 = time.perf_counter()
     got = jax.block_until_ready(restore())
     out: dict[str, Any] = {"restore": time.perf_counter() - t0, "restore_extra_rss_mib": peak.extra() / MiB}
+    if system.startswith("tsp"):
+        out["restore_budget_mib"] = RESTORE_BUDGET / MiB
     out["checked_leaves"] = check_state(got, gib, dev)
     return out
 
@@ -409,6 +428,10 @@ def main(kind: str, gib: float, systems: list[str], reps: int, scratch: str, hbm
         for k in ("save_extra_rss_mib", "restore_extra_rss_mib"):
             if k in r:
                 print(f"{s}_{k[:-4]}: {r[k]:.0f} MiB")
+        for op in ("save", "restore"):  # the goal: at most 1.25x the configured budgets
+            if f"{op}_budget_mib" in r and f"{op}_extra_rss_mib" in r:
+                print(f"{s}_{op}_rss_over_budget: {r[f'{op}_extra_rss_mib'] / r[f'{op}_budget_mib']:.2f}x "
+                      f"(budget {r[f'{op}_budget_mib']:.0f} MiB)")
     if "floor" in res:
         f = res["floor"]
         for k in ("device_copy", "d2h_pinned_first", "d2h_pinned", "d2h_pageable", "h2d_pinned",

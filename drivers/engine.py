@@ -51,6 +51,7 @@ from tensorstore_py.drivers.chunked_metadata import ParsedMetadata, json_object
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec, is_fill
+from tensorstore_py.drivers.copies import copy_into
 from tensorstore_py.drivers.dtypes import element_nbytes
 from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, dim_parts, out_shape
@@ -410,10 +411,10 @@ class ChunkedArray(ArrayDriver):
         if whole and self._cache is None and (dest.flags.c_contiguous or codec.strided_out):
             arr = codec.decode(buf, key=key, out=dest)
             if arr is not dest:
-                np.copyto(dest, arr)
+                copy_into(dest, arr)
             return None
         arr = codec.decode(buf, key=key)
-        dest[...] = arr if whole else arr[p.chunk]
+        copy_into(dest, arr if whole else arr[p.chunk])
         return arr
 
     async def _read_sharded(self, key: str, p: ChunkPart, dest: np.ndarray) -> None:

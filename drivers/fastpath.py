@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.buffers import aligned_empty, thread_scratch
 from tensorstore_py.core.errors import ConditionFailedError
 from tensorstore_py.core.future import submit_blocking
 from tensorstore_py.drivers.codecs.base import ChunkCodec
@@ -38,6 +38,11 @@ __all__ = ["ChunkOps", "batches", "has_sync_io", "read_batch", "read_blocking", 
 T = TypeVar("T")
 
 BATCH_BYTES = 1 << 20
+#: room beyond a chunk's decoded size for its stored bytes (headers of an
+#: incompressible chunk) in read_batch_general's buffer
+READ_SLACK_BYTES = 4096
+#: chunk bytes per batch of a blocking read of chunks to decode (see read_batch_bytes)
+DECODE_BATCH_BYTES = 128 << 10
 BATCH_PARTS = 256
 
 
@@ -97,7 +102,8 @@ def read_blocking(arr: ChunkOps, kv: Any, index: tuple[slice, ...], out: np.ndar
     loop round trip: on a busy machine every thread hand-off waits for a CPU,
     and a small read (a crop, a plane) is mostly hand-offs. Memory in flight:
     ``tasks`` batches (each ~BATCH_BYTES of chunks)."""
-    todo = batches(chunk_parts(index, arr._chunk_shape, arr._shape), arr._chunk_nbytes)
+    target = read_batch_bytes(arr)
+    todo = batches(chunk_parts(index, arr._chunk_shape, arr._shape), arr._chunk_nbytes, target=target)
     lock = threading.Lock()
     failed: list[BaseException] = []
 
@@ -115,13 +121,21 @@ def read_blocking(arr: ChunkOps, kv: Any, index: tuple[slice, ...], out: np.ndar
     # batches of at most this many chunks (see ``batches``): no helper without work
     n_chunks = math.prod(0 if s.stop <= s.start else (s.stop - 1) // c - s.start // c + 1
                          for s, c in zip(index, arr._chunk_shape))
-    per_batch = max(1, min(BATCH_PARTS, BATCH_BYTES // max(1, arr._chunk_nbytes)))
+    per_batch = max(1, min(BATCH_PARTS, target // max(1, arr._chunk_nbytes)))
     helpers = [submit_blocking(work) for _ in range(min(tasks, -(-n_chunks // per_batch)) - 1)]
     work()
     for h in helpers:  # they still write into out: wait for every one
         h.result()
     if failed:
         raise failed[0]
+
+
+def read_batch_bytes(arr: ChunkOps) -> int:
+    """Chunk bytes per batch of a blocking read: BATCH_BYTES of raw chunks
+    (per-chunk overhead matters there), DECODE_BATCH_BYTES of chunks to decode
+    (decoding dominates: small batches share the work evenly among the
+    threads, so no thread waits long for another's last batch)."""
+    return BATCH_BYTES if arr._codec.raw and arr._shard is None else DECODE_BATCH_BYTES
 
 
 def read_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:
@@ -150,11 +164,29 @@ def read_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndarray) 
 
 
 def read_batch_general(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndarray) -> None:
-    """``read_batch`` for any chunk encoding (and partial shards)."""
+    """``read_batch`` for any chunk encoding (and partial shards).
+
+    Where the store can read a value into a given buffer (the file store),
+    each chunk's stored bytes go into this thread's scratch buffer
+    (core/buffers.py::thread_scratch), warm in cache, and are decoded from
+    there before the next chunk is read: no allocation, generation or result
+    object per chunk. A value larger than the buffer takes ``_read_blocking``.
+    """
+    buf = None
+    if arr._shard is None and hasattr(kv, "_read_into_blocking"):
+        buf = thread_scratch(arr._chunk_nbytes + READ_SLACK_BYTES)
     for p in parts:
         key = arr.chunk_key(p.cell)
         full = kv.path + key  # our keys are valid by construction
         dest = out[p.out + (Ellipsis,)]
+        if buf is not None:
+            size = kv._read_into_blocking(full, buf, smaller=True)
+            if size < 0:
+                dest[...] = arr._fill_arr
+                continue
+            if size <= buf.nbytes:  # decoded (and copied out) before the buffer is read into again
+                arr._decode_into(buf[:size].data, key, p, dest)
+                continue
         if arr._shard is not None and not p.full:
             _read_sharded(arr, kv, key, full, p, dest)
             continue

@@ -38,6 +38,7 @@ from tensorstore_py.drivers.codecs import compression_compressor, v2_decoder
 from tensorstore_py.drivers.codecs._limits import decode_limit
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.vlen import decode_vlen, encode_vlen
+from tensorstore_py.drivers.copies import copy_into
 from tensorstore_py.drivers.documents import AttributedArray, update_json
 from tensorstore_py.drivers.dtypes import (
     default_fill_value,
@@ -123,7 +124,13 @@ class V2ChunkCodec(ChunkCodec):
     def encode(self, a: np.ndarray) -> Buffer:
         if self.object_codec is None and a.dtype != self.stored:
             a = a.astype(self.stored)
-        buf: Any = np.ascontiguousarray(a) if self.order == "C" else np.asfortranarray(a)
+        if self.order == "C":
+            buf: Any = np.ascontiguousarray(a)
+        elif a.flags.f_contiguous:
+            buf = a
+        else:
+            buf = np.empty(a.shape, a.dtype, order="F")
+            copy_into(buf, a)  # in slabs (drivers/copies.py)
         buf = buf.reshape(-1, order=self.order)
         if self.object_codec is not None:
             buf = encode_vlen(self.object_codec, buf)

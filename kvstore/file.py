@@ -178,7 +178,7 @@ class FileKvStore(KvStore):
     def _delete_blocking(self, key: str, if_equal: Generation | None) -> None:
         self._delete_sync(key, if_equal)
 
-    def _read_into_blocking(self, path: str, dest: np.ndarray) -> int:
+    def _read_into_blocking(self, path: str, dest: np.ndarray, *, smaller: bool = False) -> int:
         """Read the whole value at ``path`` into ``dest`` when it has exactly
         ``dest.nbytes`` bytes (a lean whole-value ``_read_blocking`` for callers
         that know the size, e.g. raw array chunks: no buffer allocation, no
@@ -188,8 +188,10 @@ class FileKvStore(KvStore):
         directory, as in ``_read_sync``). ``dest`` (a C-contiguous uint8 array:
         ml_dtypes arrays export no buffer) holds the value only when the size
         matches; its contents are unspecified otherwise, and the caller handles
-        any other size (e.g. with ``_read_blocking``). Raises StorageError if
-        the file shrinks while being read, like ``_read_sync``.
+        any other size (e.g. with ``_read_blocking``). With ``smaller`` a
+        shorter value is read too (one ``fstat`` more): its bytes are then the
+        first ``size`` of ``dest`` (compressed chunks, whose sizes vary). Raises
+        StorageError if the file shrinks while being read, like ``_read_sync``.
         """
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -204,14 +206,33 @@ class FileKvStore(KvStore):
             if got == n:
                 return n
             size = os.fstat(fd).st_size  # another size (or a short read): look
-            if size != n:
+            if size != n and not (smaller and size < n):
                 return size
-            if got > 0:  # a short read: go on until EOF, as _read_sync does
-                got = pread_full(fd, dest.data, 0, got)
-            if got != n:
+            if got < size:  # a short read: go on until EOF, as _read_sync does
+                got = pread_full(fd, dest.data[:size], 0, max(got, 0))
+            if got != size:
                 raise StorageError(f"file kvstore: {path!r} shrank while being read")
-            return n
+            return size
         except IsADirectoryError:  # open(O_RDONLY) succeeds on directories
+            return -1
+        finally:
+            os.close(fd)
+
+    def _read_range_into_blocking(self, path: str, offset: int, dest: memoryview) -> int:
+        """Read the bytes of the file at ``path`` from ``offset`` into ``dest``
+        (a writable byte buffer) until it is full or the file ends; returns the
+        bytes read, or -1 when the key is missing. No buffer is allocated: the
+        kernel copies into ``dest`` itself (what a checkpoint restore's host
+        buffer pool relies on). Immutable values only (no generation is taken)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return -1
+        except OSError as e:
+            raise StorageError(f"file kvstore: reading {path!r}: {e}") from e
+        try:
+            return pread_full(fd, dest, offset)
+        except IsADirectoryError:
             return -1
         finally:
             os.close(fd)

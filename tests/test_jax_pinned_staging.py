@@ -23,7 +23,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp
 
 import tensorstore_py as tsp
-from tensorstore_py.checkpoint import SaveOptions
+from tensorstore_py.checkpoint import SaveOptions, saving
 from tensorstore_py.errors import InvalidArgumentError
 from tensorstore_py.kvstore.fault import FaultKvStore, FaultRule
 
@@ -87,12 +87,19 @@ def test_pinned_staging_over_the_host_limit_streams_and_says_why(
     assert slices == []
     _check(mgr, 1, want)
     # a shard larger than the write budget still leaves chunk by chunk (bounded memory);
-    # not incremental: the same arrays as step 1 would be linked, not copied at all
+    # not incremental: the same arrays as step 1 would be linked, not copied at all.
+    # On CPU devices each chunk is copied from a host view of the shard into a slot
+    # of the host pool: no slice on the device
     opts = SaveOptions(staging="pinned_host", target_chunk_bytes=128 << 10, max_bytes_in_flight=256 << 10,
                        max_staging_bytes=64 << 10, incremental=False)
     tsp.CheckpointManager(f"file://{tmp_path}/", options=opts).save(2, state).result()
-    assert len(slices) == 4 * 4  # the four 512 KiB shards; the 256 KiB bf16 one fits the budget
+    assert slices == []
     _check(mgr, 2, want)
+    # on an accelerator (taken here by CPU devices) each chunk is sliced on the device
+    monkeypatch.setattr(saving, "fills_on_host", lambda src: False)
+    tsp.CheckpointManager(f"file://{tmp_path}/", options=opts).save(3, state).result()
+    assert len(slices) == 4 * 4  # the four 512 KiB shards; the 256 KiB bf16 one fits the budget
+    _check(mgr, 3, want)
 
 
 def test_max_staging_bytes_is_checked() -> None:

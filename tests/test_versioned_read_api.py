@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from tensorstore_py.errors import ChecksumError, NotFoundError
+from tensorstore_py.errors import ChecksumError, DataCorruptionError, NotFoundError
 from tensorstore_py.kvstore.file import FileKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.format import crc32c
 from tensorstore_py.kvstore.versioned.info import CommitDetails, EntryInfo
@@ -77,6 +78,36 @@ def test_read_spans_checks_crc(kv: VersionedKvStore, tmp_path: Any) -> None:
     path.write_bytes(bytes(raw))
     with pytest.raises(ChecksumError, match="'a'"):
         snap.read_spans([("a", 0, len(big))]).result(T)
+
+
+@pytest.mark.parametrize("base", ["file", "memory"])
+def test_read_spans_into_caller_buffers(tmp_path: Any, base: str) -> None:
+    # the file store reads straight into the buffers; other stores' bytes are copied
+    # in; either way each span's result is its buffer, and whole spans are checked
+    store = FileKvStore(path=str(tmp_path) + "/") if base == "file" else MemoryKvStore()
+    kv = VersionedKvStore(store)
+    big = bytes(range(256)) * 4096
+    kv.write("a", big).result(T)
+    kv.write("b", b"inline").result(T)
+    snap = kv.snapshot(2)
+    dests = [bytearray(len(big)), bytearray(10), None]
+    got = snap.read_spans([("a", 0, len(big)), ("a", 10, 20), ("b", 1, 3)],
+                          into=[memoryview(d) if d is not None else None for d in dests]).result(T)
+    assert [bytes(g) for g in got] == [big, big[10:20], b"nl"]
+    assert bytes(dests[0]) == big and bytes(dests[1]) == big[10:20]  # type: ignore[arg-type]
+    assert memoryview(got[0]).obj is dests[0]
+    obj = snap.stat(["a"]).result(T)[0].object
+    assert obj is not None
+    if base == "file":
+        path = tmp_path / obj
+        raw = bytearray(path.read_bytes())
+        raw[raw.index(big[:64]) + 5] ^= 1
+        path.write_bytes(bytes(raw))
+        with pytest.raises(ChecksumError, match="'a'"):
+            snap.read_spans([("a", 0, len(big))], into=[memoryview(bytearray(len(big)))]).result(T)
+        path.unlink()
+        with pytest.raises(DataCorruptionError, match="missing"):
+            snap.read_spans([("a", 0, 10)], into=[memoryview(bytearray(10))]).result(T)
 
 
 def test_copy_to_and_stored_formats(kv: VersionedKvStore, tmp_path: Any) -> None:

@@ -38,6 +38,7 @@ from tensorstore_py.core.errors import (
     UnsupportedError,
 )
 from tensorstore_py.core.ranges import Buffer
+from tensorstore_py.drivers.copies import copy_into
 from tensorstore_py.drivers.n5.metadata import N5Metadata
 
 __all__ = [
@@ -186,7 +187,8 @@ def encode_block(metadata: N5Metadata, array: np.ndarray, *,
             or (expected is not None and a.shape != expected)):
         want = expected if expected is not None else f"at most {metadata.block_size}"
         raise InvalidArgumentError(f"n5 block of shape {want}: got an array of shape {a.shape}")
-    stored = a.astype(metadata.stored_dtype, order="F")  # one pass: byte order and element order
+    stored = np.empty(a.shape, metadata.stored_dtype, order="F")
+    copy_into(stored, a)  # one pass, in slabs: byte order and element order
     body = metadata.compression.encode(stored.reshape(-1, order="F").view(np.uint8).data,
                                        itemsize=metadata.dtype.itemsize)
     return b"".join((encode_header(a.shape), body))

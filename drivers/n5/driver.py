@@ -39,6 +39,7 @@ import numpy as np
 from tensorstore_py.core.errors import InvalidArgumentError, InvalidSpecError, NotFoundError
 from tensorstore_py.drivers.codecs import compression_compressor
 from tensorstore_py.drivers.codecs.base import ChunkCodec
+from tensorstore_py.drivers.copies import copy_into
 from tensorstore_py.drivers.documents import AttributedArray
 from tensorstore_py.drivers.engine import ChunkedArray
 from tensorstore_py.drivers.formats import ArrayFormat, MetadataOptions, register_array_format
@@ -86,7 +87,7 @@ class N5BlockCodec(ChunkCodec):
                 return stored
             out = np.empty(self.meta.block_size, self.dtype)
         if whole:
-            np.copyto(out, stored)
+            copy_into(out, stored)  # byte order and element order in one pass, in slabs
         else:  # stored clipped (or smaller, written before the array grew)
             out[...] = 0
             out[tuple(slice(0, n) for n in header.shape) + (...,)] = stored

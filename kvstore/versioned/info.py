@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensorstore_py.core.errors import ChecksumError, DataCorruptionError, NotFoundError
-from tensorstore_py.core.pools import run_cpu
+from tensorstore_py.core.pools import run_cpu, run_io
 from tensorstore_py.kvstore.base import ByteRange, Generation, KvStore
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_COMMIT,
@@ -93,13 +93,17 @@ def entry_info(key: str, e: Entry) -> EntryInfo:
 
 async def read_spans(
     root: VersionedRoot, tree: str | None, path: str, spans: Sequence[Span], *, where: str,
-    coalesce_gap: int,
+    coalesce_gap: int, into: Sequence[memoryview | None] | None = None,
 ) -> list[Any]:
     """The bytes of each span, reading each data object with one ``read_ranges``.
 
     A span covering a whole value is checked against its crc32c
     (:class:`ChecksumError`); a missing key raises :class:`NotFoundError`; a
     missing or short data object raises :class:`DataCorruptionError`.
+
+    ``into[i]`` (a writable byte buffer of the span's size, or None) receives
+    span ``i``'s bytes and is its result: read straight into it where the base
+    store reads into caller buffers (the file store), else copied into it.
     """
     entries = await asyncio.gather(*(root.lookup(tree, path + s[0]) for s in spans))
     out: list[Any] = [b""] * len(spans)
@@ -120,10 +124,14 @@ async def read_spans(
         refs = [entries[i] for i in idx]
         ranges = [ByteRange(e.offset + spans[i][1], e.offset + spans[i][2])  # type: ignore[union-attr]
                   for i, e in zip(idx, refs)]
-        res = await root.base.read_ranges(obj, ranges, coalesce_gap=coalesce_gap)
-        if res.state != "value":
-            raise DataCorruptionError(f"{where}: data object {obj!r} is missing")
-        for i, e, buf in zip(idx, refs, res.values):
+        dests = [into[i] for i in idx] if into is not None else []
+        values = await read_into_buffers(root.base, obj, ranges, dests) if any(d is not None for d in dests) else None
+        if values is None:
+            res = await root.base.read_ranges(obj, ranges, coalesce_gap=coalesce_gap)
+            if res.state != "value":
+                raise DataCorruptionError(f"{where}: data object {obj!r} is missing")
+            values = copied_into(res.values, dests)
+        for i, e, buf in zip(idx, refs, values):
             key, a, b = spans[i]
             if len(buf) != b - a:
                 raise DataCorruptionError(f"{where}: data object {obj!r} is truncated (key {path + key!r})")
@@ -138,6 +146,48 @@ async def read_spans(
             out[i] = buf
 
     await asyncio.gather(*(one_object(o, idx) for o, idx in by_object.items()))
+    return out
+
+
+async def read_into_buffers(
+    base: KvStore, obj: str, ranges: list[ByteRange], dests: list[memoryview | None]
+) -> list[Any] | None:
+    """The ranges of data object ``obj`` read by the base store straight into
+    ``dests`` (a range without a buffer gets one of the store's), for a store
+    that reads into caller buffers (``_read_range_into_blocking``: the file
+    store); None for other stores, and for a missing object (which the caller's
+    ``read_ranges`` then reports)."""
+    read_into = getattr(base, "_read_range_into_blocking", None)
+    if read_into is None or not base.blocking_io:
+        return None
+    full = base._full(obj)
+
+    def run() -> list[Any] | None:
+        out: list[Any] = []
+        for r, dest in zip(ranges, dests):
+            assert r.stop is not None
+            buf = dest if dest is not None else memoryview(bytearray(r.stop - r.start))
+            got = read_into(full, r.start, buf)
+            if got < 0:
+                return None
+            out.append(buf[:got])
+        return out
+
+    return await run_io(run)
+
+
+def copied_into(values: Sequence[Any], dests: Sequence[memoryview | None]) -> list[Any]:
+    """Each value copied into its buffer of ``dests`` (where one is given and
+    the sizes match; a size mismatch is left for the caller to report), which
+    is then its result."""
+    out: list[Any] = []
+    for i, v in enumerate(values):
+        dest = dests[i] if i < len(dests) else None
+        if dest is None or len(v) != len(dest):
+            out.append(v)
+            continue
+        dest[:] = memoryview(v).cast("B")
+        out.append(dest)
     return out
 
 

@@ -469,7 +469,9 @@ class VersionedKvStore(VersionHistory):
         """
         return spawn(read_formats(self.base))
 
-    def read_spans(self, spans: Sequence[Span], *, coalesce_gap: int = 4096) -> Future[list[Any]]:
+    def read_spans(
+        self, spans: Sequence[Span], *, coalesce_gap: int = 4096, into: Sequence[memoryview | None] | None = None,
+    ) -> Future[list[Any]]:
         """The bytes ``[start, stop)`` of each ``(key, start, stop)`` span, in order.
 
         Reads as an independent reader of docs/FORMAT.md §6.4 would: every key is
@@ -481,11 +483,15 @@ class VersionedKvStore(VersionHistory):
         against the value's crc32c (ChecksumError). A missing key raises
         NotFoundError; a missing or truncated data object DataCorruptionError.
         Not retried beyond what the base store retries.
+
+        ``into``: per span a writable byte buffer of its size (or None) that
+        receives its bytes and is returned as its result; the file store reads
+        straight into it (no buffer of its own), other stores' bytes are copied.
         """
 
         async def op(rec: CommitRecord | None) -> list[Any]:
             return await read_spans(self._root, rec.root if rec else None, self.path, spans,
-                                    where=repr(self), coalesce_gap=coalesce_gap)
+                                    where=repr(self), coalesce_gap=coalesce_gap, into=into)
 
         return spawn(self._at(None, op))
 

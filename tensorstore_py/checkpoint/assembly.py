@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tensorstore_py.checkpoint.hostpool import device_put_copy
 from tensorstore_py.checkpoint.jax_adapter import jax_module
 from tensorstore_py.checkpoint.staging import check_choice
 
@@ -89,11 +90,15 @@ class DeviceBlock:
         self._block: Any = None
         self._lock = threading.Lock()
 
-    def put(self, dst: tuple[slice, ...] | None, piece: np.ndarray) -> None:
+    def put(self, dst: tuple[slice, ...] | None, piece: np.ndarray, borrowed: bool = False) -> None:
         """Place the host array ``piece`` at ``dst`` of the block (None: it is the
-        whole block)."""
+        whole block). ``borrowed``: ``piece`` views memory that is reused once
+        this returns (a slot of the host pool), so the block never aliases it."""
         jax = jax_module()
         piece = self._piece(piece)  # the target's dtype; a region across chunk rows: one copy
+        if dst is None and borrowed:
+            self._block = device_put_copy(piece, self.device)
+            return
         placed = jax.device_put(piece, self.device)
         if dst is None:
             placed.block_until_ready()  # the transfer is done: the host buffer is free

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.checkpoint.dedup import Incremental
+from tensorstore_py.checkpoint.hostpool import HostLease, HostPool, shared_pool
 from tensorstore_py.checkpoint.packing import Pack, write_pack
 from tensorstore_py.core.budget import MAX_TASKS, ByteBudget, run_bounded
 from tensorstore_py.core.pools import run_copy, run_cpu
@@ -52,6 +53,12 @@ class Chunk:
     codec: Any = None
     #: a metadata document (zarr.json), not a chunk: never hashed or linked
     meta: bool = False
+    #: a chunk of a CPU device's array: fills a slot of the host pool (given as a
+    #: C-order array of the chunk's shape and dtype) and returns it (blocking)
+    fill: Callable[[np.ndarray], np.ndarray] | None = None
+    #: the chunk's shape and dtype (with ``fill``)
+    shape: tuple[int, ...] = ()
+    dtype: Any = None
     #: stored as it is, neither hashed nor linked: a promoted chunk of a compressed
     #: leaf whose digest (of its raw bytes, dedup.py) the local part did not record
     unhashed: bool = False
@@ -88,12 +95,33 @@ async def write_chunks(
             # without copying it off the device or hashing it (dedup.py)
             keys = [k for k, _ in c.cuts] if c.cuts is not None else [c.key]
             if await incremental.link_known(keys, c.nbytes):
-                c.fetch = c.cuts = c.data = c.read = None
+                c.fetch = c.fill = c.cuts = c.data = c.read = None
                 if c.reads_caller:
                     chunk_staged()
                 if progress is not None:
                     progress.advance(c.nbytes)
                 return
+        if pool is not None and (c.fill is not None or c.fetch is not None):
+            # its host copy lives in a slot of the pool (or, for JAX's pinned
+            # copies, is counted against the pool's limit) until it is stored
+            lease = await pool.acquire(1, buffers=c.fill is not None)
+            try:
+                await stage_and_write(c, lease)
+            finally:
+                c.data = None
+                lease.release()
+            return
+        await stage_and_write(c, None)
+
+    async def stage_and_write(c: Chunk, lease: HostLease | None) -> None:
+        if c.fill is not None:
+            assert lease is not None
+            fill, c.fill = c.fill, None
+            # CPU device -> a slot of the host pool, on the copy pool's threads
+            c.data = await run_copy(fill, lease.array(c.shape, c.dtype))
+            del fill  # the last reference to the caller's shard may go now
+            if c.reads_caller:
+                chunk_staged()
         if c.read is not None:
             read, c.read = c.read, None
             c.data = await read()
@@ -139,12 +167,21 @@ async def write_chunks(
     # chunks staged on a device leave it as fast as the budget allows, not only as
     # fast as the chunks before them are written (a "pinned_host" caller waits for
     # the last one): the budget bounds them, the task cap is raised
-    streamed = any(c.fetch is not None for c in chunks)
+    streamed = any(c.fetch is not None or c.fill is not None for c in chunks)
+    pool = _staging_pool(chunks, max_bytes_in_flight)
     chunks = _batch_small(chunks)
     await run_bounded(
         chunks, one, budget=ByteBudget(max_bytes_in_flight), cost=lambda c: c.nbytes,
         max_tasks=max(MAX_TASKS, min(len(chunks), MAX_STREAMED_TASKS)) if streamed else MAX_TASKS,
     )
+
+
+def _staging_pool(chunks: list[Chunk], max_bytes_in_flight: int) -> HostPool | None:
+    """The shared host pool (hostpool.py) whose slots hold the chunks copied off
+    the devices while they are written (one slot per chunk, the largest chunk's
+    size), limited to the write budget; None when no chunk is copied off a device."""
+    largest = max((c.nbytes for c in chunks if c.fill is not None or c.fetch is not None), default=0)
+    return shared_pool(largest, max_bytes_in_flight) if largest else None
 
 
 #: host chunks below this size are written in batches (the versioned store packs
@@ -160,7 +197,7 @@ def _batch_small(chunks: list[Chunk]) -> list[Chunk]:
     cur: list[Chunk] = []
     acc = 0
     for c in chunks:
-        if c.fetch is not None or c.data is None or c.nbytes >= SMALL_CHUNK_BYTES:
+        if c.fetch is not None or c.fill is not None or c.data is None or c.nbytes >= SMALL_CHUNK_BYTES:
             out.append(c)
             continue
         cur.append(c)

@@ -15,7 +15,13 @@ only the read buffers in flight). ``"auto"`` picks the device for accelerators.
 
 Everything is read from one snapshot (the newest version when the restore
 starts), so a concurrent save or deletion can not mix steps. Reads run under a
-bytes-in-flight budget.
+bytes-in-flight budget. A chunk of 1 MiB or more lands where it is needed: a
+chunk that is exactly its request's block is read (or decoded) straight into
+that block; any other is read into a slot of the shared host pool
+(hostpool.py: equal-size buffers within the budget, reused across restores and
+saves), delivered from there and its slot given back once every copy or device
+transfer from it is complete. No result views a slot. A compressed chunk
+counts its stored bytes against the budget beside its slot.
 
 A target leaf of another dtype than the stored one is an error unless the
 caller asks for the conversion (``cast=True``: numpy ``astype``), checked for
@@ -40,6 +46,7 @@ from tensorstore_py.checkpoint.assembly import (
     put_whole_blocks,
 )
 from tensorstore_py.checkpoint.compression import chunk_codec
+from tensorstore_py.checkpoint.hostpool import HostLease, HostPool, shared_pool
 from tensorstore_py.checkpoint.jax_adapter import (
     assemble_all,
     global_array,
@@ -60,7 +67,7 @@ from tensorstore_py.checkpoint.prng import from_key_data, is_prng_key
 from tensorstore_py.checkpoint.pytree import flatten_target, unflatten
 from tensorstore_py.checkpoint.storage import StepStore, read_spans
 from tensorstore_py.core.budget import ByteBudget, run_bounded
-from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.buffers import aligned_empty, mapped_empty
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import run_sync
 from tensorstore_py.core.pools import run_cpu, run_io
@@ -96,6 +103,14 @@ class _ChunkRead:
     grid: tuple[int, ...]
     consumers: list[tuple[_Req, Region]]  # (request, overlap in global coordinates)
     span: tuple[int, int] = (0, 0)
+    #: where its bytes land (``_plan_buffers``): "store" (a buffer of the store's:
+    #: small chunks), "result" (the one request's own block) or "slot" (a slot of
+    #: the host pool, given back once delivered)
+    lands: str = "store"
+
+    def into_result(self) -> bool:
+        """The chunk is exactly the block of its one request (no device sink)."""
+        return len(self.consumers) == 1 and self.consumers[0][0].direct and self.consumers[0][0].sink is None
 
 
 def _le(dtype: np.dtype) -> np.dtype:
@@ -184,10 +199,16 @@ async def read_regions(
         origin = tuple(g * c for g, c in zip(cr.grid, cs))
         cr.span = span_in_chunk(union, origin, cs, cr.leaf.dtype.itemsize)
 
+    pool = _plan_buffers(list(chunk_reads.values()), max_bytes_in_flight)
+
     def size(crs: list[_ChunkRead]) -> int:
         return sum(cr.span[1] - cr.span[0] for cr in crs)
 
-    async def decoded(cr: _ChunkRead) -> Any:
+    def cost(crs: list[_ChunkRead]) -> int:
+        # a compressed chunk decoded into a slot holds its stored bytes beside the slot
+        return size(crs) + sum(cr.span[1] for cr in crs if cr.lands == "slot" and cr.leaf.key in codecs)
+
+    async def decoded(cr: _ChunkRead, dest: memoryview | None) -> Any:
         key = chunk_key(cr.leaf.key, cr.grid)
         stored = (await read_spans(data, [(key, 0, 0, True)], whole=True))[0]
         stats.bytes_read += len(stored)
@@ -195,13 +216,22 @@ async def read_regions(
             progress.advance(cr.span[1])
         full = cr.span[1]
         codec = codecs[cr.leaf.key]
-        return await run_cpu(lambda: codec.decode(stored, key=key, size=full, limit=full))
+        return await run_cpu(lambda: codec.decode(stored, key=key, size=full, limit=full, out=dest))
 
     async def batch(crs: list[_ChunkRead]) -> None:
+        lease = await _lease_slots(pool, crs)
+        try:
+            await batch_in(crs, _destinations(crs, lease))
+        finally:
+            if lease is not None:
+                lease.release()  # every delivery (copy or transfer) is done
+
+    async def batch_in(crs: list[_ChunkRead], dests: dict[int, memoryview]) -> None:
         packed = [cr for cr in crs if cr.leaf.key in codecs]
         if packed:  # decoded in parallel on the CPU pool
             crs = [cr for cr in crs if cr.leaf.key not in codecs]
-            for cr, buf in zip(packed, await asyncio.gather(*(decoded(cr) for cr in packed))):
+            got = await asyncio.gather(*(decoded(cr, dests.get(id(cr))) for cr in packed))
+            for cr, buf in zip(packed, got):
                 key = chunk_key(cr.leaf.key, cr.grid)
                 if len(buf) != cr.span[1]:
                     raise DataCorruptionError(
@@ -220,7 +250,8 @@ async def read_regions(
         for cr in crs:
             full = math.prod(cr.leaf.chunk_shape) * cr.leaf.dtype.itemsize
             spans.append((chunk_key(cr.leaf.key, cr.grid), cr.span[0], cr.span[1], cr.span == (0, full)))
-        bufs = await read_spans(data, spans)
+        into = [dests.get(id(cr)) for cr in crs]
+        bufs = await read_spans(data, spans, into=into if any(d is not None for d in into) else None)
         stats.requests += 1
         for cr, buf, (key, a, b, _w) in zip(crs, bufs, spans):
             if len(buf) != b - a:
@@ -235,22 +266,83 @@ async def read_regions(
     # batches of about a quarter of the budget: large enough to coalesce many small
     # chunks into few requests, small enough to keep several in flight
     limit = max(max_bytes_in_flight // 4, 1 << 20)
+    # and at most a quarter of the pool's slots each (at least one), so that
+    # several batches share the slots and none waits for more than exist
+    slots_limit = max(1, pool.capacity // 4) if pool is not None else 0
     batches: list[list[_ChunkRead]] = []
     cur: list[_ChunkRead] = []
-    acc = 0
+    acc = slots = 0
     for cr in chunk_reads.values():
         n = cr.span[1] - cr.span[0]
-        if cur and acc + n > limit:
+        in_slot = cr.lands == "slot"
+        if cur and (acc + n > limit or (in_slot and slots + 1 > slots_limit)):
             batches.append(cur)
-            cur, acc = [], 0
+            cur, acc, slots = [], 0, 0
         cur.append(cr)
         acc += n
+        slots += in_slot
     if cur:
         batches.append(cur)
     if progress is not None:
         progress.add_total(sum(size(b) for b in batches))
-    await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight), cost=size)
+    try:
+        await run_bounded(batches, batch, budget=ByteBudget(max_bytes_in_flight), cost=cost)
+    finally:
+        if pool is not None:
+            # a restore is rare and the job that follows wants its memory: the free
+            # slots go back to the system (saves keep theirs, they come again)
+            pool.trim()
     return [r.out for r in reqs]
+
+
+#: chunks this large or larger land in the result or in a slot of the host
+#: pool (hostpool.py); smaller ones in buffers of the store, as before
+POOL_MIN_BYTES = 1 << 20
+
+
+def _plan_buffers(crs: list[_ChunkRead], budget: int) -> HostPool | None:
+    """Decide where each chunk read lands (:attr:`_ChunkRead.lands`) and return
+    the shared host pool for those landing in slots (None: no slots needed).
+    A chunk that is exactly its request's block is read (or decoded) straight
+    into a fresh block: that is host memory of the result, not of the restore.
+    Packed leaves are read per pack, from the store's buffers."""
+    largest = 0
+    for cr in crs:
+        n = cr.span[1] - cr.span[0]
+        if cr.leaf.packed is not None or n < POOL_MIN_BYTES:
+            continue
+        if cr.into_result():
+            cr.lands = "result"
+            continue
+        cr.lands = "slot"
+        largest = max(largest, n)
+    return shared_pool(largest, budget) if largest else None
+
+
+async def _lease_slots(pool: HostPool | None, crs: list[_ChunkRead]) -> HostLease | None:
+    """One slot for each chunk of the batch that lands in a slot, all at once
+    (waits while the pool's slots are held by other batches)."""
+    need = sum(cr.lands == "slot" for cr in crs)
+    if not need or pool is None:
+        return None
+    return await pool.acquire(need)
+
+
+def _destinations(crs: list[_ChunkRead], lease: HostLease | None) -> dict[int, memoryview]:
+    """The buffer each chunk's bytes land in, by ``id``: a slot of ``lease`` or a
+    fresh block for its request (set as that request's result)."""
+    out: dict[int, memoryview] = {}
+    slot = 0
+    for cr in crs:
+        n = cr.span[1] - cr.span[0]
+        if cr.lands == "slot":
+            assert lease is not None
+            out[id(cr)] = lease.buffers[slot][:n].data
+            slot += 1
+        elif cr.lands == "result":
+            block = mapped_empty(n)  # page-aligned: on CPU devices the array aliases it
+            out[id(cr)] = block.data
+    return out
 
 
 async def _read_packed(
@@ -296,6 +388,9 @@ async def _read_packed(
 
 
 async def _deliver(cr: _ChunkRead, buf: Any) -> None:
+    """Hand the chunk's bytes ``buf`` to its requests. A slot of the host pool
+    (``cr.lands == "slot"``) is only ever copied from: no result views it."""
+    borrowed = cr.lands == "slot"
     leaf = cr.leaf
     dt = _le(leaf.dtype)
     cs = leaf.chunk_shape
@@ -310,10 +405,11 @@ async def _deliver(cr: _ChunkRead, buf: Any) -> None:
             dst = None if req.direct else tuple(
                 slice(lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(ov, req.region)
             )
-            await run_io(req.sink.put, dst, view)  # to the device while other spans are read
+            # to the device while other spans are read
+            await run_io(req.sink.put, dst, view, borrowed)
             continue
         if req.direct:
-            req.out = view
+            req.out = _own_copy(view) if borrowed else view
             continue
         assert req.out is not None
         dst = tuple(slice(lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(ov, req.region))
@@ -321,6 +417,12 @@ async def _deliver(cr: _ChunkRead, buf: Any) -> None:
             await run_cpu(np.copyto, req.out[dst], view)
         else:
             req.out[dst] = view
+
+
+def _own_copy(view: np.ndarray) -> np.ndarray:
+    out = mapped_empty(view.shape, view.dtype)
+    np.copyto(out, view)
+    return out
 
 
 def restore_step(

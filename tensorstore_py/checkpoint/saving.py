@@ -66,6 +66,8 @@ from tensorstore_py.checkpoint.staging import (
     check_staging,
     choose_staging,
     chunk_fetcher,
+    chunk_filler,
+    fills_on_host,
     shard_fetcher,
     stage,
 )
@@ -315,6 +317,9 @@ def snapshot(
             continue
         size = int(math.prod(cshape)) * dtype.itemsize
         grid_subs = chunks_overlapping(region, cshape)
+        if staged.streamed and fills_on_host(src):
+            _add_filled_chunks(snap, key, src, region, grid_subs, cshape, dtype, leaf_codec.get(key))
+            continue
         if staged.streamed and int(src.nbytes) <= options.max_bytes_in_flight:
             # the whole shard in one copy, cut on the host: no slices on the device
             cuts = [
@@ -334,6 +339,20 @@ def snapshot(
     if snap.unstaged == 0:
         snap.staged.set()
     return snap
+
+
+def _add_filled_chunks(
+    snap: Snapshot, key: str, src: Any, region: Region, grid_subs: list[tuple[tuple[int, ...], Region]],
+    cshape: tuple[int, ...], dtype: np.dtype, codec: Any,
+) -> None:
+    """The chunks of a streamed shard on a CPU device: each copied from a
+    zero-copy view of the shard into a slot of the host pool when its write
+    starts (chunk_writes.py), so the save's host copies are the pool's slots."""
+    size = int(math.prod(cshape)) * dtype.itemsize
+    for grid, sub in grid_subs:
+        snap.chunks.append(_Chunk(chunk_key(key, grid), None, size, reads_caller=True, codec=codec,
+                                  fill=chunk_filler(src, region, sub, cshape), shape=cshape, dtype=dtype))
+        snap.unstaged += 1
 
 
 def _cutter(

@@ -47,9 +47,13 @@ are staged:
     memory kind ``"pinned_host"`` makes pageable copies (``np.asarray``).
 
 In the streaming modes host memory holds at most the bytes-in-flight budget of
-staged chunks (plus, for a streamed ``"pinned_host"`` save, one whole shard per
-task in flight), whatever the size of the checkpoint, and the device-to-host
-copy of one piece overlaps the writes of the pieces before it. Pinned staging
+staged chunks, whatever the size of the checkpoint, and the device-to-host
+copy of one piece overlaps the writes of the pieces before it. The host copies
+are counted against the shared host pool (hostpool.py): on CPU devices a
+streamed ``"pinned_host"`` save copies each chunk from a zero-copy view of its
+shard straight into a slot of the pool (:func:`chunk_filler`; no slice on the
+device, no second copy); on accelerators JAX's pinned copies hold the pool's
+slots' share of the budget without slots of ours. Pinned staging
 memory comes from JAX's pinned-host allocator, which keeps freed pinned memory
 for reuse: the first save pins its staging memory once (slow: about 1 GiB/s)
 and later saves reuse it at PCIe speed. :func:`warm_pinned` (the
@@ -83,7 +87,9 @@ __all__ = [
     "check_staging",
     "choose_staging",
     "chunk_fetcher",
+    "chunk_filler",
     "default_staging_bytes",
+    "fills_on_host",
     "host_copies",
     "room_for_copy",
     "shard_fetcher",
@@ -386,3 +392,33 @@ def chunk_fetcher(src: Any, index: tuple[tuple[int, int], ...] | None) -> Callab
         return host_view(piece)  # waits for the copy; zero-copy for pinned memory
 
     return fetch
+
+
+def fills_on_host(src: Any) -> bool:
+    """Whether the chunks of the single-device array ``src`` are copied into
+    slots of the host pool straight from a zero-copy host view of it (a CPU
+    device: its memory is host memory, so no device slice or device-to-host
+    transfer is needed; chunk_writes.py)."""
+    return bool(_device(src).platform == "cpu")
+
+
+def chunk_filler(
+    src: Any, region: tuple[tuple[int, int], ...], sub: tuple[tuple[int, int], ...], cshape: tuple[int, ...]
+) -> Callable[[np.ndarray], np.ndarray]:
+    """A blocking callable that copies the chunk covering ``sub`` (global
+    coordinates; ``region`` is where ``src``, a single-device array on a CPU
+    device, lies) into ``dest`` (the chunk's shape, e.g. a slot of the host
+    pool: its old bytes are overwritten, padding at array edges is zeroed) and
+    returns ``dest``. Reads a zero-copy view of ``src``: one host copy."""
+
+    def fill(dest: np.ndarray) -> np.ndarray:
+        host = host_view(src)
+        view = host[tuple(slice(lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(sub, region))]
+        if view.shape == tuple(cshape):
+            np.copyto(dest, view)
+        else:
+            dest[...] = 0
+            dest[tuple(slice(0, n) for n in view.shape)] = view
+        return dest
+
+    return fill

@@ -53,6 +53,7 @@ from tensorstore_py.kvstore.transaction import Transaction
 from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.kvstore.versioned.gc import DEFAULT_READ_GRACE
 from tensorstore_py.kvstore.versioned.gc import reclaim as gc_reclaim
+from tensorstore_py.kvstore.versioned.info import copied_into
 
 __all__ = [
     "FORMAT", "STEPS_PREFIX", "StepInfo", "StepStore", "check_step", "checked_metrics", "list_steps", "read_spans",
@@ -274,7 +275,8 @@ Span = tuple[str, int, int, bool]  # (key relative to the view, start, stop, cov
 
 
 async def read_spans(
-    view: KvStore, spans: list[Span], *, coalesce_gap: int = 4096, whole: bool = False
+    view: KvStore, spans: list[Span], *, coalesce_gap: int = 4096, whole: bool = False,
+    into: list[memoryview | None] | None = None,
 ) -> list[Any]:
     """The bytes ``[start, stop)`` of each key's value, in order (``whole=True``:
     each value whole, whatever its size, checked against its crc32c where stored:
@@ -287,14 +289,20 @@ async def read_spans(
     few requests instead of one each. A span covering a whole value is checked
     against the value's crc32c (:class:`ChecksumError` names the key and object).
     Elsewhere each span is one ``read``. A missing key raises DataCorruptionError.
+
+    ``into``: per span a writable byte buffer of its size, or None; a span's
+    bytes land in its buffer, which is then its result (on a file store the
+    kernel reads into it directly; elsewhere the bytes are copied into it).
     """
     if whole or not (isinstance(view, VersionedKvStore) and view.version is not None):
-        return await asyncio.gather(*(_read_one(view, k, a, b, w or whole) for k, a, b, w in spans))
+        got = await asyncio.gather(*(_read_one(view, k, a, b, w or whole) for k, a, b, w in spans))
+        return copied_into(got, into) if into is not None else got
     # check the pinned version first (NotFoundError if it was deleted), so that a
     # NotFoundError below can only mean a key the manifest names is gone
     await view.stat([])
     try:
-        return await view.read_spans([(k, a, b) for k, a, b, _whole in spans], coalesce_gap=coalesce_gap)
+        return await view.read_spans([(k, a, b) for k, a, b, _whole in spans], coalesce_gap=coalesce_gap,
+                                     into=into)
     except NotFoundError as e:
         raise DataCorruptionError(f"checkpoint: {e}") from None
 
@@ -305,3 +313,4 @@ async def _read_one(view: KvStore, key: str, a: int, b: int, whole: bool) -> Any
     if res.state != "value":
         raise DataCorruptionError(f"checkpoint key {view.path + key!r} is missing from {view!r}")
     return res.value
+
