@@ -1,7 +1,8 @@
 """The kvstore contract: bytes by key, with honest conditions.
 
 This module holds the contract and nothing else: the abstract :class:`KvStore`,
-:class:`ReadResult` and :class:`Generation`, and the key rules. The byte-range
+:class:`ReadResult` and :class:`Generation`; the key rules live in
+``tensorstore_py.kvstore.keys`` and are re-exported here. The byte-range
 value types (:class:`ByteRange`, ``Buffer``) come from ``tensorstore_py.core.ranges``
 and are re-exported here. Each backend is one module beside it.
 
@@ -36,20 +37,20 @@ import copy
 import inspect
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, cast, runtime_checkable
 
 from tensorstore_py.core.errors import (
     ConditionFailedError,
     InvalidArgumentError,
-    InvalidKeyError,
     InvalidSpecError,
     ReadOnlyError,
     UnsupportedError,
 )
 from tensorstore_py.core.future import Future, run_sync, spawn, submit_blocking
 from tensorstore_py.core.ranges import Buffer, ByteRange, coalesce
+from tensorstore_py.kvstore.keys import join_path, split_folder, validate_key, validate_prefix
 from tensorstore_py.kvstore.registry import driver_class, open_kvstore
 
 __all__ = [
@@ -137,21 +138,6 @@ class FolderListing:
     folders: list[str]
 
 
-def split_folder(folder: str, keys: Iterable[str]) -> tuple[list[str], list[str]]:
-    """``keys`` (all starting with ``folder``) as the keys directly in it and the
-    subfolders (``folder + name + "/"``) holding the others."""
-    direct: list[str] = []
-    below: set[str] = set()
-    n = len(folder)
-    for k in keys:
-        cut = k.find("/", n)
-        if cut < 0:
-            direct.append(k)
-        else:
-            below.add(k[:cut + 1])
-    return direct, sorted(below)
-
-
 @dataclass(frozen=True, slots=True)
 class RangesResult:
     """Several byte ranges of one value, all read at the same generation."""
@@ -159,55 +145,6 @@ class RangesResult:
     state: Literal["value", "missing"]
     values: list[Buffer]
     generation: Generation
-
-
-def validate_key(key: str) -> str:
-    """Return ``key`` if it is a valid relative key, else raise InvalidKeyError."""
-    if not isinstance(key, str):
-        raise InvalidKeyError(f"key must be a str, got {type(key).__name__}: {key!r}")
-    if not key:
-        raise InvalidKeyError("key must not be empty")
-    if "\x00" in key:
-        raise InvalidKeyError(f"key {key!r} contains NUL")
-    if not key.isascii():
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidKeyError(
-                f"key {key!r} is not valid Unicode (a lone surrogate at position {e.start}): "
-                "keys are stored as UTF-8"
-            ) from None
-    if key.startswith("/"):
-        raise InvalidKeyError(f"key {key!r} is absolute; keys are relative to the store path")
-    if key.endswith("/"):
-        raise InvalidKeyError(f"key {key!r} ends with '/'")
-    for part in key.split("/"):
-        if part in ("", ".", ".."):
-            raise InvalidKeyError(
-                f"key {key!r} has an empty, '.' or '..' segment (it could escape the root)"
-            )
-    return key
-
-
-def validate_prefix(prefix: str) -> str:
-    """Validate a list/delete prefix: "" or a key-like string (trailing '/' allowed)."""
-    if not isinstance(prefix, str):
-        raise InvalidKeyError(f"prefix must be a str, got {type(prefix).__name__}")
-    if prefix == "":
-        return prefix
-    validate_key(prefix[:-1] if prefix.endswith("/") else prefix)
-    return prefix
-
-
-def join_path(path: str, sub: str) -> str:
-    """``path`` extended by the relative ``sub`` (validated), ending with '/'."""
-    sub = sub.strip("/")
-    if not sub:
-        return path
-    validate_key(sub)
-    if path and not path.endswith("/"):
-        path += "/"
-    return path + sub + "/"
 
 
 @runtime_checkable

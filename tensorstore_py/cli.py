@@ -2,12 +2,12 @@
 
 ::
 
-    tensorstore-py ls URL [--at N] [--json]
+    tensorstore-py ls URL [--at N] [--local URL] [--json]
     tensorstore-py info URL [--step N | --at N] [--json]
     tensorstore-py history URL [--json]
     tensorstore-py diff URL A B [--json]
-    tensorstore-py verify URL [--step N | --all] [--at N] [--json]
-    tensorstore-py gc URL [--grace DURATION] [--apply] [--json]
+    tensorstore-py verify URL [--step N | --all] [--at N] [--local URL] [--json]
+    tensorstore-py gc URL [--grace DURATION] [--apply] [--local URL] [--json]
     tensorstore-py cat URL [ARRAY_PATH] [--index "[0:10, :, 5]"] [--out x.npy] [--step N] [--at N]
     tensorstore-py copy SRC DST [--json]
     tensorstore-py export ROOT [--step N] DEST [--format zarr3|safetensors] [--max-shard-size BYTES] [--json]
@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--grace", default=None, metavar="DURATION",
                    help="only objects older than this (default 6h; e.g. 0s, 30m, 7d)")
     c.add_argument("--apply", action="store_true", help="really delete")
+    c.add_argument("--local", metavar="URL", help="the checkpoint manager's local tier of this root (every local part is collected too)")
     json_flag(c)
 
     c = cmd("cat", "print or export (.npy) a slice of one array")
@@ -249,12 +250,19 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 def _cmd_gc(a: argparse.Namespace) -> int:
     grace = None if a.grace is None else maintenance.parse_duration(a.grace)
-    if a.apply:
-        with _progress(a, "gc --apply", unit="objects") as bar:
-            data = _run(maintenance.gc(a.url, grace=grace, apply=True, progress=bar))
+    # --local: the root, then every local part, each collected on its own
+    urls = [a.url] + (_run(tiers.local_parts(a.local)) if a.local else [])
+    reports = []
+    for url in urls:
+        if a.apply:
+            with _progress(a, f"gc --apply {url}" if a.local else "gc --apply", unit="objects") as bar:
+                reports.append(_run(maintenance.gc(url, grace=grace, apply=True, progress=bar)))
+        else:
+            reports.append(_run(maintenance.gc(url, grace=grace, apply=False)))
+    if not a.local:
+        _emit(printers.dump(reports[0]) if a.json else printers.gc(reports[0]))
     else:
-        data = _run(maintenance.gc(a.url, grace=grace, apply=False))
-    _emit(printers.dump(data) if a.json else printers.gc(data))
+        _emit(printers.dump(reports) if a.json else "\n".join(f"{r['url']}:\n{printers.gc(r)}" for r in reports))
     return EXIT_OK
 
 

@@ -97,6 +97,42 @@ def test_gc_catches_up_local_retention_and_collects_each_tier(tmp_path: Path) ->
     assert run_sync(checks.verify(root)).ok and run_sync(checks.verify(local)).ok
 
 
+def test_cli_gc_local_collects_the_root_and_every_local_part(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorstore_py.cli import main
+
+    root, local = _urls(tmp_path)
+    with tsp.CheckpointManager(root, local=local, persist_interval_steps=2, local_max_to_keep=2) as mgr:
+        for s in range(3):
+            mgr.save(s, _tree(s))
+        mgr.wait_until_finished()
+        # an aborted write leaves an unreferenced data object in each tier
+        for kv in (mgr._tiers.local.kv, tsp.KvStore.open("versioned+" + root).result()):  # type: ignore[union-attr]
+            txn = Transaction()
+            run_sync(kv.with_transaction(txn).write("junk", b"x" * (1 << 20)))
+            txn.abort()
+    objects = lambda tier: {f"data/{p.name}" for p in (tmp_path / tier / "data").iterdir()}  # noqa: E731
+    before = {tier: objects(tier) for tier in ("persistent", "local")}
+    assert main(["gc", root, "--local", local, "--grace", "0s", "--json"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert [r["url"] for r in dry] == [root, local] and not any(r["applied"] for r in dry)
+    assert all(r["count"] >= 1 for r in dry), dry
+    assert {tier: objects(tier) for tier in before} == before  # a dry run deletes nothing
+    assert main(["gc", root, "--local", local, "--grace", "0s", "--apply"]) == 0
+    text = capsys.readouterr().out
+    assert text.index(f"{root}:\n") < text.index(f"{local}:\n"), text
+    assert text.count("deleted 1 object(s) (1 data), 1.0 MiB") == 2, text
+    for r, tier in zip(dry, ("persistent", "local")):
+        gone = before[tier] - objects(tier)
+        assert gone == {name for name in r["objects"] if name.startswith("data/")}, (tier, gone, r["objects"])
+        assert gone, tier
+    out = tsp.CheckpointManager(local).restore(2)
+    for k, v in _tree(2).items():
+        np.testing.assert_array_equal(out[k], v)
+    np.testing.assert_array_equal(tsp.checkpoint.restore(root, step=2)["w1"], _tree(2)["w1"])
+    assert run_sync(checks.verify(root)).ok and run_sync(checks.verify(local)).ok
+
+
 def test_promotion_links_unchanged_chunks_by_the_local_digests_without_reading_them(tmp_path: Path) -> None:
     root = f"file://{tmp_path}/persistent/"
     local_base = FaultKvStore(tsp.KvStore.open(f"file://{tmp_path}/local/").result())

@@ -53,6 +53,19 @@ def _data_reads(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith("GET") and ("v%2Fdata%2F" in line or "/v/data/" in line)]
 
 
+def _record_reads(lines: list[str]) -> list[str]:
+    """The reads of commit records among ``lines`` (gcs: ``v%2Fcommits%2F``, s3: ``/v/commits/``)."""
+    return [line for line in lines
+            if line.startswith("GET") and ("v%2Fcommits%2F" in line or "/v/commits/" in line)]
+
+
+def _read_once_each(reads: list[str]) -> None:
+    """Every commit record among ``reads`` is read once: the probe's read of the
+    parent record is the one that proves it is still on the store (none again)."""
+    keys = [line.split()[1].split("?")[0] for line in reads]
+    assert len(keys) == len(set(keys)) == 2, reads  # the parent record and the one above it
+
+
 def _read_at_once(proxy: ShapingProxy, arr: Any, sels: list[Any], data: np.ndarray) -> tuple[int, int]:
     """(sequential round trips, requests) of reading every selection of ``arr`` at
     once (all in flight together), each checked against ``data``."""
@@ -85,6 +98,7 @@ def test_versioned_commit_of_one_key_takes_3_round_trips(
         value = bytes(range(256)) * (size // 256) + b"!" * (size % 256)
         rounds, lines = _commit_rounds(proxy, lambda: store.write("k07", value).result(T))
         assert _data_reads(lines) == []  # no pre-commit read of the data object
+        _read_once_each(_record_reads(lines))
         assert rounds <= 3, lines
         reader = tsp.KvStore.open({"driver": "versioned", "base": srv.spec(bucket, path="v/")}).result(T)
         assert reader.read("k07").result(T).value == value
@@ -143,6 +157,7 @@ def test_versioned_transaction_of_written_keys_commits_in_3_round_trips(gcs_emul
         # record (the lease vouches for the data object: no read of it)
         rounds, lines = _commit_rounds(proxy, lambda: txn.commit().result(T))
         assert _data_reads(lines) == []
+        _read_once_each(_record_reads(lines))
         assert rounds <= 3, lines
         assert store.read("k03").result(T).value == b"a" * 5000
         assert store.read("k04").result(T).value == b"b" * 10

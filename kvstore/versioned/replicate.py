@@ -6,15 +6,33 @@ each referenced value in a data object by its crc32c. Objects are created with
 create-only writes, and commit records are written last, oldest first, so the
 destination shows no version before everything that version references is there.
 Not atomic: an interrupted copy leaves unreferenced objects (collected by gc)
-and possibly a prefix of the versions. Running the copy again resumes it: an
+and possibly a prefix of the versions. Only retained versions' objects are
+copied, so while that prefix ends below the newest version, a version the
+source deleted (and reclaimed) looks retained at the destination without its
+objects: reading it, and a collector there, fail with DataCorruptionError
+until the newest record lands. Running the copy again resumes it: an
 object already at the destination holding exactly the bytes to be written is
 kept; different bytes fail the copy with ConditionFailedError (nothing is ever
 overwritten).
+
+The copy is a writer of the destination like any commit (docs/FORMAT.md §9.3):
+it holds a writer lease there (``LeaseKeeper.writing``) from before its first
+object until its last commit record landed, so a collector running on the
+destination meanwhile keeps what it copied, and right before the first commit
+record it checks that every object it copied or found there (nodes, change
+lists, data objects) still exists, except those its lease vouches for
+(``LeaseKeeper.unvouched``, ``data.require_present``). An object gone by then
+(a collector that ignored or missed the lease) refuses the copy with
+DataCorruptionError before any commit record is written: the destination shows
+no version referencing it. The records then land one by one while the lease
+holds, so the window between the check and a record (a collector that ignores
+a live lease) is as long as the records take, not one write as for a commit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +40,7 @@ from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.kvstore.base import Buffer, KvStore
 from tensorstore_py.kvstore.versioned.create import create_object
+from tensorstore_py.kvstore.versioned.data import require_present
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_CHANGES,
     MAGIC_HINT,
@@ -33,25 +52,48 @@ from tensorstore_py.kvstore.versioned.format import (
     ranges_contain,
     unframe,
 )
+from tensorstore_py.kvstore.versioned.leases import LeaseKeeper
 from tensorstore_py.kvstore.versioned.root import get_root
 from tensorstore_py.kvstore.versioned.tree import Inner, decode_node
 
 __all__ = ["copy_store", "create_copy"]
 
 
-async def create_copy(dst: KvStore, name: str, data: Buffer) -> None:
+async def create_copy(dst: KvStore, name: str, data: Buffer) -> bool:
     """Create ``name`` holding ``data`` at the copy destination ``dst`` (a
     create-only write). An object already there holding exactly ``data`` (an
-    interrupted copy being resumed) is kept; other bytes raise ConditionFailedError."""
-    if not await create_object(dst, name, data, exists="compare"):
+    interrupted copy being resumed) is kept; other bytes raise ConditionFailedError.
+    Returns True when this call wrote the object, False when it was kept."""
+    if await create_object(dst, name, data, exists="refuse"):
+        return True
+    found = await dst.read(name)
+    if found.state != "value" or bytes(found.value) != bytes(data):
         raise ConditionFailedError(
-            f"copy: {name!r} already exists at the destination {dst!r} with other content; "
+            f"copy: {name!r} already exists at the destination {dst!r} with other content "
+            f"(expected {len(data)} bytes equal to the source's, found "
+            f"{'nothing on reading it back' if found.state != 'value' else f'{len(found.value)} other bytes'}); "
             f"copy into an empty location"
         )
+    return False
 
 
 async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) -> None:
     """See :meth:`VersionedKvStore.copy_to`."""
+    keeper = get_root(out).leases
+    # a writer of ``out`` from before its first object until its last record
+    async with keeper.writing():
+        await _copy(base, out, keeper, count)
+
+
+async def _copy(base: KvStore, out: KvStore, keeper: LeaseKeeper, count: Callable[[int], None]) -> None:
+    # every object the records will reference -> when its write started
+    # (-inf: found there, written by an earlier copy: its lease does not vouch)
+    copied: dict[str, float] = {}
+
+    async def put(name: str, data: Buffer) -> None:
+        started = time.monotonic()
+        copied[name] = started if await create_copy(out, name, data) else float("-inf")
+
     newest = await get_root(base).newest()
     records: list[tuple[int, bytes, CommitRecord]] = []
     for v in range(1, newest + 1):
@@ -82,7 +124,7 @@ async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) 
                 if isinstance(e, RefEntry):
                     values.setdefault(e.object, []).append((e.offset, e.length, e.crc, k))
         async with sem:
-            await create_copy(out, name, res.value)
+            await put(name, res.value)
         count(len(res.value))
 
     for rec in retained:
@@ -94,7 +136,7 @@ async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) 
             res = await base.read(rec.changes_ref)
             if res.state == "value":  # a deleted version's may be collected
                 unframe(MAGIC_CHANGES, res.value, rec.changes_ref)
-                await create_copy(out, rec.changes_ref, res.value)
+                await put(rec.changes_ref, res.value)
                 count(len(res.value))
     data_sem = asyncio.Semaphore(4)
 
@@ -107,10 +149,13 @@ async def copy_store(base: KvStore, out: KvStore, count: Callable[[int], None]) 
             bad = await run_cpu(_bad_value, res.value, entries)
             if bad is not None:
                 raise DataCorruptionError(f"copy: data object {obj!r}: {bad}")
-            await create_copy(out, obj, res.value)
+            await put(obj, res.value)
         count(len(res.value))
 
     await asyncio.gather(*(data(o, e) for o, e in sorted(values.items())))
+    # the pre-commit check of every commit (FORMAT.md §9.3): nothing a record
+    # references may have been collected meanwhile
+    await require_present(out, keeper.unvouched(copied), f"copy to {out!r}", "the copy wrote or kept")
     for v, raw, _ in records:  # the commit points last, oldest first
         await create_copy(out, commit_name(v), raw)
         count(len(raw))

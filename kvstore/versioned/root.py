@@ -345,19 +345,21 @@ class VersionedRoot:
     async def _commit(self, plan_fn: Planner, probe: asyncio.Future[int] | None) -> CommitRecord | None:
         failures = 0
         while True:
-            checked: asyncio.Future[bool] | None = None
             try:
+                # Dense versions rest on "commits/<n+1> is only created by a writer
+                # that read commits/<n>" (FORMAT.md §5.1), and a store deleted and
+                # recreated under this process's cached history must never get a
+                # gap. The probe behind ``n`` (one that began after the commit was
+                # called: the caller's ``probe`` or :meth:`newest`) read commits/<n>
+                # from the store, never from the cache: the version it knew with
+                # its write-id (``_same_record``) or a version above it
+                # (``_exists``; cached records are never above ``known``), or this
+                # process created it meanwhile. No second read of it is needed.
                 if probe is not None:
                     first, probe = probe, None
                     n = await first
                 else:
                     n = await self.newest()
-                # Dense versions rest on "commits/<n+1> is only created by a writer
-                # that read commits/<n>": re-read it from the store (not the cache)
-                # while the attempt is built, so a store deleted and recreated under
-                # this process's cached history never gets a gap (FORMAT.md §5.1).
-                checked = asyncio.ensure_future(self._still_there(n))
-                checked.add_done_callback(lambda f: f.cancelled() or f.exception())
                 parent = await self.record_at(n)
                 plan = await plan_fn(parent)
                 if plan is None:
@@ -365,13 +367,6 @@ class VersionedRoot:
                 rec = await self._build(parent, plan)
                 if plan.before_publish is not None:
                     await plan.before_publish()
-                if not await checked:
-                    self._forget_history()
-                    raise DataCorruptionError(
-                        f"versioned store {self.base!r}: commit record {commit_name(n)!r}, which this "
-                        f"process read, is gone: the store was deleted or replaced underneath it; "
-                        f"nothing was committed (its cached history is dropped: retry)"
-                    )
             except (TimeoutError, OSError):
                 # Nothing is visible before the commit record, and every object
                 # of an attempt has a fresh name: a failed attempt is safe to redo.
@@ -380,9 +375,6 @@ class VersionedRoot:
                     raise
                 await asyncio.sleep(PREPARE_RETRY.delay(failures))
                 continue
-            finally:
-                if checked is not None and not checked.done():
-                    checked.cancel()
             if await self._publish(rec):
                 self.records.put(rec.version, rec)
                 self.known = max(self.known, rec.version)
@@ -512,9 +504,6 @@ class VersionedRoot:
             await write_hint(self.base, self.known)
         finally:
             self._hint_task = None
-
-    async def _still_there(self, version: int) -> bool:
-        return version == 0 or await self.read_record(version, cached=False) is not None
 
     def _forget_history(self) -> None:
         """Drop what this process cached of the store's history (records, nodes,

@@ -450,7 +450,13 @@ class VersionedKvStore(VersionHistory):
         The objects are copied byte for byte and checked on the way (see
         :mod:`~tensorstore_py.kvstore.versioned.replicate`); ``on_bytes`` is called
         with the size of each object copied. Opening ``dst`` as a versioned store
-        afterwards gives the same versions, tags and values.
+        afterwards gives the same versions, tags and values. A writer of ``dst``
+        like any commit: it holds a writer lease on ``dst`` while it copies (a
+        collector running there keeps what it copied), and right before its
+        first commit record it checks that every object it copied is still there
+        (DataCorruptionError, no version written, if one is gone; docs/FORMAT.md
+        §9.3). Not atomic: the records land one by one, oldest first; running
+        the copy again resumes an interrupted one.
         """
         return spawn(copy_store(self.base, dst, on_bytes or (lambda _n: None)))
 

@@ -4,7 +4,8 @@ The local tier of a manager (checkpoint/tiers.py) is one checkpoint root per
 process: the URL itself for a one-process job, ``process_<i>/`` under it for
 several. ``ls`` lists each step once with the tiers holding it: ``local`` when
 every process's part is there (``local i/n`` when only some are), ``persistent``
-when the root holds it. ``verify`` checks the root and every local part.
+when the root holds it. ``verify`` checks the root and every local part;
+``gc --local`` collects the root and each of :func:`local_parts` (``cli.py``).
 """
 
 from __future__ import annotations
