@@ -17,7 +17,8 @@ Everything is read from one snapshot (the newest version when the restore
 starts), so a concurrent save or deletion can not mix steps. Reads run under a
 bytes-in-flight budget. A chunk of 1 MiB or more lands where it is needed: a
 chunk that is exactly its request's block is read (or decoded) straight into
-that block; any other is read into a slot of the shared host pool
+that block, one that fills whole rows of its request's host result straight
+into those rows; any other is read into a slot of the shared host pool
 (hostpool.py: equal-size buffers within the budget, reused across restores and
 saves), delivered from there and its slot given back once every copy or device
 transfer from it is complete. No result views a slot. A compressed chunk
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,9 +45,17 @@ from tensorstore_py.checkpoint.assembly import (
     check_assemble,
     put_whole_blocks,
 )
+from tensorstore_py.checkpoint.chunk_landing import (
+    ChunkRead,
+    Request,
+    deliver,
+    destinations,
+    lease_slots,
+    little_endian,
+    plan_buffers,
+)
 from tensorstore_py.checkpoint.compression import chunk_codec
 from tensorstore_py.checkpoint.entries import scalar_value
-from tensorstore_py.checkpoint.hostpool import HostLease, HostPool, shared_pool
 from tensorstore_py.checkpoint.jax_adapter import (
     assemble_all,
     global_array,
@@ -57,7 +65,6 @@ from tensorstore_py.checkpoint.jax_adapter import (
 from tensorstore_py.checkpoint.layout import (
     LeafLayout,
     Region,
-    c_strides,
     chunk_key,
     chunks_overlapping,
     region_shape,
@@ -69,7 +76,7 @@ from tensorstore_py.checkpoint.prng import from_key_data, is_prng_key
 from tensorstore_py.checkpoint.pytree import flatten_target, unflatten
 from tensorstore_py.checkpoint.storage import StepStore, read_spans
 from tensorstore_py.core.budget import ByteBudget, run_bounded
-from tensorstore_py.core.buffers import aligned_empty, mapped_empty
+from tensorstore_py.core.buffers import aligned_empty
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import run_sync
 from tensorstore_py.core.gcpause import gc_paused
@@ -79,8 +86,6 @@ from tensorstore_py.progress import Progress
 
 __all__ = ["ReadStats", "read_regions", "restore_step"]
 
-_COPY_IN_POOL = 1 << 20
-
 
 @dataclass
 class ReadStats:
@@ -89,36 +94,6 @@ class ReadStats:
     bytes_read: int = 0
     bytes_needed: int = 0
     requests: int = 0
-
-
-@dataclass
-class _Req:
-    leaf: LeafLayout
-    region: Region
-    out: np.ndarray | None = None  # allocated unless served directly by one chunk or a sink
-    direct: bool = False
-    sink: DeviceBlock | None = None  # assembled on a device instead
-
-
-@dataclass
-class _ChunkRead:
-    leaf: LeafLayout
-    grid: tuple[int, ...]
-    consumers: list[tuple[_Req, Region]]  # (request, overlap in global coordinates)
-    span: tuple[int, int] = (0, 0)
-    #: where its bytes land (``_plan_buffers``): "store" (a buffer of the store's:
-    #: small chunks), "result" (the one request's own block) or "slot" (a slot of
-    #: the host pool, given back once delivered)
-    lands: str = "store"
-
-    def into_result(self) -> bool:
-        """The chunk is exactly the block of its one request (no device sink)."""
-        return len(self.consumers) == 1 and self.consumers[0][0].direct and self.consumers[0][0].sink is None
-
-
-def _le(dtype: np.dtype) -> np.dtype:
-    """Stored bytes are little endian."""
-    return dtype if sys.byteorder == "little" or dtype.itemsize == 1 else dtype.newbyteorder("<")
 
 
 async def read_regions(
@@ -138,16 +113,16 @@ async def read_regions(
     in the result.
     """
     stats = stats if stats is not None else ReadStats()
-    reqs = [_Req(leaf, region) for leaf, region in requests]
+    reqs = [Request(leaf, region) for leaf, region in requests]
     for r, sink in zip(reqs, sinks or []):
         r.sink = sink
-    chunk_reads: dict[tuple[str, tuple[int, ...]], _ChunkRead] = {}
+    chunk_reads: dict[tuple[str, tuple[int, ...]], ChunkRead] = {}
     for r in reqs:
         leaf = r.leaf
         shape = region_shape(r.region)
         stats.bytes_needed += math.prod(shape) * leaf.dtype.itemsize
         if math.prod(shape) == 0:
-            r.out = np.empty(shape, dtype=_le(leaf.dtype))
+            r.out = np.empty(shape, dtype=little_endian(leaf.dtype))
             continue
         if leaf.chunk_shape == leaf.shape and all(lo == 0 and hi == n for (lo, hi), n in zip(r.region, shape)):
             overlaps = [((0,) * len(shape), r.region)]  # the whole leaf, one chunk (every small leaf)
@@ -156,12 +131,12 @@ async def read_regions(
         for grid, ov in overlaps:
             cr = chunk_reads.get((leaf.key, grid))
             if cr is None:
-                cr = chunk_reads[(leaf.key, grid)] = _ChunkRead(leaf, grid, [])
+                cr = chunk_reads[(leaf.key, grid)] = ChunkRead(leaf, grid, [])
             cr.consumers.append((r, ov))
         if len(overlaps) == 1 and region_shape(overlaps[0][1]) == tuple(leaf.chunk_shape):
             r.direct = True
         elif r.sink is None:
-            r.out = aligned_empty(shape, _le(leaf.dtype))
+            r.out = aligned_empty(shape, little_endian(leaf.dtype))
     codecs: dict[str, Any] = {}  # leaf key -> its compressor (compressed leaves only)
     for cr in chunk_reads.values():
         cs = cr.leaf.chunk_shape
@@ -185,16 +160,16 @@ async def read_regions(
         origin = tuple(g * c for g, c in zip(cr.grid, cs))
         cr.span = span_in_chunk(union, origin, cs, cr.leaf.dtype.itemsize)
 
-    pool = _plan_buffers(list(chunk_reads.values()), max_bytes_in_flight)
+    pool = plan_buffers(list(chunk_reads.values()), max_bytes_in_flight)
 
-    def size(crs: list[_ChunkRead]) -> int:
+    def size(crs: list[ChunkRead]) -> int:
         return sum(cr.span[1] - cr.span[0] for cr in crs)
 
-    def cost(crs: list[_ChunkRead]) -> int:
+    def cost(crs: list[ChunkRead]) -> int:
         # a compressed chunk decoded into a slot holds its stored bytes beside the slot
         return size(crs) + sum(cr.span[1] for cr in crs if cr.lands == "slot" and cr.leaf.key in codecs)
 
-    async def decoded(cr: _ChunkRead, dest: memoryview | None) -> Any:
+    async def decoded(cr: ChunkRead, dest: memoryview | None) -> Any:
         key = chunk_key(cr.leaf.key, cr.grid)
         stored = (await read_spans(data, [(key, 0, 0, True)], whole=True))[0]
         stats.bytes_read += len(stored)
@@ -204,15 +179,15 @@ async def read_regions(
         codec = codecs[cr.leaf.key]
         return await run_cpu(lambda: codec.decode(stored, key=key, size=full, limit=full, out=dest))
 
-    async def batch(crs: list[_ChunkRead]) -> None:
-        lease = await _lease_slots(pool, crs)
+    async def batch(crs: list[ChunkRead]) -> None:
+        lease = await lease_slots(pool, crs)
         try:
-            await batch_in(crs, _destinations(crs, lease))
+            await batch_in(crs, destinations(crs, lease))
         finally:
             if lease is not None:
                 lease.release()  # every delivery (copy or transfer) is done
 
-    async def batch_in(crs: list[_ChunkRead], dests: dict[int, memoryview]) -> None:
+    async def batch_in(crs: list[ChunkRead], dests: dict[int, memoryview]) -> None:
         packed = [cr for cr in crs if cr.leaf.key in codecs]
         if packed:  # decoded in parallel on the CPU pool
             crs = [cr for cr in crs if cr.leaf.key not in codecs]
@@ -223,7 +198,7 @@ async def read_regions(
                     raise DataCorruptionError(
                         f"checkpoint chunk {key!r}: decodes to {len(buf)} bytes, expected {cr.span[1]}"
                     )
-                await _deliver(cr, buf)
+                await deliver(cr, buf)
             if not crs:
                 return
         packed = [cr for cr in crs if cr.leaf.packed is not None]
@@ -247,7 +222,7 @@ async def read_regions(
             stats.bytes_read += len(buf)
             if progress is not None:
                 progress.advance(len(buf))
-            await _deliver(cr, buf)
+            await deliver(cr, buf)
 
     # batches of about a quarter of the budget: large enough to coalesce many small
     # chunks into few requests, small enough to keep several in flight
@@ -255,8 +230,8 @@ async def read_regions(
     # and at most a quarter of the pool's slots each (at least one), so that
     # several batches share the slots and none waits for more than exist
     slots_limit = max(1, pool.capacity // 4) if pool is not None else 0
-    batches: list[list[_ChunkRead]] = []
-    cur: list[_ChunkRead] = []
+    batches: list[list[ChunkRead]] = []
+    cur: list[ChunkRead] = []
     acc = slots = 0
     for cr in chunk_reads.values():
         n = cr.span[1] - cr.span[0]
@@ -281,63 +256,13 @@ async def read_regions(
     return [r.out for r in reqs]
 
 
-#: chunks this large or larger land in the result or in a slot of the host
-#: pool (hostpool.py); smaller ones in buffers of the store, as before
-POOL_MIN_BYTES = 1 << 20
-
-
-def _plan_buffers(crs: list[_ChunkRead], budget: int) -> HostPool | None:
-    """Decide where each chunk read lands (:attr:`_ChunkRead.lands`) and return
-    the shared host pool for those landing in slots (None: no slots needed).
-    A chunk that is exactly its request's block is read (or decoded) straight
-    into a fresh block: that is host memory of the result, not of the restore.
-    Packed leaves are read per pack, from the store's buffers."""
-    largest = 0
-    for cr in crs:
-        n = cr.span[1] - cr.span[0]
-        if cr.leaf.packed is not None or n < POOL_MIN_BYTES:
-            continue
-        if cr.into_result():
-            cr.lands = "result"
-            continue
-        cr.lands = "slot"
-        largest = max(largest, n)
-    return shared_pool(largest, budget) if largest else None
-
-
-async def _lease_slots(pool: HostPool | None, crs: list[_ChunkRead]) -> HostLease | None:
-    """One slot for each chunk of the batch that lands in a slot, all at once
-    (waits while the pool's slots are held by other batches)."""
-    need = sum(cr.lands == "slot" for cr in crs)
-    if not need or pool is None:
-        return None
-    return await pool.acquire(need)
-
-
-def _destinations(crs: list[_ChunkRead], lease: HostLease | None) -> dict[int, memoryview]:
-    """The buffer each chunk's bytes land in, by ``id``: a slot of ``lease`` or a
-    fresh block for its request (set as that request's result)."""
-    out: dict[int, memoryview] = {}
-    slot = 0
-    for cr in crs:
-        n = cr.span[1] - cr.span[0]
-        if cr.lands == "slot":
-            assert lease is not None
-            out[id(cr)] = lease.buffers[slot][:n].data
-            slot += 1
-        elif cr.lands == "result":
-            block = mapped_empty(n)  # page-aligned: on CPU devices the array aliases it
-            out[id(cr)] = block.data
-    return out
-
-
 async def _read_packed(
-    data: KvStore, crs: list[_ChunkRead], stats: ReadStats, progress: Progress | None
+    data: KvStore, crs: list[ChunkRead], stats: ReadStats, progress: Progress | None
 ) -> None:
     """Read the chunks of packed leaves (packing.py): per pack ONE read of the
     bytes that these leaves need, each leaf's part a view of it; a leaf read
     whole is checked against its crc32c."""
-    by_pack: dict[str, list[_ChunkRead]] = {}
+    by_pack: dict[str, list[ChunkRead]] = {}
     for cr in crs:
         assert cr.leaf.packed is not None
         by_pack.setdefault(cr.leaf.packed[0], []).append(cr)
@@ -365,50 +290,12 @@ async def _read_packed(
                 check_leaf(packed, cr.leaf.key, part)
             sinks = [req.sink for req, _ov in cr.consumers if req.sink is not None and req.direct]
             if sinks and len(sinks) == len(cr.consumers):
-                view = np.frombuffer(part, dtype=_le(cr.leaf.dtype)).reshape(cr.leaf.chunk_shape)
+                view = np.frombuffer(part, dtype=little_endian(cr.leaf.dtype)).reshape(cr.leaf.chunk_shape)
                 whole += [(sink, view) for sink in sinks]
                 continue
-            await _deliver(cr, part)
+            await deliver(cr, part)
     if whole:
         await run_io(put_whole_blocks, whole)  # ONE transfer for the batch's small leaves
-
-
-async def _deliver(cr: _ChunkRead, buf: Any) -> None:
-    """Hand the chunk's bytes ``buf`` to its requests. A slot of the host pool
-    (``cr.lands == "slot"``) is only ever copied from: no result views it."""
-    borrowed = cr.lands == "slot"
-    leaf = cr.leaf
-    dt = _le(leaf.dtype)
-    cs = leaf.chunk_shape
-    origin = tuple(g * c for g, c in zip(cr.grid, cs))
-    strides = tuple(s * dt.itemsize for s in c_strides(cs))
-    for req, ov in cr.consumers:
-        start = span_in_chunk(ov, origin, cs, dt.itemsize)[0] if cs else 0
-        view = np.ndarray(
-            region_shape(ov), dtype=dt, buffer=buf, offset=start - cr.span[0], strides=strides
-        )
-        if req.sink is not None:
-            dst = None if req.direct else tuple(
-                slice(lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(ov, req.region)
-            )
-            # to the device while other spans are read
-            await run_io(req.sink.put, dst, view, borrowed)
-            continue
-        if req.direct:
-            req.out = _own_copy(view) if borrowed else view
-            continue
-        assert req.out is not None
-        dst = tuple(slice(lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(ov, req.region))
-        if view.nbytes >= _COPY_IN_POOL:
-            await run_cpu(np.copyto, req.out[dst], view)
-        else:
-            req.out[dst] = view
-
-
-def _own_copy(view: np.ndarray) -> np.ndarray:
-    out = mapped_empty(view.shape, view.dtype)
-    np.copyto(out, view)
-    return out
 
 
 @gc_paused()
