@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["emit", "fresh", "scratch_dir"]
+__all__ = ["emit", "fresh", "runqueue_wait", "scratch_dir"]
 
 
 @contextmanager
@@ -35,3 +35,27 @@ def fresh(path: str) -> str:
 def emit(name: str, value: float, unit: str = "", *, digits: int = 3) -> None:
     """One result line, ``name: value unit``, with ``digits`` decimals."""
     print(f"{name}: {value:.{digits}f} {unit}".rstrip(), flush=True)
+
+
+def runqueue_wait() -> float | None:
+    """Seconds that this process's threads have spent runnable but waiting for a
+    CPU (Linux ``/proc/self/task/*/schedstat``, second field; None elsewhere).
+
+    The difference over a timed step tells load from elsewhere on the machine
+    (every thread waits for a CPU) from a library's own stalls (lock or GIL
+    waits, I/O: the thread sleeps, which counts here not at all). Threads
+    that start or end within the step are missed; the engines' pools are
+    started by a warm-up read before any timing.
+    """
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+    return total / 1e9

@@ -30,7 +30,10 @@ Cases (``--small`` shrinks every size for a quick run):
   (MiB/s), then XY, XZ and YZ planes (planes/s) and unaligned 64^3 crops
   (crops/s) read by both libraries from the same dataset, taking turns rep by
   rep; also the CPU time per read of each (``.cpu_ratio_vs_tensorstore``:
-  theirs over ours, higher is better for us).
+  theirs over ours, higher is better for us) and, on Linux, the time per read
+  that its threads spent runnable but waiting for a CPU, summed over the
+  threads (``.cpu_wait_per_read``: load from elsewhere on a shared machine;
+  a library's own lock or GIL waits are sleeps and do not count there).
 
 Every figure is the median of ``--repeats`` runs, the libraries taking turns
 run by run (so that load from elsewhere falls on all alike). Output lines are
@@ -62,6 +65,7 @@ import numpy as np
 import tensorstore as ts
 import zarr
 from _engine_cases import bench_chunk_overhead, bench_peak_rss, bench_volume_fill  # this folder
+from _harness import runqueue_wait  # this folder
 from zarr.codecs import ZstdCodec
 from zarr.storage import FsspecStore, LocalStore
 
@@ -332,20 +336,27 @@ def bench_n5(tmp: Path, n: int, block: int, n_reads: int, repeats: int) -> None:
         views = {lib: select(arr) for lib, arr in opened.items()}
         times: dict[str, list[float]] = {lib: [] for lib in opened}
         cpu: dict[str, list[float]] = {lib: [] for lib in opened}
+        waits: dict[str, list[float]] = {lib: [] for lib in opened}
         for _ in range(repeats):
             for lib in opened:
                 gc.collect()
-                c0, t0 = time.process_time(), time.perf_counter()
+                q0, c0, t0 = runqueue_wait(), time.process_time(), time.perf_counter()
                 for v in views[lib]:
                     v.read().result()
                 times[lib].append(time.perf_counter() - t0)
                 cpu[lib].append(time.process_time() - c0)
+                q1 = runqueue_wait()
+                if q0 is not None and q1 is not None:
+                    waits[lib].append(q1 - q0)
         rates = {lib: len(views[lib]) / statistics.median(t) for lib, t in times.items()}
         report(f"n5_u8_{name}", rates, "planes/s" if "planes" in name else "crops/s")
         per_read = {lib: 1000 * statistics.median(c) / len(views[lib]) for lib, c in cpu.items()}
         for lib, ms in per_read.items():
             emit(f"n5_u8_{name}.cpu_per_read.{lib}", ms, "ms")
         emit(f"n5_u8_{name}.cpu_ratio_vs_tensorstore", per_read["tensorstore"] / per_read["tsp"], "x")
+        for lib, w in waits.items():  # waiting for a CPU: load from elsewhere, not the library
+            if w:
+                emit(f"n5_u8_{name}.cpu_wait_per_read.{lib}", 1000 * statistics.median(w) / len(views[lib]), "ms")
     shutil.rmtree(tmp / "n5-tensorstore", ignore_errors=True)
     shutil.rmtree(path, ignore_errors=True)
 
