@@ -34,6 +34,7 @@ __all__ = [
     "generation",
     "get_token",
     "makedirs",
+    "open_to_read",
     "probe_fine_mtime",
     "set_token",
     "sweep_temporaries_under",
@@ -264,3 +265,15 @@ def list_folder_sync(folder: str) -> tuple[list[str], list[str]]:
     except (FileNotFoundError, NotADirectoryError):
         return [], []
     return keys, folders
+
+
+def open_to_read(path: str) -> int | None:
+    """A read-only descriptor of the file at ``path``, or None when the key is
+    missing (no such file, or a path through a non-directory); StorageError
+    naming the path for any other failure."""
+    try:
+        return os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError as e:
+        raise StorageError(f"file kvstore: reading {path!r}: {e}") from e

@@ -93,6 +93,7 @@ from tensorstore_py.kvstore._files import (
     get_token,
     list_folder_sync,
     makedirs,
+    open_to_read,
     set_token,
     sweep_temporaries_under,
     write_all,
@@ -193,12 +194,9 @@ class FileKvStore(KvStore):
         first ``size`` of ``dest`` (compressed chunks, whose sizes vary). Raises
         StorageError if the file shrinks while being read, like ``_read_sync``.
         """
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        fd = open_to_read(path)
+        if fd is None:
             return -1
-        except OSError as e:
-            raise StorageError(f"file kvstore: reading {path!r}: {e}") from e
         try:
             n = dest.nbytes
             # one byte more than expected: a full read proves the size without fstat
@@ -224,12 +222,9 @@ class FileKvStore(KvStore):
         bytes read, or -1 when the key is missing. No buffer is allocated: the
         kernel copies into ``dest`` itself (what a checkpoint restore's host
         buffer pool relies on). Immutable values only (no generation is taken)."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        fd = open_to_read(path)
+        if fd is None:
             return -1
-        except OSError as e:
-            raise StorageError(f"file kvstore: reading {path!r}: {e}") from e
         try:
             return pread_full(fd, dest, offset)
         except IsADirectoryError:
