@@ -397,7 +397,7 @@ class KvStore(ABC):
 
     # -- optional blocking-I/O hooks ------------------------------------------
     # Stores whose operations are cheap blocking calls that are safe on any pool
-    # thread (the local file store) set ``blocking_io`` and implement the three
+    # thread (the local file store) set ``blocking_io`` and implement the
     # ``*_blocking`` twins with exactly the semantics of ``_read``/``_write``/
     # ``_delete`` (full keys). The public read/write/delete then run them straight
     # on the I/O pool (``future.submit_blocking``: one thread hop), and array
@@ -418,6 +418,13 @@ class KvStore(ABC):
 
     def _delete_blocking(self, key: str, if_equal: Generation | None) -> None:
         raise UnsupportedError(f"{self.driver} store: no blocking delete")
+
+    def _read_range_into_blocking(self, key: str, offset: int, dest: memoryview) -> int:
+        """Read full ``key`` from byte ``offset`` into ``dest`` (a writable byte
+        buffer) until it is full or the value ends, without a buffer of the
+        store's; return the bytes read, or -1 when the key is missing. For
+        immutable values (no generation is taken)."""
+        raise UnsupportedError(f"{self.driver} store: no blocking read into a buffer")
 
     def _write_many_blocking(self, items: builtins.list[tuple[str, Buffer]]) -> None:
         """Unconditional writes of several values (full keys), each with the

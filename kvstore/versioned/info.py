@@ -152,14 +152,15 @@ async def read_spans(
 async def read_into_buffers(
     base: KvStore, obj: str, ranges: list[ByteRange], dests: list[memoryview | None]
 ) -> list[Any] | None:
-    """The ranges of data object ``obj`` read by the base store straight into
-    ``dests`` (a range without a buffer gets one of the store's), for a store
-    that reads into caller buffers (``_read_range_into_blocking``: the file
-    store); None for other stores, and for a missing object (which the caller's
-    ``read_ranges`` then reports)."""
-    read_into = getattr(base, "_read_range_into_blocking", None)
-    if read_into is None or not base.blocking_io:
+    """The ranges of data object ``obj`` read by the base store into ``dests``
+    (a range without a buffer gets one of its own) on one pool thread, for a
+    store with blocking I/O (``KvStore._read_range_into_blocking``: the file
+    store reads straight into them); None for other stores (their
+    ``read_ranges`` coalesces ranges into fewer requests), and for a missing
+    object (which the caller's ``read_ranges`` then reports)."""
+    if not base.blocking_io:
         return None
+    read_into = base._read_range_into_blocking
     full = base._full(obj)
 
     def run() -> list[Any] | None:
