@@ -40,9 +40,10 @@ A read alone goes out in the next turn of the loop (nothing waits for company).
 
 Assembly: many raw inner chunks (a whole shard, or one span) land with
 vectorised numpy copies (``codecs/_cells.py``); others are decoded one by one.
-A whole shard the engine reads (:func:`decode_whole`) is decoded in runs of
-neighbouring inner chunks on all codec threads at once: one shard read alone
-keeps every core busy instead of one.
+A whole shard the engine reads (:func:`decode_whole`), and most of one read as
+a whole shard (:class:`Works`), is decoded in runs of neighbouring inner chunks
+on all codec threads at once: one shard read alone keeps every core busy
+instead of one.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ __all__ = [
     "ShardRequests",
     "WholeShard",
     "Work",
+    "Works",
     "decode_whole",
     "read_part",
     "run_async",
@@ -124,7 +126,15 @@ class Work:
     cost: int
 
 
-Request = WholeShard | IndexBytes | InnerRanges | Work
+@dataclass(frozen=True, slots=True)
+class Works:
+    """Run these independent :class:`Work` items, all at once where the driver
+    can (answer: the list of what they return)."""
+
+    items: list[Work]
+
+
+Request = WholeShard | IndexBytes | InnerRanges | Work | Works
 
 
 class ShardIndexCache:
@@ -246,7 +256,13 @@ def read_part(sh: ShardingCodec, key: str, region: tuple[slice, ...], dest: np.n
         idx = sh.whole_index(res.value, key=key)
         if cache is not None:
             cache.put(key, res.generation, idx)
-        yield Work(sh.read_region, (res.value, idx, region, parts, dest, key), _cost(sh, dest, parts))
+        if sh.raw_inner:
+            yield Work(sh.read_region, (res.value, idx, region, parts, dest, key), _cost(sh, dest, parts))
+        else:  # encoded inner chunks: decoded in runs of neighbours, at once where there are threads
+            present = sh.present_parts(idx, parts, dest)
+            mv = memoryview(res.value).cast("B")
+            yield Works([Work(sh.decode_present, (key, run, [mv[o: o + n] for _, o, n in run], dest),
+                              len(run) * sh.inner.nbytes) for run in _runs(present, sh.inner.nbytes)])
         return
     for _attempt in range(_ATTEMPTS):
         hit = cache.get(key) if cache is not None else None
@@ -290,6 +306,14 @@ def _one_span(sh: ShardingCodec, parts: list[Any], present: list[tuple[Any, int,
     lo = min(o for _, o, _n in present)
     hi = max(o + n for _, o, n in present)
     return ByteRange(lo, hi) if hi - lo <= SPAN_OVERREAD * sum(n for _, _, n in present) else None
+
+
+def _runs(present: list[Any], nbytes: int) -> list[list[Any]]:
+    """``present`` in runs of neighbours of at least :data:`SPLIT_BYTES` of
+    decoded inner chunks (``nbytes`` each)."""
+    ways = max(1, min(len(present), len(present) * nbytes // SPLIT_BYTES))
+    bounds = [len(present) * i // ways for i in range(ways + 1)]
+    return [present[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _cost(sh: ShardingCodec, dest: np.ndarray, parts: list[Any]) -> int:
@@ -343,10 +367,15 @@ async def run_async(reader: Generator[Request, Any, None], kv: Any, key: str,
     :data:`INLINE_BYTES` runs through ``offload(fn, *args)`` (a pool).
     ``shared``: the array's :class:`ShardRequests` (concurrent reads of one
     shard share their requests)."""
+    async def work(w: Work) -> Any:
+        return w.fn(*w.args) if w.cost <= INLINE_BYTES else await offload(w.fn, *w.args)
+
     req = _step(reader, None)
     while req is not None:
         if isinstance(req, Work):
-            answer = req.fn(*req.args) if req.cost <= INLINE_BYTES else await offload(req.fn, *req.args)
+            answer = await work(req)
+        elif isinstance(req, Works):
+            answer = await asyncio.gather(*(work(w) for w in req.items))
         elif isinstance(req, InnerRanges):
             answer = (await shared.ranges(kv, key, req.ranges) if shared is not None
                       else await kv.read_ranges(key, req.ranges, coalesce_gap=COALESCE_GAP))
@@ -365,6 +394,8 @@ def run_blocking(reader: Generator[Request, Any, None], kv: Any, full: str) -> N
     while req is not None:
         if isinstance(req, Work):
             answer = req.fn(*req.args)
+        elif isinstance(req, Works):
+            answer = [w.fn(*w.args) for w in req.items]
         elif isinstance(req, InnerRanges):
             answer = _ranges_blocking(kv, full, req.ranges)
         elif isinstance(req, IndexBytes):
