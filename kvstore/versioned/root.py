@@ -329,12 +329,19 @@ class VersionedRoot:
         ``plan_fn(parent)`` is called once per attempt with the parent record
         (None for the empty store); it may raise (e.g. ConflictError) to abort
         or return None for "nothing to commit". Returns the new record.
+        ``plan_fn`` must keep no state from an attempt that never reached its
+        ``before_publish``: an attempt may be planned speculatively and dropped.
 
         ``probe``: a :meth:`newest` the caller started earlier, to overlap the
-        search for the newest version with its own work (uploading data): the
-        first attempt plans against its answer. An answer that is stale by then
-        costs nothing but a lost race: the create of the commit record fails
-        and the next attempt re-plans against a fresh probe.
+        search for the newest version with its own work (uploading data). While
+        it is in flight, the first attempt is planned and its tree nodes are
+        written against the newest version this process knows (one round trip
+        less: probe and nodes together, then the record); it is kept only if
+        the probe answers that same version, with the same record, else
+        dropped (its nodes are garbage for gc) and re-planned against the
+        answer. An answer that is stale by the time of the record costs
+        nothing but a lost race: the create of the commit record fails and the
+        next attempt re-plans against a fresh probe.
 
         Holds a writer lease (§9.3) while it writes nodes and the record: a
         coordinator that wrote nothing else has none of its own.
@@ -357,14 +364,12 @@ class VersionedRoot:
                 # process created it meanwhile. No second read of it is needed.
                 if probe is not None:
                     first, probe = probe, None
-                    n = await first
+                    prepared = await self._prepare_beside(first, plan_fn)
                 else:
-                    n = await self.newest()
-                parent = await self.record_at(n)
-                plan = await plan_fn(parent)
-                if plan is None:
+                    prepared = await self._prepare(await self.newest(), plan_fn)
+                if prepared is None:
                     return None
-                rec = await self._build(parent, plan)
+                plan, rec = prepared
                 if plan.before_publish is not None:
                     await plan.before_publish()
             except (TimeoutError, OSError):
@@ -381,6 +386,39 @@ class VersionedRoot:
                 self._maybe_write_hint()
                 return rec
             # lost the race: the loop re-plans against the newer version (rebase)
+
+    async def _prepare(self, n: int, plan_fn: Planner) -> tuple[Plan, CommitRecord] | None:
+        """Plan against version ``n`` and write the attempt's objects: (plan,
+        record to publish), or None for nothing to commit."""
+        parent = await self.record_at(n)
+        plan = await plan_fn(parent)
+        if plan is None:
+            return None
+        return plan, await self._build(parent, plan)
+
+    async def _prepare_beside(self, probe: asyncio.Future[int], plan_fn: Planner) -> tuple[Plan, CommitRecord] | None:
+        """:meth:`_prepare` against the answer of ``probe``, started against the
+        newest cached version while the probe is in flight (see :meth:`commit`)."""
+        guess = self.known
+        cached = self.records.get(guess) if guess > 0 and not probe.done() else None
+        if cached is None:
+            return await self._prepare(await probe, plan_fn)
+        attempt = asyncio.ensure_future(self._prepare(guess, plan_fn))
+        attempt.add_done_callback(lambda f: f.cancelled() or f.exception())  # a dropped one's error
+        try:
+            n = await probe
+        except BaseException:
+            attempt.cancel()
+            raise
+        now = self.records.get(n)
+        # the same version with the same record: the probe re-read commits/<guess>
+        # from the store and found the write-id cached (a recreated store drops
+        # the cache and never matches)
+        if n == guess and now is not None and now.write_id == cached.write_id:
+            return await attempt
+        attempt.cancel()
+        await asyncio.wait([attempt])  # its plan_fn call has ended before the next one
+        return await self._prepare(n, plan_fn)
 
     async def _build(self, parent: CommitRecord | None, plan: Plan) -> CommitRecord:
         writer = TreeWriter(self.load_node, self.cache)
