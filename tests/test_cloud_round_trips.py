@@ -85,7 +85,7 @@ def _read_at_once(proxy: ShapingProxy, arr: Any, sels: list[Any], data: np.ndarr
 
 @pytest.mark.parametrize(("server", "size", "idle", "bound"),
                          [("gcs", 10, False, 2), ("gcs", 1000, False, 2), ("s3", 1000, False, 2),
-                          ("gcs", 300_000, False, 3), ("s3", 300_000, False, 3), ("gcs", 300_000, True, 4)])
+                          ("gcs", 300_000, False, 2), ("s3", 300_000, False, 2), ("gcs", 300_000, True, 3)])
 def test_versioned_commit_of_one_key_takes_2_or_3_round_trips(
         request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
         server: str, size: int, idle: bool, bound: int) -> None:

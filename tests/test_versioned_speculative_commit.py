@@ -11,12 +11,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
 
 import tensorstore_py as tsp
-from tensorstore_py.errors import ConditionFailedError
+from tensorstore_py.errors import ConditionFailedError, StorageError
+from tensorstore_py.kvstore.fault import FaultKvStore
+from tensorstore_py.kvstore.memory import MemoryKvStore
+from tensorstore_py.kvstore.versioned import VersionedKvStore
 from tensorstore_py.testing.shaping_proxy import ShapingProxy
 
 T = 60
@@ -109,3 +113,35 @@ def test_a_transaction_that_read_is_still_checked_from_its_snapshot(stores: Any)
     with pytest.raises(tsp.errors.ConflictError):
         txn.commit().result(T)
     assert _fresh(direct).read("k1").result(T).value == b"theirs"
+
+
+
+def test_a_failed_upload_fails_its_own_write_and_the_batch_commits_the_rest() -> None:
+    # a large value's upload runs while the batch's nodes are written: when it
+    # fails, that write fails with its error and the others in the batch commit
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("k", b"old").result(T)
+    fault.inject(op="write", key_pattern="data/*", times=10**6)  # every data upload fails
+    # the next commit record lands late: the writes below queue up meanwhile and
+    # are committed together, as ONE batch, after it
+    fault.inject(op="write", key_pattern="commits/*", error=None, latency=1.0, times=1)
+    first = kv.write("first", b"1")
+    time.sleep(0.2)
+    big = kv.write("big", b"x" * 300_000)
+    time.sleep(0.2)  # its checksum is computed and it is queued
+    small = [kv.write(f"s{i}", b"%d" % i) for i in range(3)]  # inline: no data object
+    first.result(T)
+    with pytest.raises(StorageError):
+        big.result(T)
+    for f in small:
+        f.result(T)
+    fault.clear()
+    reader = VersionedKvStore(mem)
+    assert reader.read("big").result(T).state == "missing"
+    assert [reader.read(f"s{i}").result(T).value for i in range(3)] == [b"0", b"1", b"2"]
+    assert reader.read("k").result(T).value == b"old"
+    assert reader.newest_version().result(T) == 3  # "k", "first", then the batch of the 3 others
+    kv.write("big", b"y" * 300_000).result(T)  # and the next upload commits
+    assert VersionedKvStore(mem).read("big").result(T).value == b"y" * 300_000

@@ -30,7 +30,7 @@ from tensorstore_py.kvstore.versioned.root import VersionedRoot, missing_object
 __all__ = [
     "INLINE_MAX", "LARGE_MIN", "STAGING_MAX", "Pending", "Staged",
     "UploadFailed", "blocking_reader", "make_entry", "missing_objects", "pack", "read_entry",
-    "start_pack", "uploaded",
+    "start_entry", "start_pack", "uploaded",
 ]
 
 INLINE_MAX = 128
@@ -80,6 +80,18 @@ async def make_entry(root: VersionedRoot, value: Buffer) -> Entry | Pending:
     return RefEntry(stamp, name, 0, n, crc)
 
 
+async def start_entry(root: VersionedRoot, value: Buffer) -> tuple[RefEntry, asyncio.Future[None]]:
+    """A large value's entry once its checksum is known, with the upload of its
+    data object still in flight (the future: cancel it if it is not awaited).
+    A caller that plans a commit meanwhile awaits the upload before the record."""
+    n = len(memoryview(value).cast("B")) if not isinstance(value, bytes) else len(value)
+    stamp, name = new_stamp(), new_name("data")
+    crc = await run_cpu(_crc_of, value)
+    upload = asyncio.ensure_future(create_object(root.base, name, value, exists="ours"))
+    upload.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised to whoever awaits it
+    return RefEntry(stamp, name, 0, n, crc), upload
+
+
 def _crc_and_create(base: KvStore, name: str, value: Buffer) -> int:
     """crc32c of ``value``, then create the fresh data object ``name`` holding it (blocking)."""
     crc = crc32c(value)
@@ -120,18 +132,20 @@ async def start_pack(root: VersionedRoot, items: list[Pending]) -> tuple[list[Re
 
 
 class UploadFailed(Exception):
-    """A started upload (:func:`start_pack`) failed, seen from a commit's
-    ``before_publish``: not an OSError, so that the commit engine does not
-    retry an attempt around an upload that will not land; the caller raises
-    ``error`` itself."""
+    """A started upload (:func:`start_pack`, :func:`start_entry`) failed, seen
+    from a commit's ``before_publish``: not an OSError, so that the commit
+    engine does not retry an attempt around an upload that will not land; the
+    caller raises ``error`` itself. ``owner``: whose upload it was (as given)."""
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: BaseException, owner: Any = None) -> None:
         super().__init__(str(error))
         self.error = error
+        self.owner = owner
 
 
-async def uploaded(upload: asyncio.Future[None] | None) -> None:
-    """Wait for an upload of :func:`start_pack`; UploadFailed if it failed."""
+async def uploaded(upload: asyncio.Future[None] | None, owner: Any = None) -> None:
+    """Wait for an upload of :func:`start_pack` or :func:`start_entry`;
+    UploadFailed (naming ``owner``) if it failed."""
     if upload is None:
         return
     try:
@@ -139,7 +153,7 @@ async def uploaded(upload: asyncio.Future[None] | None) -> None:
     except asyncio.CancelledError:
         raise
     except Exception as e:
-        raise UploadFailed(e) from e
+        raise UploadFailed(e, owner) from e
 
 
 def _pack_objects(values: list[bytes]) -> tuple[list[list[int]], list[int], list[tuple[str, bytes]]]:

@@ -48,10 +48,13 @@ class _Op:
     probe: asyncio.Future[int] | None = None
     #: when the upload of the value's data object started (time.monotonic(), under a writer lease)
     started: float | None = None
+    #: that upload, if still in flight when the operation was queued
+    upload: asyncio.Future[None] | None = None
 
 
 async def submit(root: VersionedRoot, kind: str, key: str, value: Any, if_equal: Generation | None,
-                 *, probe: asyncio.Future[int] | None = None, started: float | None = None) -> Any:
+                 *, probe: asyncio.Future[int] | None = None, started: float | None = None,
+                 upload: asyncio.Future[None] | None = None) -> Any:
     """Queue one operation (``kind``: "put", "delete" or "delete_prefix") and
     wait until the version holding it is committed (or its condition failed).
 
@@ -59,8 +62,11 @@ async def submit(root: VersionedRoot, kind: str, key: str, value: Any, if_equal:
     value, which the batch's commit plans against first (one round trip less;
     a stale answer only costs a lost race and a re-plan). ``started``: when the
     upload of ``value``'s data object started, under a writer lease held since
-    (its lease may vouch for it at commit)."""
-    op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future(), probe, started)
+    (its lease may vouch for it at commit). ``upload``: that upload, if still
+    in flight: the batch's nodes are written meanwhile, and the record only
+    once it landed; if it fails, this operation fails with its error and the
+    rest of the batch commits without it."""
+    op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future(), probe, started, upload)
     root.queue.append(op)
     if root.committer is None:
         root.committer = asyncio.ensure_future(_run_queue(root))
@@ -107,9 +113,21 @@ async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
             for op, e in zip(pending, entries):
                 op.value = e
                 op.started = started
-        await _commit_planned(root, batch, probe, upload)
-    except UploadFailed as e:
-        raise e.error from None
+        while True:
+            try:
+                await _commit_planned(root, batch, probe, upload)
+                return
+            except UploadFailed as e:
+                if not isinstance(e.owner, _Op):
+                    raise e.error from None  # the packed values': the whole batch
+                # one writer's own upload failed: it fails alone, the rest is
+                # planned again (without its value) against a fresh probe
+                e.owner.future.set_exception(e.error)
+                batch = [op for op in batch if op is not e.owner]
+                if not batch:
+                    return
+                probe.cancel()
+                probe = root.start_probe()
     finally:
         probe.cancel()  # done by now unless the commit failed early
         if upload is not None:
@@ -125,6 +143,8 @@ async def _commit_planned(root: VersionedRoot, batch: list[_Op], probe: asyncio.
 
     async def check() -> None:
         await uploaded(upload)
+        for op in batch:
+            await uploaded(op.upload, op)
         await require_present(root.base, root.leases.unvouched(added), f"group commit on {root.base!r}",
                               "this batch wrote")
 
