@@ -407,6 +407,10 @@ class VersionedRoot:
         attempt.add_done_callback(lambda f: f.cancelled() or f.exception())  # a dropped one's error
         try:
             n = await probe
+        except Exception:
+            attempt.cancel()
+            await asyncio.wait([attempt])  # ended before a retry plans again
+            raise
         except BaseException:
             attempt.cancel()
             raise
