@@ -87,7 +87,11 @@ async def start_entry(root: VersionedRoot, value: Buffer) -> tuple[RefEntry, asy
     n = len(memoryview(value).cast("B")) if not isinstance(value, bytes) else len(value)
     stamp, name = new_stamp(), new_name("data")
     crc = await run_cpu(_crc_of, value)
-    upload = asyncio.ensure_future(create_object(root.base, name, value, exists="ours"))
+
+    async def create() -> None:
+        await create_object(root.base, name, value, exists="ours")
+
+    upload = asyncio.ensure_future(create())
     upload.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised to whoever awaits it
     return RefEntry(stamp, name, 0, n, crc), upload
 
