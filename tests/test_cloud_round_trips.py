@@ -17,7 +17,7 @@ import pytest
 
 import tensorstore_py as tsp
 from tensorstore_py.core.future import get_loop
-from tensorstore_py.kvstore.versioned import root as versioned_root
+from tensorstore_py.kvstore.versioned import newest as versioned_newest
 from tensorstore_py.kvstore.versioned.leases import LINGER
 from tensorstore_py.testing.shaping_proxy import ShapingProxy
 
@@ -98,7 +98,7 @@ def test_versioned_commit_of_one_key_takes_2_or_3_round_trips(
     # the commit writes it again first: one round trip more.
     # The trailing rewrite of the ``latest`` hint re-reads a commit record first;
     # it must not fire inside the measured commit (it is not on the commit's path)
-    monkeypatch.setattr(versioned_root, "HINT_INTERVAL", 3600.0)
+    monkeypatch.setattr(versioned_newest, "HINT_INTERVAL", 3600.0)
     srv = request.getfixturevalue("gcs_emulator" if server == "gcs" else "s3_server")
     field = "endpoint" if server == "gcs" else "endpoint_url"
     bucket = srv.create_bucket()

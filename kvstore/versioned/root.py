@@ -52,7 +52,11 @@ from tensorstore_py.kvstore.versioned.format import (
     unframe,
 )
 from tensorstore_py.kvstore.versioned.leases import LeaseKeeper
-from tensorstore_py.kvstore.versioned.newest import probe_newest, read_hint, write_hint
+from tensorstore_py.kvstore.versioned.newest import (
+    HintWriter,
+    probe_newest,
+    read_hint,
+)
 from tensorstore_py.kvstore.versioned.tree import (
     Change,
     Node,
@@ -82,8 +86,6 @@ _IO_ERRORS = (TimeoutError, StorageError, DeadlineExceededError, OSError)
 SCAN_BATCH = 16
 #: commit records kept decoded per root (immutable, so never stale)
 RECORD_CACHE = 1024
-#: least seconds between two rewrites of the ``latest`` hint by one process
-HINT_INTERVAL = 1.0
 
 
 @dataclass
@@ -147,10 +149,7 @@ class VersionedRoot:
         # group commit of writes outside transactions (see store.py)
         self.queue: list[Any] = []
         self.committer: asyncio.Task[None] | None = None
-        self._hint_task: asyncio.Future[None] | None = None
-        self._hint_time = -HINT_INTERVAL
-        self._hint_later = False  # a rewrite is due when the interval has passed
-        self._hint_known = [0]  # what it will say (shared with the pending rewrite)
+        self.hints = HintWriter(base)
         #: this process's lease on the store (docs/FORMAT.md §9.3)
         self.leases = LeaseKeeper(base)
 
@@ -383,7 +382,7 @@ class VersionedRoot:
             if await self._publish(rec):
                 self.records.put(rec.version, rec)
                 self.known = max(self.known, rec.version)
-                self._maybe_write_hint()
+                self.hints.note(self.known)
                 return rec
             # lost the race: the loop re-plans against the newer version (rebase)
 
@@ -520,33 +519,6 @@ class VersionedRoot:
             batch = min(batch * 2, 16 * SCAN_BATCH)
         return None
 
-    def _maybe_write_hint(self) -> None:
-        """Refresh the ``latest`` hint in the background, at most once per
-        HINT_INTERVAL seconds (object stores rate-limit rewrites of one object).
-        A commit inside the interval schedules one trailing rewrite, so the hint
-        ends up naming the newest version this process committed (``verify``
-        uses that to notice a deleted newest record)."""
-        now = time.monotonic()
-        self._hint_known[0] = self.known
-        if self._hint_task is not None or now - self._hint_time < HINT_INTERVAL:
-            if not self._hint_later:
-                self._hint_later = True
-                delay = max(0.05, self._hint_time + HINT_INTERVAL - now)
-                # weakly: a root lives only as long as its users (get_root must
-                # not hand a stale root to a store recreated at the same place);
-                # if it is gone by then, its last known version is written anyway
-                asyncio.get_running_loop().call_later(
-                    delay, _hint_due, weakref.ref(self), self.base, self._hint_known)
-            return
-        self._hint_time = now
-        self._hint_task = asyncio.ensure_future(self._write_hint())
-
-    async def _write_hint(self) -> None:
-        try:
-            await write_hint(self.base, self.known)
-        finally:
-            self._hint_task = None
-
     def _forget_history(self) -> None:
         """Drop what this process cached of the store's history (records, nodes,
         the newest version): the store under it is not the one it read."""
@@ -562,17 +534,7 @@ class VersionedRoot:
         self._node_loads = {}
         self.queue = []
         self.committer = None
-        self._hint_task = None
-        self._hint_later = False
-
-
-def _hint_due(ref: weakref.ref[VersionedRoot], base: KvStore, known: list[int]) -> None:
-    root = ref()
-    if root is not None:
-        root._hint_later = False
-        root._maybe_write_hint()
-    else:
-        asyncio.ensure_future(write_hint(base, known[0]))
+        self.hints.reset_after_fork()
 
 
 class RootView:
