@@ -303,7 +303,10 @@ def test_a_single_write_whose_data_vanished_before_its_record_is_refused(tmp_pat
         for name in await inner.list("data/"):
             await inner.delete(name)
 
-    base.pause("write", "nodes/*", collector_without_lease)  # data written, record not yet
+    # data written, record not yet: right before the pre-commit check reads the data
+    # object back (the upload runs beside the commit's nodes, so a pause at the node
+    # write may come before the data object exists)
+    base.pause("read", "data/*", collector_without_lease)
     with pytest.raises(DataCorruptionError, match="this batch wrote are gone.*nothing was committed"):
         kv.write("big", os.urandom(300_000)).result(T)
     assert base.fired
