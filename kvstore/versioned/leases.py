@@ -14,10 +14,14 @@ it needs one, written (overwritten) by a :class:`LeaseKeeper`:
 
 Ages are measured by the STORE's clock, never by a host's: a collector learns
 "now" by creating a probe object and reading its modification time back
-(:func:`.lease_reads.store_now`, the collector's side of leases). A lease is live while its age is at most its ``ttl``; the
-keeper rewrites it every :data:`REFRESH` seconds while needed, rewrites it
-promptly (after :data:`LINGER`) when what it claims shrinks, and deletes it
-when nothing is left. A lease whose owner is a process of this very machine
+(:func:`.lease_reads.store_now`, the collector's side of leases). A lease is
+live while its age is at most its ``ttl``; the keeper rewrites it every
+:data:`REFRESH` seconds while needed, rewrites it promptly (after
+:data:`LINGER`) when what it claims shrinks, and deletes it when nothing is
+left -- except that a ``writing`` claim outlives the last writer by
+:data:`WRITER_LINGER` (no rewrite, no refresh meanwhile), so that the next
+writer of a process that commits periodically finds it and writes nothing
+first. A lease whose owner is a process of this very machine
 that has exited counts as dead at once (same host name, boot id and pid
 namespace; the pid is gone, a zombie, or another process now).
 
@@ -63,7 +67,7 @@ from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.versioned.format import FORMAT, frame, new_name
 
 __all__ = [
-    "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL",
+    "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL", "WRITER_LINGER",
     "Hold", "LeaseKeeper",
 ]
 
@@ -79,6 +83,18 @@ TTL = 300.0
 REFRESH = 60.0
 #: seconds a keeper waits before writing a lease that claims less (batches releases)
 LINGER = 1.0
+#: seconds a lease that says ``writing`` keeps saying so, unchanged (neither
+#: rewritten nor refreshed nor deleted), after the last writer of its process
+#: ended, so that a process committing again within that time (a checkpoint every
+#: minute, a service writing now and then) registers its writer without a lease
+#: write: one sequential round trip less per commit, and no delete after it. The
+#: claim also ends once its last write is ``TTL / 2`` old (a registration would
+#: rewrite it then anyway); the default is ``TTL / 2 - REFRESH``: the last refresh
+#: of a running writer is at most REFRESH old when it ends, so the claim lasts its
+#: full time without a rewrite. A collector in another process keeps the young
+#: unreferenced objects the claim covers at most that much longer (FORMAT.md §9.3,
+#: "The writer linger").
+WRITER_LINGER = 90.0
 #: seconds subtracted from a writer's start: write latency and clock granularity
 SLACK = 60.0
 #: seconds between two tries of a refresh that failed
@@ -214,6 +230,10 @@ class LeaseKeeper:
         self._pins: Counter[int] = Counter()
         self._writers: dict[int, tuple[float, Callable[[], bool] | None]] = {}
         self._next = 0
+        # time.monotonic() when the last running writer ended (the writer linger
+        # counts from there); the timer that ends the linger
+        self._idle_since: float | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
         self._durable: _Durable | None = None
         self._lock: asyncio.Lock | None = None
         self._refresher: asyncio.Future[None] | None = None
@@ -235,12 +255,26 @@ class LeaseKeeper:
             return {v for v, n in self._pins.items() if n > 0}
 
     def writing_since(self) -> float | None:
-        """``time.monotonic()`` at which the oldest running writer started (None: none)."""
+        """``time.monotonic()`` at which the oldest running writer started (None: none).
+
+        The lingering ``writing`` claim of the lease object (:data:`WRITER_LINGER`)
+        is not a running writer: a collector in this process reads this, and
+        rightly ignores the claim. It covers no object a running writer of this
+        process needs: a writer registers here before its first object, so one
+        that registers after the collector read this writes every object after
+        the collector's "now" (young, never deleted); the objects of writers
+        that ended are referenced by their commits or are garbage.
+        """
         with self._mutex:
             for key, (_t, alive) in list(self._writers.items()):
                 if alive is not None and not alive():
-                    del self._writers[key]
+                    self._drop_writer(key)
             return min((t for t, _ in self._writers.values()), default=None)
+
+    def _drop_writer(self, key: int) -> None:
+        """(Under the mutex) forget a writer; the linger starts when the last goes."""
+        if self._writers.pop(key, None) is not None and not self._writers:
+            self._idle_since = time.monotonic()
 
     # -- registering ------------------------------------------------------------------
     async def pin(self, version: int) -> Hold:
@@ -306,7 +340,7 @@ class LeaseKeeper:
                 if self._pins[key] <= 0:
                     del self._pins[key]
             else:
-                self._writers.pop(key, None)
+                self._drop_writer(key)
         if self._durable is None:
             return
         if in_loop_thread():
@@ -330,15 +364,32 @@ class LeaseKeeper:
                 return
             await self._write(strict=strict)
 
+    def _linger_end(self, d: _Durable | None) -> float | None:
+        """When the lingering ``writing`` claim of ``d`` ends (``time.monotonic()``),
+        or None: no claim lingers (a writer runs, or none ran, or ``d`` says
+        ``writing`` no more). It lasts :data:`WRITER_LINGER` after the last
+        writer ended, and no longer than ``d`` is fresh (``TTL / 2``)."""
+        idle = self._idle_since
+        if d is None or not d.writing or idle is None or self.writing_since() is not None:
+            return None
+        return min(idle + WRITER_LINGER, d.at + TTL / 2)
+
+    def _lingering(self, d: _Durable | None) -> bool:
+        end = self._linger_end(d)
+        return end is not None and time.monotonic() < end
+
     def _body(self) -> tuple[dict[str, Any], frozenset[int], bool]:
         versions = frozenset(self.pinned())
         since = self.writing_since()
+        # a rewrite while the claim lingers (a pin changed) keeps it, writing_for 0:
+        # it then protects what is modified after mtime(lease) - SLACK
+        writing = since is not None or self._lingering(self._durable)
         body = {
             "format": FORMAT, **identity(), "ttl": TTL, "versions": sorted(versions),
-            "writing": since is not None,
+            "writing": writing,
             "writing_for": 0.0 if since is None else max(0.0, time.monotonic() - since),
         }
-        return body, versions, since is not None
+        return body, versions, writing
 
     async def _write(self, *, strict: bool) -> None:
         """Write the lease as the needs are now. ``strict``: a failed write
@@ -395,7 +446,11 @@ class LeaseKeeper:
             d = self._durable
             if d is None:
                 return
-            versions, writing = frozenset(self.pinned()), self.writing_since() is not None
+            versions, writers = frozenset(self.pinned()), self.writing_since() is not None
+            lingering = self._lingering(d)
+            if lingering:
+                self._arm_linger_end()
+            writing = writers or lingering
             if not versions and not writing:
                 # nothing counts as durable from here on: a registration arriving
                 # while the delete is in flight waits for the lock and writes anew
@@ -407,8 +462,21 @@ class LeaseKeeper:
                     # harmless: a lease nobody refreshes expires after its TTL
                     log.debug("could not delete lease %s on %r (it expires in %g s): %s",
                               self.name, self.base, TTL, e)
-            elif refresh or versions != d.versions or writing != d.writing:
+            elif (refresh and (versions or writers)) or versions != d.versions or writing != d.writing:
+                # (a refresh of a claim that only lingers is needless: it ends
+                # before the claim is TTL / 2 old)
                 await self._write(strict=False)
+
+    def _arm_linger_end(self) -> None:
+        """(Loop thread) bring the lease in line with the needs when the
+        lingering claim ends (it is deleted then, or rewritten without it)."""
+        end = self._linger_end(self._durable)
+        if end is None:
+            return
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        self._linger_timer = asyncio.get_running_loop().call_later(
+            max(0.0, end - time.monotonic()), lambda: asyncio.ensure_future(self._sync()))
 
     async def _refresh(self) -> None:
         try:
@@ -419,7 +487,10 @@ class LeaseKeeper:
             self._refresher = None
 
     async def release_all(self) -> None:
-        """Delete the lease object now (process exit)."""
+        """Delete the lease object now (process exit), a lingering claim too."""
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         if self._durable is not None:
             self._chain = None
             with contextlib.suppress(Exception):
