@@ -92,6 +92,10 @@ def test_a_writer_committing_again_within_the_linger_writes_no_lease(
     time.sleep(1.0)  # LINGER, and REFRESH, are long past: the claim lingers, untouched
     assert _lease(base) == (name, gen, body)
     assert _lease_calls(base) == []
+    # (a refresh that comes while a writer runs rewrites the lease, as it should:
+    # none comes from here on)
+    monkeypatch.setattr(_leases, "REFRESH", 1000.0)
+    time.sleep(0.3)
     for i in range(3):  # a writer committing every 0.3 s: no lease write, no delete
         kv.write("a", b"%d" % i).result(T)
         time.sleep(0.3)
@@ -107,27 +111,37 @@ def test_a_writer_committing_again_within_the_linger_writes_no_lease(
     assert _lease_calls(base) == [f"delete {name}"]  # deleted, never rewritten
 
 
-def test_a_lingering_claim_ends_before_its_last_write_is_half_a_ttl_old(
+def test_a_claim_lingering_past_half_the_ttl_is_rewritten_in_time_then_deleted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a linger far beyond TTL / 2: the claim ends when a registration would have
-    # to rewrite it anyway (the refreshes do not keep it going)
-    monkeypatch.setattr(_leases, "TTL", 4.0)
-    monkeypatch.setattr(_leases, "REFRESH", 0.3)
+    # a linger beyond TTL / 2: a writer registering late in it must still find a
+    # fresh claim, so the keeper rewrites it (only) when it is getting old
+    monkeypatch.setattr(_leases, "TTL", 2.0)
+    monkeypatch.setattr(_leases, "REFRESH", 0.25)  # rewritten once older than 0.75 s
     monkeypatch.setattr(_leases, "LINGER", 0.1)
-    monkeypatch.setattr(_leases, "WRITER_LINGER", 1000.0)
+    monkeypatch.setattr(_leases, "WRITER_LINGER", 2.5)
     base = FaultKvStore(FileKvStore(path=str(tmp_path)))
     kv = VersionedKvStore(base)
-    t0 = time.monotonic()
     kv.write("a", b"1").result(T)
+    t0 = time.monotonic()
     name, gen, _ = _lease(base)
     base.reset_counters()
-    time.sleep(0.5)
-    assert _lease(base)[:2] == (name, gen)
+    oldest, bodies = 0.0, []
+    while time.monotonic() - t0 < 2.2:  # the linger, by the lease file's age
+        try:
+            oldest = max(oldest, time.time() - os.stat(tmp_path / name).st_mtime)
+            bodies.append(_lease(base)[2])
+        except (FileNotFoundError, ValueError):
+            break
+        time.sleep(0.05)
+    assert oldest < 2.0 / 2 + 0.6, oldest  # never near the TTL: live and nearly fresh throughout
+    assert bodies and all(b["writing"] for b in bodies), bodies
+    # rewritten when it would turn 1 s old before the next refresh, not at each
+    # of the 8 or so refreshes due in the linger
+    assert 1 <= base.calls["write"] <= 3, base.calls
+    assert _lease(base)[1] != gen and bodies[-1]["writing_for"] == 0.0
     gone = time.monotonic() - t0 + _wait_until_gone(base, 20)
-    assert gone <= 4.0 / 2 + 2.0, gone
-    assert _lease_calls(base) == [f"delete {name}"]
-    kv.write("a", b"2").result(T)  # the next writer writes a lease again
-    assert _lease(base)[2]["writing"] is True
+    assert gone >= 2.5 - 0.2, gone
+    assert _lease_calls(base) == [f"delete {name}", f"write {name}"]
 
 
 def test_a_pin_released_while_the_claim_lingers_is_rewritten_keeping_the_claim(

@@ -19,9 +19,9 @@ live while its age is at most its ``ttl``; the keeper rewrites it every
 :data:`REFRESH` seconds while needed, rewrites it promptly (after
 :data:`LINGER`) when what it claims shrinks, and deletes it when nothing is
 left -- except that a ``writing`` claim outlives the last writer by
-:data:`WRITER_LINGER` (no rewrite, no refresh meanwhile), so that the next
-writer of a process that commits periodically finds it and writes nothing
-first. A lease whose owner is a process of this very machine
+:data:`WRITER_LINGER` (rewritten meanwhile only to stay within ``TTL / 2``), so
+that the next writer of a process that commits periodically finds it and
+writes nothing first. A lease whose owner is a process of this very machine
 that has exited counts as dead at once (same host name, boot id and pid
 namespace; the pid is gone, a zombie, or another process now).
 
@@ -83,18 +83,19 @@ TTL = 300.0
 REFRESH = 60.0
 #: seconds a keeper waits before writing a lease that claims less (batches releases)
 LINGER = 1.0
-#: seconds a lease that says ``writing`` keeps saying so, unchanged (neither
-#: rewritten nor refreshed nor deleted), after the last writer of its process
-#: ended, so that a process committing again within that time (a checkpoint every
-#: minute, a service writing now and then) registers its writer without a lease
-#: write: one sequential round trip less per commit, and no delete after it. The
-#: claim also ends once its last write is ``TTL / 2`` old (a registration would
-#: rewrite it then anyway); the default is ``TTL / 2 - REFRESH``: the last refresh
-#: of a running writer is at most REFRESH old when it ends, so the claim lasts its
-#: full time without a rewrite. A collector in another process keeps the young
-#: unreferenced objects the claim covers at most that much longer (FORMAT.md §9.3,
-#: "The writer linger").
-WRITER_LINGER = 90.0
+#: seconds a lease that says ``writing`` keeps saying so after the last writer of
+#: its process ended, so that a process committing again within that time (a
+#: checkpoint every minute or two, a service writing now and then) registers its
+#: writer without a lease write: one sequential round trip less per commit, and
+#: no delete after it. Meanwhile the lease is rewritten only when it would
+#: otherwise turn ``TTL / 2`` old within the linger, before the next refresh (a
+#: registration would have to write it then): with the defaults, only after a
+#: writer that ran past its last refresh by over 30 s. Commits further apart pay the round trip, small next to their
+#: interval; and under TTL, a lingering claim protects no longer than the claim
+#: of a writer that crashed right after its commit: a collector in another
+#: process keeps the young unreferenced objects it covers at most this much
+#: longer (FORMAT.md §9.3, "The writer linger").
+WRITER_LINGER = 120.0
 #: seconds subtracted from a writer's start: write latency and clock granularity
 SLACK = 60.0
 #: seconds between two tries of a refresh that failed
@@ -365,14 +366,13 @@ class LeaseKeeper:
             await self._write(strict=strict)
 
     def _linger_end(self, d: _Durable | None) -> float | None:
-        """When the lingering ``writing`` claim of ``d`` ends (``time.monotonic()``),
-        or None: no claim lingers (a writer runs, or none ran, or ``d`` says
-        ``writing`` no more). It lasts :data:`WRITER_LINGER` after the last
-        writer ended, and no longer than ``d`` is fresh (``TTL / 2``)."""
+        """When the lingering ``writing`` claim of ``d`` ends (``time.monotonic()``,
+        :data:`WRITER_LINGER` after the last writer ended), or None: no claim
+        lingers (a writer runs, or none ran, or ``d`` says ``writing`` no more)."""
         idle = self._idle_since
         if d is None or not d.writing or idle is None or self.writing_since() is not None:
             return None
-        return min(idle + WRITER_LINGER, d.at + TTL / 2)
+        return idle + WRITER_LINGER
 
     def _lingering(self, d: _Durable | None) -> bool:
         end = self._linger_end(d)
@@ -381,8 +381,9 @@ class LeaseKeeper:
     def _body(self) -> tuple[dict[str, Any], frozenset[int], bool]:
         versions = frozenset(self.pinned())
         since = self.writing_since()
-        # a rewrite while the claim lingers (a pin changed) keeps it, writing_for 0:
-        # it then protects what is modified after mtime(lease) - SLACK
+        # a rewrite while the claim lingers (a pin changed, or it was getting
+        # old) keeps it, writing_for 0: it then protects what is modified after
+        # mtime(lease) - SLACK
         writing = since is not None or self._lingering(self._durable)
         body = {
             "format": FORMAT, **identity(), "ttl": TTL, "versions": sorted(versions),
@@ -438,7 +439,9 @@ class LeaseKeeper:
 
     async def _sync(self, *, refresh: bool = False) -> None:
         """Bring the lease object in line with the needs: delete it when there
-        are none, rewrite it when it claims more than needed (or on refresh)."""
+        are none (a ``writing`` claim: once its linger ended), rewrite it when it
+        claims more than needed, on refresh while needed, and when a lingering
+        claim would otherwise turn ``TTL / 2`` old within its linger."""
         self._sync_armed = False
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -462,10 +465,18 @@ class LeaseKeeper:
                     # harmless: a lease nobody refreshes expires after its TTL
                     log.debug("could not delete lease %s on %r (it expires in %g s): %s",
                               self.name, self.base, TTL, e)
-            elif (refresh and (versions or writers)) or versions != d.versions or writing != d.writing:
-                # (a refresh of a claim that only lingers is needless: it ends
-                # before the claim is TTL / 2 old)
+            elif (refresh and (versions or writers or (lingering and self._stale_in_linger(d)))
+                  or versions != d.versions or writing != d.writing):
                 await self._write(strict=False)
+
+    def _stale_in_linger(self, d: _Durable) -> bool:
+        """Whether the lingering claim ``d`` turns ``TTL / 2`` old before the
+        linger ends and before the next refresh: only then is it rewritten (a
+        registration would have to write it), not at every refresh."""
+        end = self._linger_end(d)
+        stale = d.at + TTL / 2
+        next_refresh = time.monotonic() + (RETRY if self._retry else REFRESH)
+        return end is not None and stale < end and stale <= next_refresh
 
     def _arm_linger_end(self) -> None:
         """(Loop thread) bring the lease in line with the needs when the
