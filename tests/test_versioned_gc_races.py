@@ -28,12 +28,16 @@ from tensorstore_py.kvstore.base import Buffer, ByteRange, Generation, KeyInfo, 
 from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned import leases as _leases
 from tensorstore_py.kvstore.versioned.format import unframe
 from tensorstore_py.kvstore.versioned.gc import gc
 from tensorstore_py.kvstore.versioned.leases import MAGIC_LEASE
 from tensorstore_py.kvstore.versioned.verify import verify
 
 T = 60
+# these races wait for a released writer's lease to be deleted (or rewritten):
+# without the writer linger, as in the tests of the linger itself
+pytestmark = pytest.mark.usefixtures("no_writer_linger")
 Hook = Callable[[], Awaitable[None]]
 
 
@@ -164,7 +168,10 @@ def _lease_bodies(base: KvStore) -> list[dict[str, Any]]:
     return out
 
 
-def test_a_writer_registering_while_the_lease_is_deleted_gets_a_lease(tmp_path: Path) -> None:
+@pytest.mark.parametrize("linger", [0.0, 0.5], ids=["at-release", "after-writer-linger"])
+def test_a_writer_registering_while_the_lease_is_deleted_gets_a_lease(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, linger: float) -> None:
+    monkeypatch.setattr(_leases, "WRITER_LINGER", linger)  # the delete comes after it
     inner = FileKvStore(path=str(tmp_path))
     base = Paused(inner)
     kv = VersionedKvStore(base)
