@@ -221,8 +221,8 @@ def bench_zarr3(root: str, mib: int, reps: int) -> dict[str, float]:
             out[f"{kind}_read"].append(time.perf_counter() - t0)
             assert np.array_equal(back, data)
             del back
-            # best effort: the lease this process held lingers for a second and
-            # its last rewrite may land while the folder is removed
+            # best effort: the lease this process held lingers (the writer
+            # linger) and a rewrite or its delete may land while the folder is removed
             shutil.rmtree(path, ignore_errors=True)
     return {k: statistics.median(v) for k, v in out.items()}
 

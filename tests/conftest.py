@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from aiohttp import web
 
+from tensorstore_py.kvstore.versioned import leases as _leases
+
 
 class BackgroundServer:
     """An aiohttp application served on 127.0.0.1 (a free port) by its own thread."""
@@ -124,3 +126,11 @@ def s3_server() -> Iterator[S3Server]:
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture
+def no_writer_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leases of this process drop their ``writing`` claim LINGER after the last
+    writer ended, as reader pins do (no WRITER_LINGER): for tests that wait for a
+    released writer's lease to go. The linger itself: test_versioned_lease_linger.py."""
+    monkeypatch.setattr(_leases, "WRITER_LINGER", 0.0)

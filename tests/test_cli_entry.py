@@ -214,6 +214,8 @@ tsp.checkpoint.save(sys.argv[1], tree, step=3).result(60)
 """
 
 
+# before ckpt: the claim of its saves would keep the killed writer's young orphans
+@pytest.mark.usefixtures("no_writer_linger")
 def test_gc_removes_a_killed_writers_orphans(ckpt: Path) -> None:
     before = {f.name for f in (ckpt / "data").iterdir()}
     p = subprocess.run([sys.executable, "-c", _KILLED_WRITER, f"file://{ckpt}/"],
@@ -345,13 +347,16 @@ def test_an_interrupted_first_save_is_a_versioned_store_with_orphans(tmp_path: P
 
 @pytest.mark.skipif(not hasattr(FileKvStore, "sweep_temporaries"),
                     reason="FileKvStore.sweep_temporaries(older_than, *, dry_run) not in this tree yet")
+# before ckpt: the claim of its saves ends LINGER after them
+@pytest.mark.usefixtures("no_writer_linger")
 def test_gc_lists_and_removes_temporaries_of_crashed_writers(ckpt: Path) -> None:
     meta = ckpt / "data" / ".__tsp__"
     meta.mkdir(exist_ok=True)
     crashed = meta / f"{'ab' * 16}.{'cd' * 16}.tmp"  # a writer died before its rename
     crashed.write_bytes(b"x" * 1000)
     # This process's lease claims a writer until LINGER after its saves (a live
-    # writer may own a temporary younger than its start): until then gc keeps it.
+    # writer may own a temporary younger than its start; no WRITER_LINGER here):
+    # until then gc keeps it.
     deadline = time.monotonic() + 30
     while True:
         dry = json.loads(cli("gc", str(ckpt), "--grace", "0s", "--json").stdout)

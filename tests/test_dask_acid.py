@@ -27,10 +27,14 @@ import dask.array as da
 import tensorstore_py as tsp
 import tensorstore_py.dask as tspd
 from tensorstore_py.errors import ConflictError, DataCorruptionError, InvalidArgumentError
-from tensorstore_py.kvstore.versioned import staging
+from tensorstore_py.kvstore.versioned import leases, staging
 from tensorstore_py.kvstore.versioned.format import commit_name
 from tensorstore_py.kvstore.versioned.leases import LINGER
 from tensorstore_py.kvstore.versioned.staging import commit_staged, stage
+
+# a collector in another process must see only the leases a test means: this
+# process's writers drop their claim LINGER after they end (no writer linger)
+pytestmark = pytest.mark.usefixtures("no_writer_linger")
 
 
 def _gc_elsewhere(url: str, *, reclaim: bool = False) -> dict[str, Any]:
@@ -49,6 +53,11 @@ def _gc_elsewhere(url: str, *, reclaim: bool = False) -> dict[str, Any]:
 
 def _settle_leases() -> None:
     time.sleep(LINGER * 2.5)  # released holds are written (deleted) after LINGER
+
+
+def _no_writer_linger() -> None:
+    """(Run in a worker process) as the fixture ``no_writer_linger`` there."""
+    leases.WRITER_LINGER = 0.0
 
 
 def _records(kv: Any) -> list[Any]:
@@ -117,6 +126,7 @@ def test_a_delayed_ingest_on_a_cluster_keeps_its_staged_data_until_the_commit(cl
     ts = tsp.open(url, create=True, shape=(2 * n,), dtype="uint16", chunks=(n,)).result()
     kv = ts.kvstore
     objects = len(kv.base.list("data/").result())
+    cluster.run(_no_writer_linger)  # the worker's lease goes before the collector runs
     src = da.zeros((2 * n,), dtype="uint16", chunks=n).map_blocks(
         _block_after_go, dtype="uint16", go=str(tmp_path / "go"))
     job = cluster.compute(tspd.store(src, ts, compute=False, txn_id="ingest-2"))  # the Delayed is gone

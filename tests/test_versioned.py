@@ -501,7 +501,7 @@ def test_a_trailing_hint_rewrite_never_recreates_a_deleted_store(tmp_path) -> No
     recreated the folder, with a hint naming a version of the old history)."""
     import shutil
 
-    from tensorstore_py.kvstore.versioned.root import HINT_INTERVAL
+    from tensorstore_py.kvstore.versioned.newest import HINT_INTERVAL
 
     path = tmp_path / "s"
     kv = tsp.KvStore.open(f"versioned+file://{path}/").result()

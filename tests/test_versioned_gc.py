@@ -318,6 +318,7 @@ def _age(path: str, seconds: float) -> None:
     os.utime(path, (t, t))
 
 
+@pytest.mark.usefixtures("no_writer_linger")  # waits for the released writer's lease to go
 def test_an_open_transaction_survives_gc_with_grace_zero(tmp_path: Any) -> None:
     base = FileKvStore(path=str(tmp_path))
     kv = VersionedKvStore(base)

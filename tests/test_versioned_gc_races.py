@@ -28,12 +28,16 @@ from tensorstore_py.kvstore.base import Buffer, ByteRange, Generation, KeyInfo, 
 from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
 from tensorstore_py.kvstore.versioned import VersionedKvStore
+from tensorstore_py.kvstore.versioned import leases as _leases
 from tensorstore_py.kvstore.versioned.format import unframe
 from tensorstore_py.kvstore.versioned.gc import gc
 from tensorstore_py.kvstore.versioned.leases import MAGIC_LEASE
 from tensorstore_py.kvstore.versioned.verify import verify
 
 T = 60
+# these races wait for a released writer's lease to be deleted (or rewritten):
+# without the writer linger, as in the tests of the linger itself
+pytestmark = pytest.mark.usefixtures("no_writer_linger")
 Hook = Callable[[], Awaitable[None]]
 
 
@@ -164,7 +168,10 @@ def _lease_bodies(base: KvStore) -> list[dict[str, Any]]:
     return out
 
 
-def test_a_writer_registering_while_the_lease_is_deleted_gets_a_lease(tmp_path: Path) -> None:
+@pytest.mark.parametrize("linger", [0.0, 0.5], ids=["at-release", "after-writer-linger"])
+def test_a_writer_registering_while_the_lease_is_deleted_gets_a_lease(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, linger: float) -> None:
+    monkeypatch.setattr(_leases, "WRITER_LINGER", linger)  # the delete comes after it
     inner = FileKvStore(path=str(tmp_path))
     base = Paused(inner)
     kv = VersionedKvStore(base)
@@ -303,7 +310,10 @@ def test_a_single_write_whose_data_vanished_before_its_record_is_refused(tmp_pat
         for name in await inner.list("data/"):
             await inner.delete(name)
 
-    base.pause("write", "nodes/*", collector_without_lease)  # data written, record not yet
+    # data written, record not yet: right before the pre-commit check reads the data
+    # object back (the upload runs beside the commit's nodes, so a pause at the node
+    # write may come before the data object exists)
+    base.pause("read", "data/*", collector_without_lease)
     with pytest.raises(DataCorruptionError, match="this batch wrote are gone.*nothing was committed"):
         kv.write("big", os.urandom(300_000)).result(T)
     assert base.fired

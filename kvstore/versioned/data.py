@@ -29,7 +29,8 @@ from tensorstore_py.kvstore.versioned.root import VersionedRoot, missing_object
 
 __all__ = [
     "INLINE_MAX", "LARGE_MIN", "STAGING_MAX", "Pending", "Staged",
-    "blocking_reader", "make_entry", "missing_objects", "pack", "read_entry",
+    "UploadFailed", "blocking_reader", "make_entry", "missing_objects", "pack", "read_entry",
+    "start_entry", "start_pack", "uploaded",
 ]
 
 INLINE_MAX = 128
@@ -79,6 +80,22 @@ async def make_entry(root: VersionedRoot, value: Buffer) -> Entry | Pending:
     return RefEntry(stamp, name, 0, n, crc)
 
 
+async def start_entry(root: VersionedRoot, value: Buffer) -> tuple[RefEntry, asyncio.Future[None]]:
+    """A large value's entry once its checksum is known, with the upload of its
+    data object still in flight (the future: cancel it if it is not awaited).
+    A caller that plans a commit meanwhile awaits the upload before the record."""
+    n = len(memoryview(value).cast("B")) if not isinstance(value, bytes) else len(value)
+    stamp, name = new_stamp(), new_name("data")
+    crc = await run_cpu(_crc_of, value)
+
+    async def create() -> None:
+        await create_object(root.base, name, value, exists="ours")
+
+    upload = asyncio.ensure_future(create())
+    upload.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised to whoever awaits it
+    return RefEntry(stamp, name, 0, n, crc), upload
+
+
 def _crc_and_create(base: KvStore, name: str, value: Buffer) -> int:
     """crc32c of ``value``, then create the fresh data object ``name`` holding it (blocking)."""
     crc = crc32c(value)
@@ -88,6 +105,16 @@ def _crc_and_create(base: KvStore, name: str, value: Buffer) -> int:
 
 async def pack(root: VersionedRoot, items: list[Pending]) -> list[RefEntry]:
     """Write ``items`` packed into as few data objects as possible; their entries."""
+    entries, upload = await start_pack(root, items)
+    await upload
+    return entries
+
+
+async def start_pack(root: VersionedRoot, items: list[Pending]) -> tuple[list[RefEntry], asyncio.Future[None]]:
+    """Pack ``items`` as :func:`pack` does, returning their entries once the
+    objects' names and checksums are known, with the upload still in flight
+    (the future: cancel it if it is not awaited). A caller that plans a commit
+    meanwhile must await the upload before the commit record."""
     # checksums and the concatenation (up to PACK_MAX bytes) run on the CPU pool:
     # crc32c releases the GIL, and the loop stays free for other requests
     values = [p.value for p in items]
@@ -103,8 +130,34 @@ async def pack(root: VersionedRoot, items: list[Pending]) -> list[RefEntry]:
             n = len(items[i].value)
             out.append(RefEntry(items[i].stamp, name, offset, n, next(it)))
             offset += n
-    await root.write_all(objects)
-    return out
+    upload = asyncio.ensure_future(root.write_all(objects))
+    upload.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised to whoever awaits it
+    return out, upload
+
+
+class UploadFailed(Exception):
+    """A started upload (:func:`start_pack`, :func:`start_entry`) failed, seen
+    from a commit's ``before_publish``: not an OSError, so that the commit
+    engine does not retry an attempt around an upload that will not land; the
+    caller raises ``error`` itself. ``owner``: whose upload it was (as given)."""
+
+    def __init__(self, error: BaseException, owner: Any = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.owner = owner
+
+
+async def uploaded(upload: asyncio.Future[None] | None, owner: Any = None) -> None:
+    """Wait for an upload of :func:`start_pack` or :func:`start_entry`;
+    UploadFailed (naming ``owner``) if it failed."""
+    if upload is None:
+        return
+    try:
+        await asyncio.shield(upload)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        raise UploadFailed(e, owner) from e
 
 
 def _pack_objects(values: list[bytes]) -> tuple[list[list[int]], list[int], list[tuple[str, bytes]]]:

@@ -39,7 +39,7 @@ nothing deleted) when a kept version can not be walked, a commit record in
 
 **Ages and leases.** Ages are measured by the STORE's clock: the collector
 writes a probe object and reads its modification time back
-(:func:`.leases.store_now`; which clock that is per store: FORMAT.md §9.1).
+(:func:`.lease_reads.store_now`; which clock that is per store: FORMAT.md §9.1).
 It reads the writers' leases before it lists and reads the newest version,
 the readers' after, and the newest version again after marking, marking what
 was committed meanwhile (the proof: FORMAT.md §9.5). An
@@ -89,7 +89,7 @@ from tensorstore_py.kvstore.versioned.format import (
     unframe,
 )
 from tensorstore_py.kvstore.versioned.gcreport import GcReport, kinds, merge
-from tensorstore_py.kvstore.versioned.leases import Leases, delete_expired, read_leases, store_now
+from tensorstore_py.kvstore.versioned.lease_reads import Leases, delete_expired, read_leases, store_now
 from tensorstore_py.kvstore.versioned.reclaim import (
     WATERMARK,
     Reclaim,

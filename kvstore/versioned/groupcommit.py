@@ -11,6 +11,12 @@ record that every data object it adds still exists (DataCorruptionError for
 the whole batch, nothing visible, when a collector took one), except those the
 lease vouches for (``LeaseKeeper.vouches``: written under a lease that has held
 without a lapse since, on a store stamped by one clock).
+
+Round trips: the packed values' upload, the probe for the newest version and
+the first attempt's tree nodes (planned against the newest version this
+process knows, ``VersionedRoot.commit``) are in flight together; the commit
+record follows once all three have landed. A one-key commit with a warm
+cache thus waits for two answers one after the other.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 
 from tensorstore_py.core.errors import ConditionFailedError
 from tensorstore_py.kvstore.base import Generation
-from tensorstore_py.kvstore.versioned.data import Pending, pack, require_present
+from tensorstore_py.kvstore.versioned.data import Pending, UploadFailed, require_present, start_pack, uploaded
 from tensorstore_py.kvstore.versioned.format import CommitRecord, Entry, RefEntry
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 
@@ -42,10 +48,13 @@ class _Op:
     probe: asyncio.Future[int] | None = None
     #: when the upload of the value's data object started (time.monotonic(), under a writer lease)
     started: float | None = None
+    #: that upload, if still in flight when the operation was queued
+    upload: asyncio.Future[None] | None = None
 
 
 async def submit(root: VersionedRoot, kind: str, key: str, value: Any, if_equal: Generation | None,
-                 *, probe: asyncio.Future[int] | None = None, started: float | None = None) -> Any:
+                 *, probe: asyncio.Future[int] | None = None, started: float | None = None,
+                 upload: asyncio.Future[None] | None = None) -> Any:
     """Queue one operation (``kind``: "put", "delete" or "delete_prefix") and
     wait until the version holding it is committed (or its condition failed).
 
@@ -53,8 +62,11 @@ async def submit(root: VersionedRoot, kind: str, key: str, value: Any, if_equal:
     value, which the batch's commit plans against first (one round trip less;
     a stale answer only costs a lost race and a re-plan). ``started``: when the
     upload of ``value``'s data object started, under a writer lease held since
-    (its lease may vouch for it at commit)."""
-    op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future(), probe, started)
+    (its lease may vouch for it at commit). ``upload``: that upload, if still
+    in flight: the batch's nodes are written meanwhile, and the record only
+    once it landed; if it fails, this operation fails with its error and the
+    rest of the batch commits without it."""
+    op = _Op(kind, key, value, if_equal, asyncio.get_running_loop().create_future(), probe, started, upload)
     root.queue.append(op)
     if root.committer is None:
         root.committer = asyncio.ensure_future(_run_queue(root))
@@ -89,25 +101,50 @@ async def _commit_batch(root: VersionedRoot, batch: list[_Op]) -> None:
 
 async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
     pending = [op for op in batch if isinstance(op.value, Pending)]
-    probe = next((op.probe for op in batch if op.probe is not None), None)
-    if pending:
-        # the newest version is looked up while the data uploads: one round trip less
-        probe = probe or root.start_probe()
-        started = time.monotonic()
-        try:
+    # the newest version is looked up while the data uploads and the first
+    # attempt's nodes are written: two round trips less than one after another
+    probe = next((op.probe for op in batch if op.probe is not None), None) or root.start_probe()
+    upload: asyncio.Future[None] | None = None
+    try:
+        if pending:
+            started = time.monotonic()
             values = [op.value for op in pending if isinstance(op.value, Pending)]  # all of them
-            for op, e in zip(pending, await pack(root, values)):
+            entries, upload = await start_pack(root, values)
+            for op, e in zip(pending, entries):
                 op.value = e
                 op.started = started
-        except BaseException:
-            probe.cancel()
-            raise
+        while True:
+            try:
+                await _commit_planned(root, batch, probe, upload)
+                return
+            except UploadFailed as e:
+                if not isinstance(e.owner, _Op):
+                    raise e.error from None  # the packed values': the whole batch
+                # one writer's own upload failed: it fails alone, the rest is
+                # planned again (without its value) against a fresh probe
+                e.owner.future.set_exception(e.error)
+                batch = [op for op in batch if op is not e.owner]
+                if not batch:
+                    return
+                probe.cancel()
+                probe = root.start_probe()
+    finally:
+        probe.cancel()  # done by now unless the commit failed early
+        if upload is not None:
+            upload.cancel()
+
+
+async def _commit_planned(root: VersionedRoot, batch: list[_Op], probe: asyncio.Future[int],
+                          upload: asyncio.Future[None] | None) -> None:
     outcome: dict[int, BaseException | None] = {}
     # an upload without a start time (none so far) is checked whatever the lease says
     added = {op.value.object: float("-inf") if op.started is None else op.started
              for op in batch if isinstance(op.value, RefEntry)}
 
     async def check() -> None:
+        await uploaded(upload)
+        for op in batch:
+            await uploaded(op.upload, op)
         await require_present(root.base, root.leases.unvouched(added), f"group commit on {root.base!r}",
                               "this batch wrote")
 

@@ -14,10 +14,14 @@ it needs one, written (overwritten) by a :class:`LeaseKeeper`:
 
 Ages are measured by the STORE's clock, never by a host's: a collector learns
 "now" by creating a probe object and reading its modification time back
-(:func:`store_now`). A lease is live while its age is at most its ``ttl``; the
-keeper rewrites it every :data:`REFRESH` seconds while needed, rewrites it
-promptly (after :data:`LINGER`) when what it claims shrinks, and deletes it
-when nothing is left. A lease whose owner is a process of this very machine
+(:func:`.lease_reads.store_now`, the collector's side of leases). A lease is
+live while its age is at most its ``ttl``; the keeper rewrites it every
+:data:`REFRESH` seconds while needed, rewrites it promptly (after
+:data:`LINGER`) when what it claims shrinks, and deletes it when nothing is
+left -- except that a ``writing`` claim outlives the last writer by
+:data:`WRITER_LINGER` (rewritten meanwhile only to stay within ``TTL / 2``), so
+that the next writer of a process that commits periodically finds it and
+writes nothing first. A lease whose owner is a process of this very machine
 that has exited counts as dead at once (same host name, boot id and pid
 namespace; the pid is gone, a zombie, or another process now).
 
@@ -50,35 +54,28 @@ import socket
 import sys
 import threading
 import time
-import uuid
 import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tensorstore_py.core.errors import (
-    ConditionFailedError,
-    DataCorruptionError,
-    ReadOnlyError,
-    StorageError,
-    UnsupportedError,
-)
+from tensorstore_py.core.errors import ReadOnlyError, StorageError, UnsupportedError
 from tensorstore_py.core.future import get_loop, in_loop_thread, run_sync
 from tensorstore_py.core.pools import at_exit_before_pools
-from tensorstore_py.kvstore.base import Generation, KeyInfo, KvStore
-from tensorstore_py.kvstore.versioned.format import FORMAT, frame, new_name, unframe
+from tensorstore_py.kvstore.base import KvStore
+from tensorstore_py.kvstore.versioned.format import FORMAT, frame, new_name
 
 __all__ = [
-    "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL",
-    "Hold", "LeaseKeeper", "Leases", "delete_expired", "read_leases", "store_now",
+    "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL", "WRITER_LINGER",
+    "Hold", "LeaseKeeper",
 ]
 
 log = logging.getLogger("tensorstore_py.kvstore.versioned")
 
 MAGIC_LEASE = b"TSE1"
 LEASES_PREFIX = "leases/"
-#: the transient probe objects of :func:`store_now` are ``gc/clock-<hex32>``
+#: the transient probe objects of :func:`.lease_reads.store_now` are ``gc/clock-<hex32>``
 CLOCK_PREFIX = "gc/clock-"
 #: seconds a lease stays live after its last write (written into each lease)
 TTL = 300.0
@@ -86,6 +83,19 @@ TTL = 300.0
 REFRESH = 60.0
 #: seconds a keeper waits before writing a lease that claims less (batches releases)
 LINGER = 1.0
+#: seconds a lease that says ``writing`` keeps saying so after the last writer of
+#: its process ended, so that a process committing again within that time (a
+#: checkpoint every minute or two, a service writing now and then) registers its
+#: writer without a lease write: one sequential round trip less per commit, and
+#: no delete after it. Meanwhile the lease is rewritten only when it would
+#: otherwise turn ``TTL / 2`` old within the linger, before the next refresh (a
+#: registration would have to write it then): with the defaults, only after a
+#: writer that ran past its last refresh by over 30 s. Commits further apart pay the round trip, small next to their
+#: interval; and under TTL, a lingering claim protects no longer than the claim
+#: of a writer that crashed right after its commit: a collector in another
+#: process keeps the young unreferenced objects it covers at most this much
+#: longer (FORMAT.md §9.3, "The writer linger").
+WRITER_LINGER = 120.0
 #: seconds subtracted from a writer's start: write latency and clock granularity
 SLACK = 60.0
 #: seconds between two tries of a refresh that failed
@@ -96,7 +106,8 @@ RETRY = 5.0
 #: ttl (the commit record still has that long to land)
 VOUCH = 0.8
 
-_IO_ERRORS = (StorageError, OSError, TimeoutError)
+#: what a failed lease write or delete raises
+IO_ERRORS = (StorageError, OSError, TimeoutError)
 
 
 # -- who owns a lease ------------------------------------------------------------------
@@ -220,6 +231,10 @@ class LeaseKeeper:
         self._pins: Counter[int] = Counter()
         self._writers: dict[int, tuple[float, Callable[[], bool] | None]] = {}
         self._next = 0
+        # time.monotonic() when the last running writer ended (the writer linger
+        # counts from there); the timer that ends the linger
+        self._idle_since: float | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
         self._durable: _Durable | None = None
         self._lock: asyncio.Lock | None = None
         self._refresher: asyncio.Future[None] | None = None
@@ -241,12 +256,26 @@ class LeaseKeeper:
             return {v for v, n in self._pins.items() if n > 0}
 
     def writing_since(self) -> float | None:
-        """``time.monotonic()`` at which the oldest running writer started (None: none)."""
+        """``time.monotonic()`` at which the oldest running writer started (None: none).
+
+        The lingering ``writing`` claim of the lease object (:data:`WRITER_LINGER`)
+        is not a running writer: a collector in this process reads this, and
+        rightly ignores the claim. It covers no object a running writer of this
+        process needs: a writer registers here before its first object, so one
+        that registers after the collector read this writes every object after
+        the collector's "now" (young, never deleted); the objects of writers
+        that ended are referenced by their commits or are garbage.
+        """
         with self._mutex:
             for key, (_t, alive) in list(self._writers.items()):
                 if alive is not None and not alive():
-                    del self._writers[key]
+                    self._drop_writer(key)
             return min((t for t, _ in self._writers.values()), default=None)
+
+    def _drop_writer(self, key: int) -> None:
+        """(Under the mutex) forget a writer; the linger starts when the last goes."""
+        if self._writers.pop(key, None) is not None and not self._writers:
+            self._idle_since = time.monotonic()
 
     # -- registering ------------------------------------------------------------------
     async def pin(self, version: int) -> Hold:
@@ -312,7 +341,7 @@ class LeaseKeeper:
                 if self._pins[key] <= 0:
                     del self._pins[key]
             else:
-                self._writers.pop(key, None)
+                self._drop_writer(key)
         if self._durable is None:
             return
         if in_loop_thread():
@@ -336,15 +365,32 @@ class LeaseKeeper:
                 return
             await self._write(strict=strict)
 
+    def _linger_end(self, d: _Durable | None) -> float | None:
+        """When the lingering ``writing`` claim of ``d`` ends (``time.monotonic()``,
+        :data:`WRITER_LINGER` after the last writer ended), or None: no claim
+        lingers (a writer runs, or none ran, or ``d`` says ``writing`` no more)."""
+        idle = self._idle_since
+        if d is None or not d.writing or idle is None or self.writing_since() is not None:
+            return None
+        return idle + WRITER_LINGER
+
+    def _lingering(self, d: _Durable | None) -> bool:
+        end = self._linger_end(d)
+        return end is not None and time.monotonic() < end
+
     def _body(self) -> tuple[dict[str, Any], frozenset[int], bool]:
         versions = frozenset(self.pinned())
         since = self.writing_since()
+        # a rewrite while the claim lingers (a pin changed, or it was getting
+        # old) keeps it, writing_for 0: it then protects what is modified after
+        # mtime(lease) - SLACK
+        writing = since is not None or self._lingering(self._durable)
         body = {
             "format": FORMAT, **identity(), "ttl": TTL, "versions": sorted(versions),
-            "writing": since is not None,
+            "writing": writing,
             "writing_for": 0.0 if since is None else max(0.0, time.monotonic() - since),
         }
-        return body, versions, since is not None
+        return body, versions, writing
 
     async def _write(self, *, strict: bool) -> None:
         """Write the lease as the needs are now. ``strict``: a failed write
@@ -363,7 +409,7 @@ class LeaseKeeper:
         except (ReadOnlyError, UnsupportedError):
             self.disabled = True  # nothing can be written here: no writer to protect
             return
-        except _IO_ERRORS as e:
+        except IO_ERRORS as e:
             if strict:
                 raise StorageError(
                     f"could not write lease {self.name!r} on {self.base!r} (garbage collection "
@@ -393,7 +439,9 @@ class LeaseKeeper:
 
     async def _sync(self, *, refresh: bool = False) -> None:
         """Bring the lease object in line with the needs: delete it when there
-        are none, rewrite it when it claims more than needed (or on refresh)."""
+        are none (a ``writing`` claim: once its linger ended), rewrite it when it
+        claims more than needed, on refresh while needed, and when a lingering
+        claim would otherwise turn ``TTL / 2`` old within its linger."""
         self._sync_armed = False
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -401,7 +449,11 @@ class LeaseKeeper:
             d = self._durable
             if d is None:
                 return
-            versions, writing = frozenset(self.pinned()), self.writing_since() is not None
+            versions, writers = frozenset(self.pinned()), self.writing_since() is not None
+            lingering = self._lingering(d)
+            if lingering:
+                self._arm_linger_end()
+            writing = writers or lingering
             if not versions and not writing:
                 # nothing counts as durable from here on: a registration arriving
                 # while the delete is in flight waits for the lock and writes anew
@@ -409,12 +461,33 @@ class LeaseKeeper:
                 self._chain = None
                 try:
                     await self.base.delete(self.name)
-                except _IO_ERRORS as e:
+                except IO_ERRORS as e:
                     # harmless: a lease nobody refreshes expires after its TTL
                     log.debug("could not delete lease %s on %r (it expires in %g s): %s",
                               self.name, self.base, TTL, e)
-            elif refresh or versions != d.versions or writing != d.writing:
+            elif (refresh and (versions or writers or (lingering and self._stale_in_linger(d)))
+                  or versions != d.versions or writing != d.writing):
                 await self._write(strict=False)
+
+    def _stale_in_linger(self, d: _Durable) -> bool:
+        """Whether the lingering claim ``d`` turns ``TTL / 2`` old before the
+        linger ends and before the next refresh: only then is it rewritten (a
+        registration would have to write it), not at every refresh."""
+        end = self._linger_end(d)
+        stale = d.at + TTL / 2
+        next_refresh = time.monotonic() + (RETRY if self._retry else REFRESH)
+        return end is not None and stale < end and stale <= next_refresh
+
+    def _arm_linger_end(self) -> None:
+        """(Loop thread) bring the lease in line with the needs when the
+        lingering claim ends (it is deleted then, or rewritten without it)."""
+        end = self._linger_end(self._durable)
+        if end is None:
+            return
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        self._linger_timer = asyncio.get_running_loop().call_later(
+            max(0.0, end - time.monotonic()), lambda: asyncio.ensure_future(self._sync()))
 
     async def _refresh(self) -> None:
         try:
@@ -425,7 +498,10 @@ class LeaseKeeper:
             self._refresher = None
 
     async def release_all(self) -> None:
-        """Delete the lease object now (process exit)."""
+        """Delete the lease object now (process exit), a lingering claim too."""
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         if self._durable is not None:
             self._chain = None
             with contextlib.suppress(Exception):
@@ -456,132 +532,3 @@ def _release_at_exit() -> None:
 
 
 at_exit_before_pools(_release_at_exit)
-
-
-# -- the collector's side ---------------------------------------------------------------
-async def store_now(base: KvStore) -> tuple[float, str]:
-    """The store's time now and where it came from (``"store"``, or ``"host"``
-    when the store can not tell: read-only, or no modification times)."""
-    name = f"{CLOCK_PREFIX}{uuid.uuid4().hex}"
-    try:
-        await base.write(name, b"", if_equal=Generation.NO_VALUE)
-        try:
-            infos = await base.list_info(name)
-        finally:
-            await base.delete(name)
-        mtime = next((i.mtime for i in infos if i.key == name), None)
-        if mtime is not None:
-            return mtime, "store"
-    except (ReadOnlyError, UnsupportedError, *_IO_ERRORS):
-        pass
-    return time.time(), "host"
-
-
-@dataclass(frozen=True)
-class Leases:
-    """The live leases of a store as a collector sees them.
-
-    ``pinned``: versions live readers pin. ``protect_from``: store time from
-    which unreferenced objects are kept for live writers (None: no writer;
-    ``-inf``: a writer of unknown age, keep them all). ``expired``: lease
-    objects older than their ``ttl`` (a collector may delete them; leases of
-    gone processes of this machine are ignored at once, deleted when expired).
-    """
-
-    pinned: frozenset[int] = frozenset()
-    protect_from: float | None = None
-    live: int = 0
-    expired: tuple[str, ...] = ()
-    #: the generation of each expired lease as read (deleted only if unchanged)
-    expired_generations: tuple[Generation, ...] = ()
-
-    def merge(self, later: Leases) -> Leases:
-        """What two reads of the leases protect together (the expired leases
-        are the later read's: one refreshed in between is live)."""
-        starts = [s for s in (self.protect_from, later.protect_from) if s is not None]
-        return Leases(self.pinned | later.pinned, min(starts) if starts else None,
-                      max(self.live, later.live), later.expired, later.expired_generations)
-
-    def protects(self, mtime: float | None) -> bool:
-        """Whether an unreferenced object modified at ``mtime`` belongs to a live writer."""
-        if self.protect_from is None:
-            return False
-        return mtime is None or mtime >= self.protect_from
-
-
-def _decode(data: Any, name: str) -> dict[str, Any] | None:
-    try:
-        body = unframe(MAGIC_LEASE, data, name)
-    except DataCorruptionError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-async def read_leases(base: KvStore, now: float, own: LeaseKeeper | None) -> Leases:
-    """Every live lease of ``base`` (this process's from ``own``, in memory)."""
-    pinned: set[int] = set()
-    starts: list[float] = []
-    if own is not None:
-        pinned |= own.pinned()
-        since = own.writing_since()
-        if since is not None:
-            starts.append(now - (time.monotonic() - since) - SLACK)
-    infos = [
-        i for i in await base.list_info(LEASES_PREFIX)
-        if i.key != (own.name if own is not None else None) and len(i.key) == len(LEASES_PREFIX) + 32
-    ]
-
-    async def body(name: str) -> tuple[Generation | None, dict[str, Any] | None]:
-        res = await base.read(name)
-        if res.state != "value":
-            return None, None
-        return res.generation, _decode(res.value, name)
-
-    async def still(info: KeyInfo) -> bool:
-        """Whether ``info`` (listed before its body was read) is still the lease's
-        state now, after the read: then the generation read is the expired one."""
-        again = [i for i in await base.list_info(info.key) if i.key == info.key]
-        return bool(again) and again[0].mtime == info.mtime
-
-    live = 0
-    expired: list[tuple[str, Generation]] = []
-    for info, (gen, b) in zip(infos, await asyncio.gather(*(body(i.key) for i in infos))):
-        if gen is None:
-            continue  # released meanwhile
-        age = None if info.mtime is None else now - info.mtime
-        ttl = b.get("ttl") if b is not None else None
-        ttl = float(ttl) if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) else TTL
-        if age is not None and age > ttl:
-            if await still(info):
-                expired.append((info.key, gen))  # not refreshed in time: the owner is gone
-                continue
-            b = None  # refreshed while we read it: live, content unknown
-        if b is not None and owner_gone(b):
-            continue  # ignored; the object ages out like any other lease
-        live += 1
-        if b is None:  # unreadable: it may be a writer's; pins unknown
-            starts.append(float("-inf"))
-            continue
-        pinned |= {v for v in b.get("versions") or [] if isinstance(v, int)}
-        if b.get("writing"):
-            wf = b.get("writing_for")
-            wf = float(wf) if isinstance(wf, (int, float)) else float("inf")
-            starts.append(float("-inf") if info.mtime is None else info.mtime - wf - SLACK)
-    return Leases(frozenset(pinned), min(starts) if starts else None, live,
-                  tuple(n for n, _ in expired), tuple(g for _, g in expired))
-
-
-async def delete_expired(base: KvStore, leases: Leases) -> None:
-    """Delete the expired leases ``leases`` found, each only if unchanged since
-    it was read (an owner that refreshed it late keeps it); stores without
-    conditional deletes delete it anyway (it protected nothing any more)."""
-
-    async def one(name: str, gen: Generation) -> None:
-        try:
-            await base.delete(name, if_equal=gen)
-        except ConditionFailedError:
-            pass  # rewritten by its owner since: live again
-        except UnsupportedError:
-            await base.delete(name)
-
-    await asyncio.gather(*(one(n, g) for n, g in zip(leases.expired, leases.expired_generations)))

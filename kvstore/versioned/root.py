@@ -52,7 +52,11 @@ from tensorstore_py.kvstore.versioned.format import (
     unframe,
 )
 from tensorstore_py.kvstore.versioned.leases import LeaseKeeper
-from tensorstore_py.kvstore.versioned.newest import probe_newest, read_hint, write_hint
+from tensorstore_py.kvstore.versioned.newest import (
+    HintWriter,
+    probe_newest,
+    read_hint,
+)
 from tensorstore_py.kvstore.versioned.tree import (
     Change,
     Node,
@@ -82,8 +86,6 @@ _IO_ERRORS = (TimeoutError, StorageError, DeadlineExceededError, OSError)
 SCAN_BATCH = 16
 #: commit records kept decoded per root (immutable, so never stale)
 RECORD_CACHE = 1024
-#: least seconds between two rewrites of the ``latest`` hint by one process
-HINT_INTERVAL = 1.0
 
 
 @dataclass
@@ -147,10 +149,7 @@ class VersionedRoot:
         # group commit of writes outside transactions (see store.py)
         self.queue: list[Any] = []
         self.committer: asyncio.Task[None] | None = None
-        self._hint_task: asyncio.Future[None] | None = None
-        self._hint_time = -HINT_INTERVAL
-        self._hint_later = False  # a rewrite is due when the interval has passed
-        self._hint_known = [0]  # what it will say (shared with the pending rewrite)
+        self.hints = HintWriter(base)
         #: this process's lease on the store (docs/FORMAT.md §9.3)
         self.leases = LeaseKeeper(base)
 
@@ -329,12 +328,19 @@ class VersionedRoot:
         ``plan_fn(parent)`` is called once per attempt with the parent record
         (None for the empty store); it may raise (e.g. ConflictError) to abort
         or return None for "nothing to commit". Returns the new record.
+        ``plan_fn`` must keep no state from an attempt that never reached its
+        ``before_publish``: an attempt may be planned speculatively and dropped.
 
         ``probe``: a :meth:`newest` the caller started earlier, to overlap the
-        search for the newest version with its own work (uploading data): the
-        first attempt plans against its answer. An answer that is stale by then
-        costs nothing but a lost race: the create of the commit record fails
-        and the next attempt re-plans against a fresh probe.
+        search for the newest version with its own work (uploading data). While
+        it is in flight, the first attempt is planned and its tree nodes are
+        written against the newest version this process knows (one round trip
+        less: probe and nodes together, then the record); it is kept only if
+        the probe answers that same version, with the same record, else
+        dropped (its nodes are garbage for gc) and re-planned against the
+        answer. An answer that is stale by the time of the record costs
+        nothing but a lost race: the create of the commit record fails and the
+        next attempt re-plans against a fresh probe.
 
         Holds a writer lease (§9.3) while it writes nodes and the record: a
         coordinator that wrote nothing else has none of its own.
@@ -357,14 +363,12 @@ class VersionedRoot:
                 # process created it meanwhile. No second read of it is needed.
                 if probe is not None:
                     first, probe = probe, None
-                    n = await first
+                    prepared = await self._prepare_beside(first, plan_fn)
                 else:
-                    n = await self.newest()
-                parent = await self.record_at(n)
-                plan = await plan_fn(parent)
-                if plan is None:
+                    prepared = await self._prepare(await self.newest(), plan_fn)
+                if prepared is None:
                     return None
-                rec = await self._build(parent, plan)
+                plan, rec = prepared
                 if plan.before_publish is not None:
                     await plan.before_publish()
             except (TimeoutError, OSError):
@@ -378,9 +382,46 @@ class VersionedRoot:
             if await self._publish(rec):
                 self.records.put(rec.version, rec)
                 self.known = max(self.known, rec.version)
-                self._maybe_write_hint()
+                self.hints.note(self.known)
                 return rec
             # lost the race: the loop re-plans against the newer version (rebase)
+
+    async def _prepare(self, n: int, plan_fn: Planner) -> tuple[Plan, CommitRecord] | None:
+        """Plan against version ``n`` and write the attempt's objects: (plan,
+        record to publish), or None for nothing to commit."""
+        parent = await self.record_at(n)
+        plan = await plan_fn(parent)
+        if plan is None:
+            return None
+        return plan, await self._build(parent, plan)
+
+    async def _prepare_beside(self, probe: asyncio.Future[int], plan_fn: Planner) -> tuple[Plan, CommitRecord] | None:
+        """:meth:`_prepare` against the answer of ``probe``, started against the
+        newest cached version while the probe is in flight (see :meth:`commit`)."""
+        guess = self.known
+        cached = self.records.get(guess) if guess > 0 and not probe.done() else None
+        if cached is None:
+            return await self._prepare(await probe, plan_fn)
+        attempt = asyncio.ensure_future(self._prepare(guess, plan_fn))
+        attempt.add_done_callback(lambda f: f.cancelled() or f.exception())  # a dropped one's error
+        try:
+            n = await probe
+        except Exception:
+            attempt.cancel()
+            await asyncio.wait([attempt])  # ended before a retry plans again
+            raise
+        except BaseException:
+            attempt.cancel()
+            raise
+        now = self.records.get(n)
+        # the same version with the same record: the probe re-read commits/<guess>
+        # from the store and found the write-id cached (a recreated store drops
+        # the cache and never matches)
+        if n == guess and now is not None and now.write_id == cached.write_id:
+            return await attempt
+        attempt.cancel()
+        await asyncio.wait([attempt])  # its plan_fn call has ended before the next one
+        return await self._prepare(n, plan_fn)
 
     async def _build(self, parent: CommitRecord | None, plan: Plan) -> CommitRecord:
         writer = TreeWriter(self.load_node, self.cache)
@@ -478,33 +519,6 @@ class VersionedRoot:
             batch = min(batch * 2, 16 * SCAN_BATCH)
         return None
 
-    def _maybe_write_hint(self) -> None:
-        """Refresh the ``latest`` hint in the background, at most once per
-        HINT_INTERVAL seconds (object stores rate-limit rewrites of one object).
-        A commit inside the interval schedules one trailing rewrite, so the hint
-        ends up naming the newest version this process committed (``verify``
-        uses that to notice a deleted newest record)."""
-        now = time.monotonic()
-        self._hint_known[0] = self.known
-        if self._hint_task is not None or now - self._hint_time < HINT_INTERVAL:
-            if not self._hint_later:
-                self._hint_later = True
-                delay = max(0.05, self._hint_time + HINT_INTERVAL - now)
-                # weakly: a root lives only as long as its users (get_root must
-                # not hand a stale root to a store recreated at the same place);
-                # if it is gone by then, its last known version is written anyway
-                asyncio.get_running_loop().call_later(
-                    delay, _hint_due, weakref.ref(self), self.base, self._hint_known)
-            return
-        self._hint_time = now
-        self._hint_task = asyncio.ensure_future(self._write_hint())
-
-    async def _write_hint(self) -> None:
-        try:
-            await write_hint(self.base, self.known)
-        finally:
-            self._hint_task = None
-
     def _forget_history(self) -> None:
         """Drop what this process cached of the store's history (records, nodes,
         the newest version): the store under it is not the one it read."""
@@ -520,17 +534,7 @@ class VersionedRoot:
         self._node_loads = {}
         self.queue = []
         self.committer = None
-        self._hint_task = None
-        self._hint_later = False
-
-
-def _hint_due(ref: weakref.ref[VersionedRoot], base: KvStore, known: list[int]) -> None:
-    root = ref()
-    if root is not None:
-        root._hint_later = False
-        root._maybe_write_hint()
-    else:
-        asyncio.ensure_future(write_hint(base, known[0]))
+        self.hints.reset_after_fork()
 
 
 class RootView:

@@ -67,6 +67,7 @@ from tensorstore_py.kvstore.versioned.data import (
     blocking_reader,
     make_entry,
     read_entry,
+    start_entry,
 )
 from tensorstore_py.kvstore.versioned.format import (
     FORMAT,
@@ -351,8 +352,17 @@ class VersionedKvStore(VersionHistory):
                 large = len(memoryview(value).cast("B")) >= LARGE_MIN
                 probe = self._root.start_probe() if large else None
                 started = time.monotonic()
-                entry = await make_entry(self._root, value)  # on failure the probe just ends
-                await submit(self._root, "put", key, entry, if_equal, probe=probe, started=started)
+                if large and not self.base.blocking_io:
+                    # the commit's nodes are written while the value uploads
+                    entry, upload = await start_entry(self._root, value)
+                    try:
+                        await submit(self._root, "put", key, entry, if_equal, probe=probe, started=started,
+                                     upload=upload)
+                    finally:
+                        upload.cancel()  # landed by now unless the commit failed
+                else:
+                    entry = await make_entry(self._root, value)  # on failure the probe just ends
+                    await submit(self._root, "put", key, entry, if_equal, probe=probe, started=started)
         return Generation(entry.stamp)
 
     async def _delete(self, key: str, if_equal: Generation | None) -> None:

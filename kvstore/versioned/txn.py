@@ -26,12 +26,14 @@ from tensorstore_py.kvstore.versioned.data import (
     STAGING_MAX,
     Pending,
     Staged,
+    UploadFailed,
     blocking_reader,
     make_entry,
-    pack,
     read_entry,
     require_present,
     staged_generation,
+    start_pack,
+    uploaded,
 )
 from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, new_stamp
 from tensorstore_py.kvstore.versioned.leases import Hold
@@ -316,17 +318,23 @@ class VersionedParticipant(Participant):
 
     async def _flush(self) -> None:
         """Pack every pending value into data objects (bounded memory)."""
+        upload = await self._start_flush()
+        if upload is not None:
+            await upload
+
+    async def _start_flush(self) -> asyncio.Future[None] | None:
+        """:meth:`_flush` up to the upload, which is returned in flight (None: nothing to pack)."""
         items = [
             (k, s) for k, s in self.writes.items() if isinstance(s, Pending) and id(s) not in self._packing
         ]
         if not items:
-            return
+            return None
         for _, s in items:  # concurrent flushes take disjoint items
             self._packing.add(id(s))
             self._pending_bytes -= len(s.value)
         started = time.monotonic()
         try:
-            entries = await pack(self.root, [s for _, s in items])
+            entries, upload = await start_pack(self.root, [s for _, s in items])
         finally:
             for _, s in items:
                 self._packing.discard(id(s))
@@ -334,6 +342,7 @@ class VersionedParticipant(Participant):
             self._written.setdefault(e.object, started)
             if self.writes.get(k) is s:  # else a newer write replaced it: garbage
                 self.writes[k] = e
+        return upload
 
     async def list(self, prefix: str) -> list[str]:
         if self.reads is not None:
@@ -366,21 +375,34 @@ class VersionedParticipant(Participant):
 
     async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
         probe: asyncio.Future[int] | None = None
+        upload: asyncio.Future[None] | None = None
         try:
             # the newest version is looked up while pending values upload
             probe = self.root.start_probe()
+            # the last pending values upload while the probe runs and the first
+            # attempt's nodes are written; they have landed before the record
+            upload = await self._start_flush()
             changes = await self.finalize()
-            base = await self.pin(probe)
+            # a transaction that read nothing is based on the version its commit
+            # is first planned against (the probe's answer): not pinned here, so
+            # that the commit can write its nodes while the probe is in flight
+            base = self.base_version if self.snapshot is None else await self.pin(probe)
 
             async def check() -> None:
+                await uploaded(upload)
                 await self.check_written(changes)
 
-            rec = await commit_changes(self.root, changes, base, txn, reads=self.checked_reads(),
-                                       before_publish=check, probe=probe)
+            try:
+                rec = await commit_changes(self.root, changes, base, txn, reads=self.checked_reads(),
+                                           before_publish=check, probe=probe)
+            except UploadFailed as e:
+                raise e.error from None
             probe = None
         finally:
             if probe is not None:
                 probe.cancel()
+            if upload is not None:
+                upload.cancel()  # landed by now unless the commit failed
             self._release()
         return CommitInfo(
             version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn.txn_id,
@@ -410,33 +432,43 @@ class VersionedParticipant(Participant):
 
 
 async def commit_changes(
-    root: VersionedRoot, changes: list[Change], base: int, txn: Transaction, *,
+    root: VersionedRoot, changes: list[Change], base: int | None, txn: Transaction, *,
     reads: ReadSet | None = None, nonce: str | None = None, txn_from: int | None = None,
     before_publish: Callable[[], Awaitable[None]] | None = None,
     probe: asyncio.Future[int] | None = None,
 ) -> CommitRecord:
     """Commit ``changes`` read from version ``base``: rebase, or ConflictError.
 
-    ``reads`` (serializable) are checked like the written keys. A multi-writer
-    commit passes its attempt's ``nonce`` (stored in the record) and
-    ``txn_from``: a version above it that carries ``txn.txn_id`` raises
-    AlreadyCommitted instead of committing the transaction twice.
+    ``base`` None: the transaction read nothing, and is based on the parent
+    of the commit's first attempt that reaches its record. ``reads``
+    (serializable) are checked like the written keys. A multi-writer commit
+    passes its attempt's ``nonce`` (stored in the record) and ``txn_from``: a
+    version above it that carries ``txn.txn_id`` raises AlreadyCommitted
+    instead of committing the transaction twice.
     """
     ours = {k for k, _ in changes}
-    checked = base  # every version <= checked is validated
+    # every version <= checked is validated; only an attempt that reaches its
+    # record moves it (a speculative attempt may be dropped: root.commit)
+    checked = base
     checked_txn = txn_from
 
     async def plan(parent: CommitRecord | None) -> Plan:
-        nonlocal checked, checked_txn
         n = parent.version if parent else 0
-        if n > checked or (checked_txn is not None and n > checked_txn):
-            await validate(root, checked, n, writes=ours, reads=reads, txn_id=txn.txn_id,
-                           txn_from=checked_txn)
-            checked = max(checked, n)
-            checked_txn = None if checked_txn is None else max(checked_txn, n)
+        lo = n if checked is None else checked
+        lo_txn = checked_txn
+        if n > lo or (lo_txn is not None and n > lo_txn):
+            await validate(root, lo, n, writes=ours, reads=reads, txn_id=txn.txn_id, txn_from=lo_txn)
+
+        async def publishing() -> None:
+            nonlocal checked, checked_txn
+            checked = max(lo, n)
+            checked_txn = None if lo_txn is None else max(lo_txn, n)
+            if before_publish is not None:
+                await before_publish()
+
         return Plan(
             changes, kind="data", message=txn.message, metadata=txn.metadata,
-            txn_id=txn.txn_id, txn_nonce=nonce, write_id=txn.write_id, before_publish=before_publish,
+            txn_id=txn.txn_id, txn_nonce=nonce, write_id=txn.write_id, before_publish=publishing,
         )
 
     rec = await root.commit(plan, probe=probe)
