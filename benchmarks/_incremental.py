@@ -1,6 +1,7 @@
 """Incremental saves: the hashing cost and a 90%-unchanged save against a full one.
 
-Run through ``python benchmarks/checkpoint.py --incremental [--mib N] [--reps N]``.
+Run through ``python benchmarks/checkpoint.py --incremental [--mib N] [--reps N]
+[--changed-last]``.
 
 * ``hash_<algo>_gib_s``: one core hashing a 64 MiB buffer (median of 7), for
   the candidates of checkpoint/dedup.py: sha256 and blake2b (hashlib) and
@@ -9,7 +10,9 @@ Run through ``python benchmarks/checkpoint.py --incremental [--mib N] [--reps N]
   durable, committed step (``save(...).result()``): a state of 20 float32 leaves
   (``--mib`` in all; ``jax.Array`` on one CPU device when jax is installed --
   host staging is then a zero-copy view --, else numpy leaves, which a save
-  copies), saved as step 1 and then as step 2 with 2 of the 20 leaves changed:
+  copies), saved as step 1 and then as step 2 with 2 of the 20 leaves changed
+  (the first two; with ``--changed-last`` the last two, which the save reaches
+  after the 18 unchanged ones):
 
   - ``full_save_s`` / ``full_save_plain_s``: step 1 with incremental saves on
     (every chunk hashed) / off: the difference is what hashing adds to a full
@@ -100,15 +103,17 @@ def _timed_save(root: Path, step: int, state: dict[str, Any], incremental: bool)
     return dt, _data_bytes(root) - before
 
 
-def main(scratch: str, mib: float, reps: int) -> None:
+def main(scratch: str, mib: float, reps: int, *, changed_last: bool = False) -> None:
     for name, rate in hash_rates().items():
         emit(f"hash_{name}_gib_s", rate, "GiB/s")
     v1 = [0] * LEAVES
-    v2 = [1 if i < CHANGED else 0 for i in range(LEAVES)]
+    changed = range(LEAVES - CHANGED, LEAVES) if changed_last else range(CHANGED)
+    v2 = [1 if i in changed else 0 for i in range(LEAVES)]
     s1, s2 = _state(mib, v1), _state(mib, v2)
-    same = {k: (s2[k] if i < CHANGED else s1[k]) for i, k in enumerate(s1)}
+    same = {k: (s2[k] if i in changed else s1[k]) for i, k in enumerate(s1)}
     kind = type(next(iter(s1.values()))).__name__
-    print(f"# state: {LEAVES} leaves ({kind}), {mib:.0f} MiB; step 2 changes {CHANGED} of them", flush=True)
+    print(f"# state: {LEAVES} leaves ({kind}), {mib:.0f} MiB; step 2 changes {CHANGED} of them "
+          f"(the {'last' if changed_last else 'first'})", flush=True)
     runs: dict[str, list[float]] = {}
     for rep in range(reps):
         a, b = Path(fresh(os.path.join(scratch, "on"))), Path(fresh(os.path.join(scratch, "off")))

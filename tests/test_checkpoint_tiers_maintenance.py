@@ -168,6 +168,24 @@ def test_a_promoted_compressed_step_keeps_digests_of_its_raw_bytes(tmp_path: Pat
     assert len(doc["chunks"]) == 4
 
 
+def test_a_promoted_step_records_the_heads_the_local_part_recorded(tmp_path: Path) -> None:
+    # the root's next save compares heads (dedup.py): a promotion, which hashes
+    # nothing, carries them over with the digests, for written and linked chunks
+    root, local = _urls(tmp_path)
+    with tsp.CheckpointManager(root, local=local) as mgr:
+        mgr.save(1, _tree(1), persist=True)
+        mgr.save(2, dict(_tree(1), w3=_tree(2)["w3"]), persist=True)
+
+    def doc(url: str, step: int) -> dict[str, object]:
+        kv = tsp.KvStore.open("versioned+" + url).result()
+        return json.loads(bytes(kv.read(f"{step:012d}/digests/000000.json").result().value))
+
+    for step in (1, 2):
+        at_root, in_local = doc(root, step), doc(local, step)
+        assert at_root["chunks"] == in_local["chunks"]
+        assert at_root["heads"] == in_local["heads"] and len(in_local["heads"]) == 4, (at_root, in_local)
+
+
 def test_packed_leaves_keep_their_checksums_in_local_and_promoted_manifests(tmp_path: Path) -> None:
     root, local = _urls(tmp_path)
     tree = {"a": np.arange(10.0), "b": np.ones(5, np.int32)}

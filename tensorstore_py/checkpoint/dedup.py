@@ -5,7 +5,20 @@ bytes, computed on the write path once the chunk is on the host). Each process
 writes the digests of its chunks to ``<step>/digests/<process:06d>.json``::
 
     {"format": "tensorstore_py.checkpoint.digests/1", "algorithm": "xxh3_128",
-     "chunks": {"a/3/c/0/0": "<32 hex digits>", ...}}
+     "chunks": {"a/3/c/0/0": "<32 hex digits>", ...},
+     "head_bytes": 65536, "heads": {"a/3/c/0/0": "<32 hex digits>", ...}}
+
+``heads`` (chunks larger than ``head_bytes`` only) holds the digest of each
+chunk's first ``head_bytes`` raw bytes: a hint, never a reason to link. A
+chunk whose head differs from the previous step's is known to have changed
+before it is hashed whole, so its write starts at once and its digest is
+computed while it is written (as for a chunk with nothing to link to),
+instead of its write waiting for the hashing queue -- every other chunk's
+digest -- and then for its own. A chunk whose head is equal (or unrecorded:
+a step saved by an older version) is hashed whole first and linked only when
+the whole digests are equal. A wrong head can therefore only make a save
+write a chunk it could have linked, never link one it should have written;
+``verify`` checks the ``chunks`` digests, not the heads.
 
 The next save (``SaveOptions(incremental=True)``, the default) reads the
 previous step's manifest and digests -- the previous step is the greatest step
@@ -70,8 +83,8 @@ from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.versioned.links import link_value
 
 __all__ = [
-    "ALGORITHM", "DIGESTS_DIR", "DIGESTS_FORMAT", "Incremental", "chunk_digest", "digests_key", "load_previous",
-    "parse_digests",
+    "ALGORITHM", "DIGESTS_DIR", "DIGESTS_FORMAT", "HEAD_BYTES", "Incremental", "chunk_digest", "digests_key",
+    "head_digest", "load_previous", "parse_digests", "parse_document",
 ]
 
 DIGESTS_FORMAT = "tensorstore_py.checkpoint.digests/1"
@@ -79,6 +92,10 @@ ALGORITHM = "xxh3_128"
 DIGESTS_DIR = "digests"
 #: chunks at least this large are hashed on the CPU pool, not on the event loop
 _HASH_IN_POOL = 256 << 10
+#: the bytes of a chunk's head (module doc); chunks larger than this get one.
+#: A few microseconds of hashing on the event loop, while a whole chunk of tens
+#: of MiB takes milliseconds of a CPU-pool thread after the chunks queued before it
+HEAD_BYTES = 64 << 10
 
 #: per process: (root, leaf path) -> the jax.Array this process last saved there
 #: (a weak reference) and the digests of the chunks it stored of it
@@ -104,9 +121,15 @@ async def chunk_digest(data: np.ndarray) -> str:
     return _digest_now(data)
 
 
-def parse_digests(raw: bytes, key: str) -> dict[str, str]:
-    """chunk key -> digest from a digests document; DataCorruptionError if malformed,
-    empty for an algorithm this version does not compute."""
+def head_digest(data: np.ndarray) -> str | None:
+    """The digest of the first :data:`HEAD_BYTES` raw bytes of a chunk larger
+    than that (computed here, on the caller's thread); None for a smaller one."""
+    if data.nbytes <= HEAD_BYTES:
+        return None
+    return xxhash.xxh3_128_hexdigest(data.reshape(-1).view(np.uint8).data[:HEAD_BYTES])
+
+
+def _document(raw: bytes, key: str) -> dict[str, Any]:
     try:
         doc = json.loads(raw)
     except ValueError as e:
@@ -116,18 +139,38 @@ def parse_digests(raw: bytes, key: str) -> dict[str, str]:
         raise DataCorruptionError(
             f"checkpoint digests {key!r}: expected format {DIGESTS_FORMAT!r} with a 'chunks' map"
         )
+    return doc
+
+
+def parse_digests(raw: bytes, key: str) -> dict[str, str]:
+    """chunk key -> digest from a digests document; DataCorruptionError if malformed,
+    empty for an algorithm this version does not compute."""
+    return parse_document(raw, key)[0]
+
+
+def parse_document(raw: bytes, key: str) -> tuple[dict[str, str], dict[str, str]]:
+    """A digests document's chunk key -> digest (as :func:`parse_digests`) and
+    chunk key -> head digest (module doc). The heads are empty when it records
+    none, or none of this version's algorithm and head size; heads are hints,
+    so a malformed ``heads`` member counts as none."""
+    doc = _document(raw, key)
     if doc.get("algorithm") != ALGORITHM:
-        return {}
-    return {str(k): str(v) for k, v in chunks.items()}
+        return {}, {}
+    digests = {str(k): str(v) for k, v in doc["chunks"].items()}
+    heads = doc.get("heads")
+    if doc.get("head_bytes") != HEAD_BYTES or not isinstance(heads, dict):
+        return digests, {}
+    return digests, {str(k): v for k, v in heads.items() if isinstance(v, str)}
 
 
 @dataclass(slots=True)
 class Previous:
     """The previous step's chunks this save may link: new chunk key (relative to
-    the new step's folder) -> (its source key relative to the root, digest)."""
+    the new step's folder) -> (its source key relative to the root, digest, head
+    digest or None)."""
 
     step: int
-    sources: dict[str, tuple[str, str]] = field(default_factory=dict)
+    sources: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
 
 
 async def _read_json(view: KvStore, key: str) -> bytes | None:
@@ -165,11 +208,12 @@ async def load_previous(root: KvStore, step: int, leaves: list[dict[str, Any]]) 
     for name, doc in zip(names, docs):
         if doc is None:
             continue
-        for key, digest in parse_digests(doc, name).items():
+        digests, heads = parse_document(doc, name)
+        for key, digest in digests.items():
             leaf, sep, rest = key.partition("/c/")
             new = renames.get(leaf)
             if new is not None and sep:
-                out.sources[f"{new}/c/{rest}"] = (f"{pdir}/{key}", digest)
+                out.sources[f"{new}/c/{rest}"] = (f"{pdir}/{key}", digest, heads.get(key))
     return out
 
 
@@ -190,7 +234,11 @@ class Incremental:
     #: chunk key -> its digest, known without hashing: a promotion copies chunks
     #: whose digests the local part recorded when it hashed them (tiers.py)
     known: dict[str, str] = field(default_factory=dict)
+    #: chunk key -> its head digest, likewise known (the local part's heads)
+    known_heads: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
+    #: chunk key -> head digest of the chunks this save stored (module doc)
+    heads: dict[str, str] = field(default_factory=dict)
     bytes_written: int = 0
     bytes_linked: int = 0
     chunks_linked: int = 0
@@ -237,11 +285,12 @@ class Incremental:
             src = self.previous.sources.get(key)
             if digest is None or src is None or src[1] != digest:
                 return False
-            found.append((key, digest, src[0]))
-        for key, digest, source in found:
-            if not await link_value(self.root, f"{step_dir(self.step)}/{key}", source):
+            found.append((key, digest, src))
+        for key, digest, src in found:
+            if not await link_value(self.root, f"{step_dir(self.step)}/{key}", src[0]):
                 return False  # the caller writes them: a key linked already is restaged
             self.digests[key] = digest
+            self._linked_head(key, src)
         self.bytes_linked += nbytes
         self.bytes_unread += nbytes
         self.chunks_linked += len(keys)
@@ -267,18 +316,31 @@ class Incremental:
                     pass
         self.arrays = {}
 
+    def _linked_head(self, key: str, src: tuple[str, str, str | None]) -> None:
+        """A linked chunk holds its source's bytes, so its head is the source's."""
+        if src[2] is not None:
+            self.heads[key] = src[2]
+
     async def put(self, view: KvStore, key: str, data: np.ndarray, encoded: Any) -> None:
         """Store chunk ``key`` (relative to the step's folder, ``view``): linked when
         its digest equals the previous step's, else ``await encoded()`` written.
         Only leaves' chunks (``a/<i>/c/...``) get digests; other values (packs of
-        small leaves, packing.py) are written as they are."""
+        small leaves, packing.py) are written as they are. A chunk whose head
+        differs from the previous step's is written at once, hashed while it
+        is written (module doc)."""
         if "/c/" not in key:  # not a leaf's chunk (a pack of small leaves): written as it is
             await view.write(key, await encoded())
             self.bytes_written += data.nbytes
             return
         src = self.previous.sources.get(key) if self.previous is not None else None
         known = self.known.get(key)
-        if src is None:  # nothing to link to: hash while the chunk is written
+        head = self.known_heads.get(key) if known is not None else head_digest(data)
+        if head is not None:
+            self.heads[key] = head
+        # a chunk whose head differs from the previous step's has changed: like a
+        # chunk with nothing to link to, it is written at once and hashed meanwhile
+        changed = src is not None and known is None and head is not None and src[2] is not None and src[2] != head
+        if src is None or changed:
             async def write() -> None:
                 await view.write(key, await encoded())
 
@@ -294,6 +356,7 @@ class Incremental:
         if src[1] == digest and await link_value(
             self.root, f"{step_dir(self.step)}/{key}", src[0]
         ):
+            self._linked_head(key, src)
             self.bytes_linked += data.nbytes
             self.chunks_linked += 1
             return
@@ -301,6 +364,11 @@ class Incremental:
         self.bytes_written += data.nbytes
 
     def document(self) -> bytes:
-        return json.dumps(
-            {"format": DIGESTS_FORMAT, "algorithm": ALGORITHM, "chunks": dict(sorted(self.digests.items()))}
-        ).encode()
+        doc: dict[str, Any] = {
+            "format": DIGESTS_FORMAT, "algorithm": ALGORITHM, "chunks": dict(sorted(self.digests.items())),
+        }
+        heads = {k: h for k, h in self.heads.items() if k in self.digests}
+        if heads:
+            doc["head_bytes"] = HEAD_BYTES
+            doc["heads"] = dict(sorted(heads.items()))
+        return json.dumps(doc).encode()

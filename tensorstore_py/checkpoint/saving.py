@@ -457,13 +457,15 @@ async def run_save(
     on_commit: Callable[[StepInfo], Awaitable[Any]] | None = None,
     progress: Progress | None = None,
     digests: Mapping[str, str] | None = None,
+    heads: Mapping[str, str] | None = None,
 ) -> StepInfo:
     """Phases 2 and 3 (background). Raises ConditionFailedError if ``step`` exists.
     ``progress`` advances with the bytes of each chunk written. The caller
     releases the snapshot (:meth:`Snapshot.release`) when this ends, however it
     ends. ``digests``: chunk key -> digest of chunks whose digests are known
     (a promotion: the local part's), not hashed again, and linked without
-    being read when equal to the previous step's."""
+    being read when equal to the previous step's; ``heads``: their head
+    digests (dedup.py), recorded with them."""
     p, n = coordinator.process_index, coordinator.process_count
     timeout = options.commit_timeout
     if n > 1:
@@ -486,7 +488,7 @@ async def run_save(
     try:
         # the step's create-only record and the previous step's digests are read
         # at once: both wait on the version the transaction pins, not on each other
-        incremental = await _begin(view, store, step, snap, options, p, n, metrics, started, digests)
+        incremental = await _begin(view, store, step, snap, options, p, n, metrics, started, digests, heads)
         step_view = view.with_path(step_dir(step))
         await _write_chunks(step_view, snap, options, progress, incremental=incremental)
         await write_documents(view, step, snap, incremental, p, manifest=p == 0)
@@ -530,6 +532,7 @@ async def run_save(
 async def _begin(
     view: KvStore, store: StepStore, step: int, snap: Snapshot, options: SaveOptions, p: int, n: int,
     metrics: dict[str, Any], started: float, digests: Mapping[str, str] | None,
+    heads: Mapping[str, str] | None,
 ) -> Incremental | None:
     """Process 0 stages the step's record (create-only: a step is saved once; a
     racing save fails at commit) while every process loads what an incremental
@@ -551,7 +554,7 @@ async def _begin(
             return None
         prev = await load_previous(view, step, snap.leaves)
         return Incremental(view, step, p, prev, root_id=repr(store.kv), arrays=snap.arrays,
-                           known=dict(digests or {}))
+                           known=dict(digests or {}), known_heads=dict(heads or {}))
 
     created, loaded = await asyncio.gather(create_record(), previous(), return_exceptions=True)
     for outcome in (created, loaded):  # the record's error first: "the step exists" explains the other

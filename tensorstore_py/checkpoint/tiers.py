@@ -37,7 +37,7 @@ import numpy as np
 
 from tensorstore_py.checkpoint.api import RootLike, open_root
 from tensorstore_py.checkpoint.coordination import Coordinator
-from tensorstore_py.checkpoint.dedup import DIGESTS_DIR, Incremental, load_previous, parse_digests
+from tensorstore_py.checkpoint.dedup import DIGESTS_DIR, Incremental, load_previous, parse_document
 from tensorstore_py.checkpoint.inflight import track
 from tensorstore_py.checkpoint.jax_adapter import is_jax_array
 from tensorstore_py.checkpoint.layout import LeafLayout, chunk_key, chunks_overlapping, region_of_index
@@ -271,7 +271,7 @@ async def promote(
     replicas = set(part.get("replicas", []))
     listed = await view.list("")
     keys = [k for k in listed if k not in ("manifest.json", PART_KEY) and not k.startswith(f"{DIGESTS_DIR}/")]
-    digests = await _part_digests(view, [k for k in listed if k.startswith(f"{DIGESTS_DIR}/")])
+    digests, heads = await _part_digests(view, [k for k in listed if k.startswith(f"{DIGESTS_DIR}/")])
     compressed = {e["key"] for e in manifest["leaves"] if e.get("codecs")}
     snap = Snapshot(structure=manifest["tree"], leaves=manifest["leaves"], nbytes=info.nbytes)
     # a chunk's bytes in flight: its leaf's full chunk (compressed ones are at most that)
@@ -295,20 +295,24 @@ async def promote(
     try:
         return await run_save(
             persistent, step, snap, coordinator=coordinator, namespace=namespace,
-            metrics=dict(info.metrics), options=options, on_commit=on_commit, digests=digests,
+            metrics=dict(info.metrics), options=options, on_commit=on_commit, digests=digests, heads=heads,
         )
     finally:
         snap.release()
 
 
-async def _part_digests(view: KvStore, names: list[str]) -> dict[str, str]:
-    """chunk key -> digest recorded by the local part's save (none for a part saved
-    without incremental saves, or by a version that recorded none)."""
+async def _part_digests(view: KvStore, names: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """chunk key -> digest, and chunk key -> head digest (dedup.py), recorded by
+    the local part's save (none for a part saved without incremental saves, or
+    by a version that recorded none)."""
     out: dict[str, str] = {}
+    heads: dict[str, str] = {}
     for name in names:
         if name.endswith(".json"):
-            out.update(parse_digests(bytes(await _read(view, name)), view.path + name))
-    return out
+            digests, part_heads = parse_document(bytes(await _read(view, name)), view.path + name)
+            out.update(digests)
+            heads.update(part_heads)
+    return out, heads
 
 
 async def _read(view: KvStore, key: str) -> Any:

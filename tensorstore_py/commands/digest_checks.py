@@ -6,7 +6,9 @@ the stored bytes would let it keep wrong data. Per step, every digests document
 (``<step>/digests/<process>.json``) is parsed, and every chunk it names is
 read, decoded (compressed leaves) and hashed again: a chunk the document names
 that the manifest's leaves do not hold, a missing chunk and a digest that
-differs are problems.
+differs are problems. The documents' ``heads`` (digests of each chunk's first
+bytes) are not checked: a save links a chunk on its whole digest only, so a
+wrong head can make it write a chunk, never keep wrong bytes.
 """
 
 from __future__ import annotations
