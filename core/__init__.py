@@ -7,6 +7,7 @@
 * ``budget``   a bytes-in-flight budget and a bounded task runner
 * ``retry``    retry policy with jittered exponential backoff
 * ``buffers``  page-aligned host buffers
+* ``recycled`` large buffers handed out again once nothing uses them (network answers)
 * ``gcpause``  the cyclic garbage collector paused around bursts of small allocations
 
 Modules here import the standard library, numpy and each other, never

@@ -57,13 +57,14 @@ from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, dim_parts, out_shape
 from tensorstore_py.drivers.raw_regions import read_region_async, wants_ranges
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
-from tensorstore_py.drivers.shard_reads import ShardIndexCache, ShardRequests, read_part, run_async
-from tensorstore_py.drivers.sizing import (
-    async_tasks,
-    blocking_read_tasks,
-    prepared_read_tasks,
-    write_tasks,
+from tensorstore_py.drivers.shard_reads import (
+    ShardIndexCache,
+    ShardRequests,
+    decode_whole,
+    read_part,
+    run_async,
 )
+from tensorstore_py.drivers.sizing import async_tasks, blocking_read_tasks, prepared_read_tasks, write_tasks
 from tensorstore_py.kvstore.base import BlockingRead, Generation, KvStore, ReadResult
 
 __all__ = ["ChunkCodec", "ChunkedArray", "ParsedMetadata", "json_object"]
@@ -396,6 +397,9 @@ class ChunkedArray(ArrayDriver):
         if cached is not None:
             dest[...] = cached[p.chunk]
             return
+        if self._shard is not None and self._cache is None and dest.shape == self._chunk_shape:
+            # a whole shard: its inner chunks decoded on every codec thread at once
+            return await decode_whole(self._shard, res.value, key, dest, self._run_cpu, self._threads.cpu)
         if self._chunk_nbytes <= _INLINE_BYTES:
             arr = self._decode_into(res.value, key, p, dest)
         else:

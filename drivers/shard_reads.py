@@ -40,6 +40,10 @@ A read alone goes out in the next turn of the loop (nothing waits for company).
 
 Assembly: many raw inner chunks (a whole shard, or one span) land with
 vectorised numpy copies (``codecs/_cells.py``); others are decoded one by one.
+A whole shard the engine reads (:func:`decode_whole`), and most of one read as
+a whole shard (:class:`Works`), is decoded in runs of neighbouring inner chunks
+on all codec threads at once: one shard read alone keeps every core busy
+instead of one.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ __all__ = [
     "ShardRequests",
     "WholeShard",
     "Work",
+    "Works",
+    "decode_whole",
     "read_part",
     "run_async",
     "run_blocking",
@@ -85,6 +91,10 @@ _ATTEMPTS = 5
 #: more raw inner chunks than FEW_PARTS come in one span when it holds at most
 #: this many times the bytes they need
 SPAN_OVERREAD = 1.5
+#: a whole shard of encoded inner chunks is decoded in parts of at least this
+#: many output bytes, each on a codec thread of its own (a thread hop costs
+#: far less than decoding 1 MiB)
+SPLIT_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +126,15 @@ class Work:
     cost: int
 
 
-Request = WholeShard | IndexBytes | InnerRanges | Work
+@dataclass(frozen=True, slots=True)
+class Works:
+    """Run these independent :class:`Work` items, all at once where the driver
+    can (answer: the list of what they return)."""
+
+    items: list[Work]
+
+
+Request = WholeShard | IndexBytes | InnerRanges | Work | Works
 
 
 class ShardIndexCache:
@@ -238,7 +256,13 @@ def read_part(sh: ShardingCodec, key: str, region: tuple[slice, ...], dest: np.n
         idx = sh.whole_index(res.value, key=key)
         if cache is not None:
             cache.put(key, res.generation, idx)
-        yield Work(sh.read_region, (res.value, idx, region, parts, dest, key), _cost(sh, dest, parts))
+        if sh.raw_inner:
+            yield Work(sh.read_region, (res.value, idx, region, parts, dest, key), _cost(sh, dest, parts))
+        else:  # encoded inner chunks: decoded in runs of neighbours, at once where there are threads
+            present = sh.present_parts(idx, parts, dest)
+            mv = memoryview(res.value).cast("B")
+            yield Works([Work(sh.decode_present, (key, run, [mv[o: o + n] for _, o, n in run], dest),
+                              len(run) * sh.inner.nbytes) for run in _runs(present, sh.inner.nbytes)])
         return
     for _attempt in range(_ATTEMPTS):
         hit = cache.get(key) if cache is not None else None
@@ -284,9 +308,48 @@ def _one_span(sh: ShardingCodec, parts: list[Any], present: list[tuple[Any, int,
     return ByteRange(lo, hi) if hi - lo <= SPAN_OVERREAD * sum(n for _, _, n in present) else None
 
 
+def _runs(present: list[Any], nbytes: int) -> list[list[Any]]:
+    """``present`` in runs of neighbours of at least :data:`SPLIT_BYTES` of
+    decoded inner chunks (``nbytes`` each)."""
+    ways = max(1, min(len(present), len(present) * nbytes // SPLIT_BYTES))
+    bounds = [len(present) * i // ways for i in range(ways + 1)]
+    return [present[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 def _cost(sh: ShardingCodec, dest: np.ndarray, parts: list[Any]) -> int:
     # raw inner chunks cost a copy of the output; others decompress whole chunks
     return dest.nbytes if sh.raw_inner else len(parts) * sh.inner.nbytes
+
+
+async def decode_whole(sh: ShardingCodec, buf: Any, key: str, dest: np.ndarray,
+                       offload: Callable[..., Awaitable[Any]], threads: int) -> None:
+    """Decode the whole stored shard ``buf`` into ``dest`` (shard-shaped).
+
+    Encoded inner chunks are decoded in up to ``threads`` runs of neighbouring
+    cells (each at least :data:`SPLIT_BYTES` of output) through ``offload`` at
+    once, so that one shard keeps every codec thread busy; raw inner chunks are
+    placed by the codec's vectorised copies in one call."""
+    n = len(sh.cells)
+    ways = 1 if sh.raw_inner else max(1, min(threads, n, dest.nbytes // SPLIT_BYTES))
+    if ways == 1:
+        if dest.nbytes <= INLINE_BYTES:
+            _decode_all(sh, buf, dest, key)
+        else:
+            await offload(_decode_all, sh, buf, dest, key)
+        return
+    idx = sh.whole_index(buf, key=key)
+    bounds = [n * i // ways for i in range(ways + 1)]
+    runs = [offload(_decode_cells, sh, buf, idx, a, b, dest, key) for a, b in zip(bounds, bounds[1:])]
+    await asyncio.gather(*runs)
+
+
+def _decode_all(sh: ShardingCodec, buf: Any, dest: np.ndarray, key: str) -> None:
+    sh.decode(buf, dest.shape, dest.dtype, key=key, out=dest)
+
+
+def _decode_cells(sh: ShardingCodec, buf: Any, idx: np.ndarray, first: int, stop: int,
+                  dest: np.ndarray, key: str) -> None:
+    sh.decode_cells(buf, idx, first, stop, dest, key=key)
 
 
 def _step(reader: Generator[Request, Any, None], answer: Any) -> Request | None:
@@ -304,10 +367,15 @@ async def run_async(reader: Generator[Request, Any, None], kv: Any, key: str,
     :data:`INLINE_BYTES` runs through ``offload(fn, *args)`` (a pool).
     ``shared``: the array's :class:`ShardRequests` (concurrent reads of one
     shard share their requests)."""
+    async def work(w: Work) -> Any:
+        return w.fn(*w.args) if w.cost <= INLINE_BYTES else await offload(w.fn, *w.args)
+
     req = _step(reader, None)
     while req is not None:
         if isinstance(req, Work):
-            answer = req.fn(*req.args) if req.cost <= INLINE_BYTES else await offload(req.fn, *req.args)
+            answer = await work(req)
+        elif isinstance(req, Works):
+            answer = await asyncio.gather(*(work(w) for w in req.items))
         elif isinstance(req, InnerRanges):
             answer = (await shared.ranges(kv, key, req.ranges) if shared is not None
                       else await kv.read_ranges(key, req.ranges, coalesce_gap=COALESCE_GAP))
@@ -326,6 +394,8 @@ def run_blocking(reader: Generator[Request, Any, None], kv: Any, full: str) -> N
     while req is not None:
         if isinstance(req, Work):
             answer = req.fn(*req.args)
+        elif isinstance(req, Works):
+            answer = [w.fn(*w.args) for w in req.items]
         elif isinstance(req, InnerRanges):
             answer = _ranges_blocking(kv, full, req.ranges)
         elif isinstance(req, IndexBytes):

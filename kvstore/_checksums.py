@@ -6,7 +6,9 @@
   AWS Common Runtime (awscrt, through botocore's checksum classes; both in the
   ``s3`` extra), imported only when used.
 
-Large bodies are checksummed on the CPU pool, off the event loop.
+Large bodies are checksummed on the CPU pool, off the event loop; a download's
+CRC-32C is usually computed while it arrives (``_http.Response.body_crc32c``)
+and only encoded here (:func:`crc32c_value_b64`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from tensorstore_py.core.errors import InvalidSpecError
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.core.ranges import Buffer
 
-__all__ = ["ALGORITHMS", "Algorithm", "check_algorithm", "checksum_b64", "crc32c_b64"]
+__all__ = ["ALGORITHMS", "Algorithm", "check_algorithm", "checksum_b64", "crc32c_b64", "crc32c_value_b64"]
 
 Algorithm = Literal["crc32c", "crc64nvme"]
 ALGORITHMS: tuple[Algorithm, ...] = ("crc32c", "crc64nvme")
@@ -78,3 +80,8 @@ async def checksum_b64(alg: Algorithm, data: Buffer, *, required: bool = True) -
 async def crc32c_b64(data: Buffer) -> str:
     """The base64 CRC32C of ``data``."""
     return str(await checksum_b64("crc32c", data))
+
+
+def crc32c_value_b64(value: int) -> str:
+    """A CRC-32C value as object stores send it (4 big-endian bytes in base64)."""
+    return base64.b64encode(value.to_bytes(4, "big")).decode()

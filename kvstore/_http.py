@@ -44,6 +44,20 @@ endpoint) is not transient: it fails at once with a StorageError that names
 the host and the credentials in use. A temporary resolver failure
 (``EAI_AGAIN``) is retried like any connection error.
 
+**Bodies**: an answer of :data:`DIRECT_BODY_BYTES` or more (by its
+``Content-Length``) lands piece by piece, as it arrives, in one page-aligned
+buffer of that size (:attr:`Response.body` is then a memoryview of it): no list
+of pieces joined into a second copy once the last one is in. The buffers are
+reused (:class:`~tensorstore_py.core.recycled.RecycledBuffers`, at most
+:data:`BODY_BYTES_KEPT` idle): a block serves a later answer only once the
+value read into it, and everything made from it, is gone, and memory touched
+a moment ago spares the kernel faulting in and clearing fresh pages. A request may ask
+for the CRC-32C of its answer (``crc32c=True``): it is computed over each piece
+while it is fresh in the caches (:attr:`Response.body_crc32c`), so a store
+verifying a whole object against its stored checksum needs no second pass over
+the bytes and no thread hop. A body shorter or longer than its
+``Content-Length`` is a truncated answer (retried like a dropped connection).
+
 **Ranged reads**: :func:`range_header` and :func:`partial_body` (checks a
 ``206`` answer against its ``Content-Range``).
 """
@@ -64,13 +78,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
 import aiohttp
+import crc32c as _crc32c
 import yarl
 
 from tensorstore_py.core.errors import StorageError
 from tensorstore_py.core.ranges import Buffer, ByteRange
+from tensorstore_py.core.recycled import RecycledBuffers
 from tensorstore_py.core.retry import RetryPolicy, with_retries
 
 __all__ = [
+    "DIRECT_BODY_BYTES",
     "NOT_APPLIED_STATUS",
     "Auth",
     "HttpClient",
@@ -89,6 +106,12 @@ __all__ = [
     "unresolvable_host",
 ]
 
+#: answers this large (by Content-Length) land in one buffer as they arrive (see the module doc)
+DIRECT_BODY_BYTES = 1 << 20
+#: where those answers land: blocks reused once a value and everything made from it
+#: is gone; at most this many idle bytes are kept for the next answers
+BODY_BYTES_KEPT = 64 << 20
+_bodies = RecycledBuffers(keep_bytes=BODY_BYTES_KEPT)
 #: HTTP statuses worth retrying: timeout, too many requests, server errors.
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 #: retryable answers that say the request was not carried out (the server refused
@@ -262,6 +285,7 @@ def _abandon(session: aiohttp.ClientSession) -> None:
 def _after_fork_in_child() -> None:
     global _sessions_lock
     _sessions_lock = threading.Lock()
+    _bodies.after_fork_in_child()
     for s in _sessions.values():
         _abandon(s)
         _orphans.append(s)  # never finalized here: nothing of the parent's is touched
@@ -313,21 +337,24 @@ class Auth(Protocol):
 class Response:
     """A non-retryable answer. ``attempt`` > 1 when earlier attempts failed;
     ``maybe_applied`` when one of those may have taken effect on the server (a
-    conditional write may then have landed already)."""
+    conditional write may then have landed already). ``body``: bytes, or a
+    memoryview of one buffer for answers of :data:`DIRECT_BODY_BYTES` or more;
+    ``body_crc32c``: the CRC-32C of ``body`` when the request asked for it."""
 
     status: int
     reason: str
     headers: Mapping[str, str]
-    body: bytes
+    body: Buffer
     attempt: int
     maybe_applied: bool = False
+    body_crc32c: int | None = None
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        return json.loads(self.body if isinstance(self.body, bytes) else bytes(self.body))
 
     def snippet(self, n: int = 200) -> str:
         """The start of the body as text, for error messages."""
-        return self.body[:n].decode("utf-8", "replace")
+        return bytes(self.body[:n]).decode("utf-8", "replace")
 
 
 class HttpClient:
@@ -370,6 +397,7 @@ class HttpClient:
         data: Buffer | None = None,
         retry_statuses: frozenset[int] = frozenset(),
         retries: RetryPolicy | None = None,
+        crc32c: bool = False,
     ) -> Response:
         """Send the request, retrying transient failures; returns the first
         non-retryable answer. ``what`` names the operation in errors.
@@ -377,6 +405,8 @@ class HttpClient:
         ``retry_statuses``: further statuses that mean "not carried out, try
         again" for this request (e.g. S3's 409 ConditionalRequestConflict).
         ``retries`` overrides the client's policy for this request.
+        ``crc32c``: compute the CRC-32C of the answer's body as it arrives
+        (:attr:`Response.body_crc32c`).
         """
         maybe_applied = False
 
@@ -384,7 +414,7 @@ class HttpClient:
             nonlocal maybe_applied
             try:
                 return await self._attempt(method, url, n, headers, data, retry_statuses,
-                                           maybe_applied)
+                                           maybe_applied, crc32c)
             except TransientHttpError as e:
                 maybe_applied = maybe_applied or not e.not_applied
                 raise
@@ -422,6 +452,7 @@ class HttpClient:
         data: Buffer | None,
         retry_statuses: frozenset[int],
         maybe_applied: bool,
+        crc32c: bool,
     ) -> Response:
         async with self._semaphore():
             hdrs = dict(headers or {})
@@ -431,21 +462,44 @@ class HttpClient:
             async with client_session().request(
                 method, url, headers=hdrs, data=data, **timeout
             ) as resp:
-                body = await resp.read() if method != "HEAD" else b""
+                body, crc = (b"", None) if method == "HEAD" else await _read_body(resp, crc32c)
                 status, reason = resp.status, resp.reason or ""
                 if status in (401, 403) and n == 1 and self.auth is not None \
                         and self.auth.invalidate(status):
                     raise TransientHttpError(status, "unauthorized; refreshing credentials",
                                              applied=False)
                 if is_retryable_status(status) or status in retry_statuses:
-                    text = body[:200].decode("utf-8", "replace").strip()
+                    text = bytes(body[:200]).decode("utf-8", "replace").strip()
                     raise TransientHttpError(
                         status,
                         f"{reason}: {text}" if text else reason,
                         retry_after=parse_retry_after(resp.headers.get("Retry-After")),
                         applied=False if status in retry_statuses else None,
                     )
-                return Response(status, reason, resp.headers, body, n, maybe_applied)
+                return Response(status, reason, resp.headers, body, n, maybe_applied, crc)
+
+
+async def _read_body(resp: aiohttp.ClientResponse, crc32c: bool) -> tuple[Buffer, int | None]:
+    """The answer's body and, when asked for, its CRC-32C (see the module doc)."""
+    n = resp.content_length
+    if n is None or n < DIRECT_BODY_BYTES:
+        body = await resp.read()
+        return body, _crc32c.crc32c(body) if crc32c else None
+    buf = memoryview(_bodies.get(n))
+    got, crc = 0, 0
+    while piece := await resp.content.readany():
+        end = got + len(piece)
+        if end > n:
+            raise aiohttp.ClientPayloadError(
+                f"{resp.method} {resp.url}: more than the {n} bytes of its Content-Length")
+        buf[got:end] = piece
+        if crc32c:
+            crc = _crc32c.crc32c(piece, crc)
+        got = end
+    if got != n:
+        raise aiohttp.ClientPayloadError(
+            f"{resp.method} {resp.url}: {got} of the {n} bytes of its Content-Length")
+    return buf, crc if crc32c else None
 
 
 # -- ranged reads ------------------------------------------------------------------------

@@ -10,6 +10,13 @@ botocore request per signature. It is imported lazily, only by stores that
 sign requests; lookups and refreshes run on the I/O pool (see
 :mod:`~tensorstore_py.kvstore._auth`).
 
+Lookups share one botocore session per profile and AWS configuration (the
+``AWS_*`` environment variables and the shared config and credentials files,
+by path, size and modification time): building a session costs about 10 ms of
+CPU, which every store opened used to pay before its first request. The chain
+itself is walked again at each lookup (a few microseconds for environment
+credentials), so credentials that changed are found as before.
+
 Payloads: over https the body is sent as ``UNSIGNED-PAYLOAD`` (every body
 carries an ``x-amz-checksum-*`` header that S3 verifies, and TLS protects
 both), as botocore does; over plain http (local servers) the body's SHA-256
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +45,10 @@ _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 _BIG = 1 << 20
 _signer_class: Any = None
+#: botocore sessions by profile and configuration (see the module doc), each with its lock
+_sessions: dict[tuple[Any, ...], tuple[Any, threading.Lock]] = {}
+_sessions_lock = threading.Lock()
+_MAX_SESSIONS = 8
 
 
 class S3Auth(CachedCredentials):
@@ -52,12 +64,13 @@ class S3Auth(CachedCredentials):
 
     def _lookup(self) -> tuple[Any, str]:
         # botocore is the optional s3 extra: imported only once credentials are used
-        import botocore.exceptions
-        import botocore.session  # (lazy, as above)
+        import botocore.exceptions  # (lazy, as above)
 
         where = f"profile {self.profile!r}" if self.profile else "the AWS credential chain"
+        session, lock = _session(self.profile)
         try:
-            creds = botocore.session.Session(profile=self.profile).get_credentials()
+            with lock:
+                creds = session.get_component("credential_provider").load_credentials()
         except botocore.exceptions.ProfileNotFound as e:
             return None, f"{where}: {e}"
         except botocore.exceptions.BotoCoreError as e:
@@ -141,14 +154,52 @@ def default_region(profile: str | None) -> str:
             return os.environ[var]
     try:
         # botocore is the optional s3 extra: without it only the environment is read
-        import botocore.session
+        import botocore.session  # noqa: F401  (_session uses it)
     except ImportError:
         return "us-east-1"
+    session, lock = _session(profile)
     try:
-        region = botocore.session.Session(profile=profile).get_config_variable("region")
+        with lock:
+            region = session.get_config_variable("region")
     except Exception:  # a missing profile is reported when credentials are looked up
         region = None
     return region or "us-east-1"
+
+
+def _session(profile: str | None) -> tuple[Any, threading.Lock]:
+    """The botocore session of ``profile`` under the current AWS configuration
+    (made on first use; a changed variable or file makes a new one)."""
+    # botocore is the optional s3 extra (see S3Auth._lookup)
+    import botocore.session  # (lazy, as above)
+
+    files = []
+    for var, default in (("AWS_CONFIG_FILE", "~/.aws/config"),
+                         ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")):
+        path = os.path.expanduser(os.environ.get(var) or default)
+        try:
+            st = os.stat(path)
+        except OSError:
+            files.append((path, None, None))
+        else:
+            files.append((path, st.st_mtime_ns, st.st_size))
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    key = (profile, env, tuple(files))
+    with _sessions_lock:
+        got = _sessions.get(key)
+        if got is None:
+            if len(_sessions) >= _MAX_SESSIONS:
+                _sessions.clear()
+            got = _sessions[key] = (botocore.session.Session(profile=profile), threading.Lock())
+        return got
+
+
+def _after_fork_in_child() -> None:
+    global _sessions_lock
+    _sessions_lock = threading.Lock()  # another thread of the parent may have held it
+    _sessions.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def require_botocore() -> None:

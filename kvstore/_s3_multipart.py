@@ -90,7 +90,7 @@ async def _create(store: S3KvStore, key: str, write_id: str, what: str) -> str:
         raise store._fail(f"{what} (create upload)", resp)
     upload_id = find_text(resp.body, "UploadId")
     if not upload_id:
-        raise StorageError(f"s3 {what}: no UploadId in the answer: {resp.body[:200]!r}")
+        raise StorageError(f"s3 {what}: no UploadId in the answer: {bytes(resp.body[:200])!r}")
     return upload_id
 
 
@@ -128,7 +128,7 @@ async def _parts_and_complete(store: S3KvStore, key: str, view: memoryview,
         if resp.status == 200 and code is None:
             etag = find_text(resp.body, "ETag")
             if etag is None:
-                raise StorageError(f"s3 {what}: the completion carries no ETag: {resp.body[:200]!r}")
+                raise StorageError(f"s3 {what}: the completion carries no ETag: {bytes(resp.body[:200])!r}")
             return dataclasses.replace(resp, headers={**resp.headers, "ETag": etag})
         return resp
     raise AssertionError("unreachable")  # pragma: no cover

@@ -13,6 +13,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from tensorstore_py.core.errors import StorageError
+from tensorstore_py.core.ranges import Buffer
 
 __all__ = ["common_prefixes", "complete_body", "error_code", "error_message", "find_text", "parse_list_page"]
 
@@ -30,7 +31,9 @@ def _text(node: ET.Element, name: str) -> str | None:
     return None if c is None else (c.text or "")
 
 
-def _root(body: bytes) -> ET.Element | None:
+def _root(body: Buffer) -> ET.Element | None:
+    if not isinstance(body, bytes):  # a large answer, read into a buffer of its own
+        body = bytes(body)
     if not body.lstrip().startswith(b"<"):
         return None
     try:
@@ -39,7 +42,7 @@ def _root(body: bytes) -> ET.Element | None:
         return None
 
 
-def error_code(body: bytes) -> str | None:
+def error_code(body: Buffer) -> str | None:
     """The ``<Code>`` of an ``<Error>`` document (None if the body is not one).
 
     S3 can answer 200 with an error document (CompleteMultipartUpload): callers
@@ -58,13 +61,13 @@ def error_message(resp: Any) -> str:
     return resp.snippet() or resp.reason
 
 
-def parse_list_page(body: bytes, what: str) -> tuple[list[tuple[str, int | None, str | None]], str | None]:
+def parse_list_page(body: Buffer, what: str) -> tuple[list[tuple[str, int | None, str | None]], str | None]:
     """The (key, size, last-modified) items of a ListObjectsV2 page and the next
     continuation token (None on the last page). Keys are as sent (URL-encoded
     when asked for ``encoding-type=url``)."""
     root = _root(body)
     if root is None or _local(root.tag) != "ListBucketResult":
-        raise StorageError(f"s3 {what}: not a ListBucketResult: {body[:200]!r}")
+        raise StorageError(f"s3 {what}: not a ListBucketResult: {bytes(body[:200])!r}")
     items = []
     for node in root:
         if _local(node.tag) != "Contents":
@@ -81,7 +84,7 @@ def parse_list_page(body: bytes, what: str) -> tuple[list[tuple[str, int | None,
     return items, token
 
 
-def common_prefixes(body: bytes) -> list[str]:
+def common_prefixes(body: Buffer) -> list[str]:
     """The ``CommonPrefixes/Prefix`` values of a ListObjectsV2 page asked with a
     delimiter (as sent: URL-encoded when asked for ``encoding-type=url``)."""
     root = _root(body)
@@ -91,7 +94,7 @@ def common_prefixes(body: bytes) -> list[str]:
             for p in [_text(node, "Prefix")] if p is not None]
 
 
-def find_text(body: bytes, name: str) -> str | None:
+def find_text(body: Buffer, name: str) -> str | None:
     """The text of the top-level element ``name`` of an XML answer (e.g. the UploadId
     of CreateMultipartUpload, the ETag of CompleteMultipartUpload), or None."""
     root = _root(body)

@@ -76,7 +76,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from tensorstore_py.kvstore._auth import check_mode
-from tensorstore_py.kvstore._checksums import crc32c_b64
+from tensorstore_py.kvstore._checksums import crc32c_b64, crc32c_value_b64
 from tensorstore_py.kvstore._gcs_auth import CredentialsMode, GcsAuth, require_google_auth
 from tensorstore_py.kvstore._gcs_upload import multipart_body, resumable_upload
 from tensorstore_py.kvstore._http import (
@@ -332,9 +332,12 @@ class GcsKvStore(ObjectKvStore):
         what: str,
         headers: Mapping[str, str] | None = None,
         data: bytes | None = None,
+        crc32c: bool = False,
     ) -> Response:
-        """One request with retries; returns any non-retryable answer."""
-        return await self._client.request(method, url, what=what, headers=headers, data=data)
+        """One request with retries; returns any non-retryable answer (with the
+        CRC-32C of its body when ``crc32c``)."""
+        return await self._client.request(method, url, what=what, headers=headers, data=data,
+                                          crc32c=crc32c)
 
     def _fail(self, what: str, resp: Response) -> StorageError:
         return StorageError(f"gcs {what}: HTTP {resp.status}: {_message(resp)}")
@@ -373,7 +376,9 @@ class GcsKvStore(ObjectKvStore):
             query["ifGenerationNotMatch"] = _generation_of(if_not_equal)
         headers = {} if byte_range is None else {"Range": range_header(byte_range)}
         what = f"read of {self._where(key)}"
-        resp = await self._call("GET", self._object_url(key, query), what=what, headers=headers)
+        # a whole object's CRC-32C is computed while its body arrives (checked in _verify)
+        resp = await self._call("GET", self._object_url(key, query), what=what, headers=headers,
+                                crc32c=byte_range is None)
         if resp.status == 404:
             return ReadResult.missing()
         if resp.status == 304 and if_not_equal is not None:
@@ -413,7 +418,9 @@ class GcsKvStore(ObjectKvStore):
             if name != "crc32c" or not b64:
                 continue
             expected = base64.b64decode(b64).hex()
-            actual = base64.b64decode(await crc32c_b64(resp.body)).hex()
+            found = crc32c_value_b64(resp.body_crc32c) if resp.body_crc32c is not None \
+                else await crc32c_b64(resp.body)
+            actual = base64.b64decode(found).hex()
             if actual != expected:
                 raise ChecksumError(
                     f"gcs read of {self._where(key)}: crc32c of the {len(resp.body)} bytes "

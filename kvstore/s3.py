@@ -84,7 +84,7 @@ from tensorstore_py.core.errors import (
 from tensorstore_py.core.retry import DEFAULT_RETRY_POLICY
 from tensorstore_py.kvstore import _s3_multipart
 from tensorstore_py.kvstore._auth import CredentialsMode, check_mode
-from tensorstore_py.kvstore._checksums import ALGORITHMS, check_algorithm, checksum_b64
+from tensorstore_py.kvstore._checksums import ALGORITHMS, check_algorithm, checksum_b64, crc32c_value_b64
 from tensorstore_py.kvstore._http import (
     HttpClient,
     Response,
@@ -314,9 +314,9 @@ class S3KvStore(ObjectKvStore):
 
     async def _call(self, method: str, url: yarl.URL, *, what: str,
                     headers: Mapping[str, str] | None = None, data: Buffer | None = None,
-                    retry_statuses: frozenset[int] = frozenset()) -> Response:
+                    retry_statuses: frozenset[int] = frozenset(), crc32c: bool = False) -> Response:
         return await self._client.request(method, url, what=what, headers=headers, data=data,
-                                          retry_statuses=retry_statuses)
+                                          retry_statuses=retry_statuses, crc32c=crc32c)
 
     def _fail(self, what: str, resp: Response) -> TensorStoreError:
         code = error_code(resp.body)
@@ -359,14 +359,16 @@ class S3KvStore(ObjectKvStore):
         etag = None if if_not_equal is None else _etag(if_not_equal)
         if etag is not None:
             headers["If-None-Match"] = etag
-        resp = await self._call("GET", self._url(key), what=what, headers=headers)
+        # a whole object's CRC-32C is computed while its body arrives (checked in _verify)
+        whole = byte_range is None
+        resp = await self._call("GET", self._url(key), what=what, headers=headers, crc32c=whole)
         if resp.status == 304 and if_not_equal is not None:
             vid = resp.headers.get("x-amz-version-id")
             if b"#" not in if_not_equal.token or (vid and _gen({"ETag": etag or "",
                                                                 "x-amz-version-id": vid}) == if_not_equal):
                 return ReadResult("unchanged", b"", if_not_equal)
             headers.pop("If-None-Match")  # same bytes, maybe another version: read it
-            resp = await self._call("GET", self._url(key), what=what, headers=headers)
+            resp = await self._call("GET", self._url(key), what=what, headers=headers, crc32c=whole)
         if resp.status == 404:
             if error_code(resp.body) == "NoSuchBucket":
                 raise self._fail(what, resp)
@@ -402,7 +404,9 @@ class S3KvStore(ObjectKvStore):
             sent = resp.headers.get(f"x-amz-checksum-{alg}")
             if not sent or "-" in sent:
                 continue
-            actual = await checksum_b64(alg, resp.body, required=False)
+            actual = crc32c_value_b64(resp.body_crc32c) \
+                if alg == "crc32c" and resp.body_crc32c is not None \
+                else await checksum_b64(alg, resp.body, required=False)
             if actual is not None and actual != sent:
                 raise ChecksumError(
                     f"s3 read of {self._where(key)}: {alg} of the {len(resp.body)} bytes received "

@@ -259,3 +259,75 @@ def test_partial_reads_over_http(tmp_path, serve_app):
     assert {p for p, _ in seen} == {"/c/0/1/0", "/c/0/1/1"}
     assert all(r is not None for _, r in seen)  # ranged requests only, never a whole shard
     assert (read(a) == x).all()
+
+
+class _SlowDecode:
+    """What the ``test_slow_decode`` codec saw: how many decodes ran at once."""
+
+    lock = __import__("threading").Lock()
+    running = 0
+    most = 0
+    calls = 0
+
+
+def _slow_decode_codec() -> None:
+    import time
+
+    from tensorstore_py.drivers.codecs.base import BytesBytesCodec
+    from tensorstore_py.drivers.codecs.registry import codec_class, register_codec
+
+    if codec_class("test_slow_decode") is not None:
+        return
+
+    @register_codec
+    class SlowDecode(BytesBytesCodec):  # the bytes as they are; each decode takes 20 ms
+        name = "test_slow_decode"
+
+        @classmethod
+        def from_json(cls, config, chunk):
+            return cls()
+
+        def to_json(self):
+            return {"name": self.name}
+
+        def encode(self, buf):
+            return buf
+
+        def decode(self, buf, *, key, size, limit, out=None):
+            with _SlowDecode.lock:
+                _SlowDecode.running += 1
+                _SlowDecode.calls += 1
+                _SlowDecode.most = max(_SlowDecode.most, _SlowDecode.running)
+            time.sleep(0.02)
+            with _SlowDecode.lock:
+                _SlowDecode.running -= 1
+            return buf
+
+
+def test_whole_shard_over_http_is_decoded_on_several_threads(tmp_path, serve_app):
+    """A shard read whole from a remote store, for all of it or for most of it:
+    its encoded inner chunks are decoded on every codec thread at once (one
+    shard alone keeps them all busy), and the values are exact, fill values
+    included."""
+    from aiohttp import web
+
+    import tensorstore_py as tsp
+
+    _slow_decode_codec()
+    meta = build_metadata("zarr3", shape=[128, 128, 256], dtype="uint8", chunks=[64, 64, 64],
+                          shards=[128, 128, 256])
+    meta["codecs"][0]["configuration"]["codecs"].append({"name": "test_slow_decode"})
+    x = np.random.default_rng(3).integers(1, 255, (128, 128, 256)).astype(np.uint8)
+    x[64:, :64, :64] = 0  # one inner chunk of fill values: omitted, read back as fill
+    write(open_sync({"driver": "zarr3", "kvstore": "file://" + str(tmp_path / "v"), "metadata": meta},
+                    create=True), x)
+    app = web.Application()
+    app.router.add_static("/", str(tmp_path / "v"))
+    server = serve_app(app)
+    ctx = tsp.Context({"data_copy_concurrency": {"limit": 2}})
+    a = tsp.open({"driver": "zarr3", "kvstore": server.url + "/"}, context=ctx).result(60)
+    for region in ((slice(None),) * 3, (slice(None), slice(None), slice(1, 255))):
+        _SlowDecode.most = _SlowDecode.calls = 0
+        assert np.array_equal(np.asarray(a[region].read().result(60)), x[region])
+        assert _SlowDecode.calls == 15  # one shard of 16 inner chunks, one of them missing
+        assert _SlowDecode.most == 2, region

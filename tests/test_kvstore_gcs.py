@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import multiprocessing
+import os
 import pickle
+import subprocess
 import sys
 import urllib.request
 from typing import Any
@@ -322,6 +324,60 @@ def test_checksum_mismatch_is_reported(serve_app: Any) -> None:
         kv.read("k").result(T)
     # a ranged read (206) can not be checked against the whole-object hash
     assert bytes(kv.read("k", byte_range=slice(0, 3)).result(T).value) == served[0:3]
+
+
+def test_large_body_checksum_mismatch_is_reported(serve_app: Any) -> None:
+    """A body of several MiB (it lands in a buffer as it arrives, its crc32c
+    computed on the way) whose bytes do not match x-goog-hash: ChecksumError; the
+    matching one reads back exactly."""
+    good = os.urandom(3 << 20)
+    served = {"bad": good[:-1] + bytes([good[-1] ^ 1]), "good": good}
+    crc = base64.b64encode(crc32c.crc32c(good).to_bytes(4, "big")).decode()
+
+    async def handler(request: web.Request) -> web.Response:
+        headers = {"x-goog-generation": "42", "x-goog-hash": f"crc32c={crc},md5=xx"}
+        return web.Response(body=served[request.match_info["name"]], headers=headers)
+
+    app = web.Application()
+    app.router.add_get("/storage/v1/b/ok-bucket/o/{name}", handler)
+    kv = GcsKvStore(bucket="ok-bucket", endpoint=serve_app(app).url)
+    with pytest.raises(ChecksumError, match=r"ok-bucket/bad.*3145728 bytes"):
+        kv.read("bad").result(T)
+    assert bytes(kv.read("good").result(T).value) == good
+
+
+_FAULTS_PER_READ = """
+import json, resource, sys
+import tensorstore_py as tsp
+kv = tsp.KvStore.open(json.loads(sys.argv[1])).result(60)
+faults = []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    value = kv.read("big").result(60).value
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    assert len(value) == 8 << 20
+    del value
+print(min(faults[1:]))
+"""
+
+
+def test_large_reads_land_in_reused_memory(gcs_emulator: GcsEmulator, bucket: str) -> None:
+    """A whole read of a large object lands in memory that an earlier read used
+    once that value is gone (no fresh pages for the kernel to fault in and
+    clear: counted in a process of its own), and never in memory that a value
+    still held uses."""
+    kv = GcsKvStore.from_spec(gcs_emulator.spec(bucket))
+    first, second = os.urandom(8 << 20), os.urandom(8 << 20)
+    kv.write("big", first).result(T)
+    held = kv.read("big").result(T).value
+    kv.write("big", second).result(T)
+    for _ in range(3):
+        assert bytes(kv.read("big").result(T).value) == second
+    assert bytes(held) == first  # the value still held was never written over
+    out = subprocess.run([sys.executable, "-c", _FAULTS_PER_READ, json.dumps(gcs_emulator.spec(bucket))],
+                         capture_output=True, text=True, timeout=T, check=True).stdout
+    # 8 MiB are 2048 pages: a body read into fresh memory faults every one of them in
+    assert int(out) < 256, out
 
 
 # -- processes ---------------------------------------------------------------------------

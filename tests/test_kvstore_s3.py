@@ -179,6 +179,22 @@ def test_checksum_mismatch_is_reported(s3_server: S3Server, bucket: str, kv: S3K
     assert bytes(kv.read("bad", byte_range=slice(0, 3)).result(T).value) == b"the"
 
 
+def test_large_body_checksum_mismatch_is_reported(s3_server: S3Server, bucket: str,
+                                                  kv: S3KvStore) -> None:
+    """A body of several MiB (it lands in a buffer as it arrives, its crc32c
+    computed on the way) that does not match its stored crc32c: ChecksumError."""
+    good = os.urandom(3 << 20)
+    bad = good[:-1] + bytes([good[-1] ^ 1])
+    status, _, _ = s3_server.request("PUT", f"/{bucket}/bad", bad, {
+        "x-amz-sdk-checksum-algorithm": "CRC32C", "x-amz-checksum-crc32c": _b64_crc32c(good)})
+    assert status == 200
+    with pytest.raises(ChecksumError, match=rf"s3://{bucket}/bad.*3145728 bytes"):
+        kv.read("bad").result(T)
+    kv.write("good", good).result(T)
+    assert bytes(kv.read("good").result(T).value) == good
+    assert bytes(kv.read("bad", byte_range=slice(5, 1 << 21)).result(T).value) == bad[5: 1 << 21]
+
+
 def test_crc64nvme(s3_server: S3Server, bucket: str) -> None:
     pytest.importorskip("awscrt")
     from awscrt import checksums

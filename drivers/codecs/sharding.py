@@ -354,13 +354,24 @@ class ShardingCodec(ArrayBytesCodec):
         res = out if out is not None else np.empty(shape, dtype=dtype)
         if self.raw_inner and place_cells(mv, idx, res, self.chunk_shape, self.fill):
             return res
-        missing = int(MISSING)
-        for (cell, sl), (off, n) in zip(self.cells, idx.reshape(-1, 2).tolist()):
-            if off == missing:
-                res[sl] = self.fill
-                continue
-            res[sl] = self.inner.decode(mv[off: off + n], key=f"{key} (inner chunk {list(cell)})")
+        self.decode_cells(mv, idx, 0, len(self.cells), res, key=key)
         return res
+
+    def decode_cells(self, buf: Buffer, idx: np.ndarray, first: int, stop: int, out: np.ndarray,
+                     *, key: str) -> None:
+        """Decode inner chunks ``first`` to ``stop`` (positions in C order of the
+        shard's grid) of the whole stored shard ``buf`` (its validated index
+        ``idx``) into their cells of ``out`` (shard-shaped); missing ones get the
+        fill value. Disjoint position ranges touch disjoint cells of ``out``, so
+        they may be decoded on several threads at once."""
+        mv = memoryview(buf).cast("B")
+        missing = int(MISSING)
+        entries = idx.reshape(-1, 2)[first:stop].tolist()
+        for (cell, sl), (off, n) in zip(self.cells[first:stop], entries):
+            if off == missing:
+                out[sl] = self.fill
+                continue
+            out[sl] = self.inner.decode(mv[off: off + n], key=f"{key} (inner chunk {list(cell)})")
 
     def inner_cells(self, region: tuple[slice, ...]) -> list[tuple[int, ...]]:
         """Inner chunk positions that intersect ``region`` (step-1 bounds)."""
