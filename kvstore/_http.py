@@ -485,7 +485,7 @@ async def _read_body(resp: aiohttp.ClientResponse, crc32c: bool) -> tuple[Buffer
     if n is None or n < DIRECT_BODY_BYTES:
         body = await resp.read()
         return body, _crc32c.crc32c(body) if crc32c else None
-    buf = memoryview(_bodies.get(n))
+    buf = memoryview(_bodies.get(n).data)
     got, crc = 0, 0
     while piece := await resp.content.readany():
         end = got + len(piece)

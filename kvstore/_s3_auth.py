@@ -172,7 +172,7 @@ def _session(profile: str | None) -> tuple[Any, threading.Lock]:
     # botocore is the optional s3 extra (see S3Auth._lookup)
     import botocore.session  # (lazy, as above)
 
-    files = []
+    files: list[tuple[str, int | None, int | None]] = []
     for var, default in (("AWS_CONFIG_FILE", "~/.aws/config"),
                          ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")):
         path = os.path.expanduser(os.environ.get(var) or default)
