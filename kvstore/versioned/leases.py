@@ -90,11 +90,11 @@ LINGER = 1.0
 #: no delete after it. Meanwhile the lease is rewritten only when it would
 #: otherwise turn ``TTL / 2`` old within the linger, before the next refresh (a
 #: registration would have to write it then): with the defaults, only after a
-#: writer that ran past its last refresh by over 30 s. Commits further apart pay the round trip, small next to their
-#: interval; and under TTL, a lingering claim protects no longer than the claim
-#: of a writer that crashed right after its commit: a collector in another
-#: process keeps the young unreferenced objects it covers at most this much
-#: longer (FORMAT.md §9.3, "The writer linger").
+#: writer that ran past its last refresh by over 30 s. Commits further apart pay
+#: the round trip, small next to their interval; and under TTL, a lingering
+#: claim protects no longer than the claim of a writer that crashed right after
+#: its commit: a collector in another process keeps the young unreferenced
+#: objects it covers at most this much longer (FORMAT.md §9.3, "The writer linger").
 WRITER_LINGER = 120.0
 #: seconds subtracted from a writer's start: write latency and clock granularity
 SLACK = 60.0
