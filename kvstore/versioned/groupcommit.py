@@ -122,7 +122,8 @@ async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
                     raise e.error from None  # the packed values': the whole batch
                 # one writer's own upload failed: it fails alone, the rest is
                 # planned again (without its value) against a fresh probe
-                e.owner.future.set_exception(e.error)
+                if not e.owner.future.done():  # (its writer may have been cancelled)
+                    e.owner.future.set_exception(e.error)
                 batch = [op for op in batch if op is not e.owner]
                 if not batch:
                     return
