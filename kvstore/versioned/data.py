@@ -65,18 +65,18 @@ async def make_entry(root: VersionedRoot, value: Buffer) -> Entry | Pending:
     if n < LARGE_MIN:
         return Pending(stamp, bytes(value))
     # large values: checksum off the loop (crc32c releases the GIL), then write alone
-    name = new_name("data")
     base = root.base
-    if base.blocking_io:
-        # checksum and create in ONE pool call (one thread hop, warm caches)
-        try:
-            crc = await run_io(_crc_and_create, base, name, value)
-        except OSError:  # transient: the async create retries (create-only, so idempotent)
-            crc = await run_cpu(_crc_of, value)
-            await create_object(base, name, value, exists="ours")
-        return RefEntry(stamp, name, 0, n, crc)
-    crc = await run_cpu(_crc_of, value)
-    await create_object(base, name, value, exists="ours")
+    if not base.blocking_io:
+        entry, upload = await start_entry(root, value)
+        await upload
+        return entry
+    name = new_name("data")
+    # checksum and create in ONE pool call (one thread hop, warm caches)
+    try:
+        crc = await run_io(_crc_and_create, base, name, value)
+    except OSError:  # transient: the async create retries (create-only, so idempotent)
+        crc = await run_cpu(_crc_of, value)
+        await create_object(base, name, value, exists="ours")
     return RefEntry(stamp, name, 0, n, crc)
 
 
