@@ -383,10 +383,10 @@ class VersionedParticipant(Participant):
             # attempt's nodes are written; they have landed before the record
             upload = await self._start_flush()
             changes = await self.finalize()
-            # a transaction that read nothing is based on the version its commit
-            # is first planned against (the probe's answer): not pinned here, so
-            # that the commit can write its nodes while the probe is in flight
-            base = self.base_version if self.snapshot is None else await self.pin(probe)
+            # pinned at the first read or write: the probe is awaited here only by
+            # a transaction that did neither, so the commit's first attempt can
+            # write its nodes while the probe is in flight
+            base = await self.pin(probe)
 
             async def check() -> None:
                 await uploaded(upload)
@@ -432,19 +432,17 @@ class VersionedParticipant(Participant):
 
 
 async def commit_changes(
-    root: VersionedRoot, changes: list[Change], base: int | None, txn: Transaction, *,
+    root: VersionedRoot, changes: list[Change], base: int, txn: Transaction, *,
     reads: ReadSet | None = None, nonce: str | None = None, txn_from: int | None = None,
     before_publish: Callable[[], Awaitable[None]] | None = None,
     probe: asyncio.Future[int] | None = None,
 ) -> CommitRecord:
     """Commit ``changes`` read from version ``base``: rebase, or ConflictError.
 
-    ``base`` None: the transaction read nothing, and is based on the parent
-    of the commit's first attempt that reaches its record. ``reads``
-    (serializable) are checked like the written keys. A multi-writer commit
-    passes its attempt's ``nonce`` (stored in the record) and ``txn_from``: a
-    version above it that carries ``txn.txn_id`` raises AlreadyCommitted
-    instead of committing the transaction twice.
+    ``reads`` (serializable) are checked like the written keys. A multi-writer
+    commit passes its attempt's ``nonce`` (stored in the record) and
+    ``txn_from``: a version above it that carries ``txn.txn_id`` raises
+    AlreadyCommitted instead of committing the transaction twice.
     """
     ours = {k for k, _ in changes}
     # every version <= checked is validated; only an attempt that reaches its
@@ -454,8 +452,7 @@ async def commit_changes(
 
     async def plan(parent: CommitRecord | None) -> Plan:
         n = parent.version if parent else 0
-        lo = n if checked is None else checked
-        lo_txn = checked_txn
+        lo, lo_txn = checked, checked_txn
         if n > lo or (lo_txn is not None and n > lo_txn):
             await validate(root, lo, n, writes=ours, reads=reads, txn_id=txn.txn_id, txn_from=lo_txn)
 
