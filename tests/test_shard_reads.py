@@ -4,9 +4,12 @@ chunk paths (drivers/codecs/_cells.py), on both I/O paths: the async one
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import numpy as np
 import pytest
-from test_driver_helpers import CountingKvStore, open_sync, read, write
+from test_driver_helpers import CountingKvStore, norm, open_sync, read, run_sync, write
 
 from tensorstore_py.drivers.codecs._cells import MISSING
 from tensorstore_py.drivers.open import build_metadata
@@ -192,3 +195,75 @@ def test_many_raw_inner_chunks_come_in_one_span(tmp_path, path):
         assert np.array_equal(read(a, region), x[region]), region
         data = [r for _, r in counting.reads if r is not None and r.start >= 0]
         assert len(data) == 1, counting.reads
+
+
+def _zstd_shard(kv):
+    """A zstd-sharded array on ``kv`` (written through its base) and its data."""
+    x = _data()
+    write(open_sync({"driver": "zarr3", "kvstore": kv, "metadata": _meta(compression=("zstd", 1))},
+                    create=True), x)
+    return x
+
+
+def _counting_decodes(a):
+    """Count the inner chunk decodes of array driver ``a`` (a list of the thread of each)."""
+    inner, calls = a._shard.inner, []
+    decode = inner.decode
+
+    def counted(buf, **kw):
+        calls.append(threading.get_ident())
+        return decode(buf, **kw)
+
+    inner.decode = counted
+    return calls
+
+
+def test_concurrent_reads_of_one_shard_decode_each_inner_chunk_once():
+    """Crops of one shard in flight together (their inner chunk ranges come in one
+    request) decode each zstd inner chunk they need once, not once per crop; the
+    shared chunks land in every crop's bytes."""
+    mem = MemoryKvStore()
+    x = _zstd_shard(mem)
+    a = open_sync({"driver": "zarr3", "kvstore": CountingKvStore(mem)})
+    read(a, (slice(0, 1), slice(0, 1), slice(0, 1)))  # the shard's index cached
+    calls = _counting_decodes(a)
+    # 6 crops of shard c/0/0/0 (5 x 3 x 2 inner chunks of 4 x 6 x 5), each 2 x 2 x 2 inner chunks
+    regions = [(slice(2 + i % 3, 6 + i % 3), slice(3, 9), slice(1 + i // 3, 6 + i // 3)) for i in range(6)]
+    cells = {(z // 4, y // 6, w // 5) for r in regions for z in range(r[0].start, r[0].stop)
+             for y in range(r[1].start, r[1].stop) for w in range(r[2].start, r[2].stop)}
+    cells.discard((0, 0, 0))  # all fill: not stored, never decoded
+
+    async def together():
+        return await asyncio.gather(*(a.read(norm(r, a.shape)) for r in regions))
+
+    got = run_sync(together())
+    for r, g in zip(regions, got, strict=True):
+        assert np.array_equal(g, x[r]), r
+    assert len(calls) == len(cells)  # one decode per distinct inner chunk (each crop alone: 42)
+
+
+def test_a_corrupt_inner_chunk_shared_by_concurrent_reads_fails_each_of_them():
+    """The reads that share a decode share its failure: every crop that needs the
+    corrupt inner chunk raises DataCorruptionError naming the shard (none hangs,
+    none gets stale bytes); a crop that does not need it reads correctly."""
+    mem = MemoryKvStore()
+    x = _zstd_shard(mem)
+    a = open_sync({"driver": "zarr3", "kvstore": CountingKvStore(mem)})
+    raw = bytearray(mem.read("c/0/0/0").result(60).value)
+    idx = a._shard.whole_index(bytes(raw), key="k")
+    off, n = (int(v) for v in idx[1, 1, 0])  # inner chunk (1, 1, 0): elements [4:8, 6:12, 0:5]
+    raw[off + 4: off + n] = bytes(n - 4)  # its zstd frame header kept, its blocks zeroed
+    mem.write("c/0/0/0", bytes(raw)).result(60)
+    read(a, (slice(0, 1), slice(0, 1), slice(0, 1)))  # the shard's index cached
+    needing = [(slice(3, 7), slice(5, 9), slice(1, 4)), (slice(5, 9), slice(7, 13), slice(2, 6)),
+               (slice(4, 8), slice(6, 12), slice(0, 5))]
+    clear = (slice(9, 12), slice(13, 17), slice(6, 9))
+
+    async def together():
+        return await asyncio.gather(*(a.read(norm(r, a.shape)) for r in [*needing, clear]),
+                                    return_exceptions=True)
+
+    got = run_sync(together(), timeout=60)  # a read left waiting for the decode fails here
+    for r, g in zip(needing, got, strict=False):
+        assert isinstance(g, DataCorruptionError) and "c/0/0/0" in str(g), (r, g)
+    assert np.array_equal(got[-1], x[clear])
