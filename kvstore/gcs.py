@@ -76,7 +76,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from tensorstore_py.kvstore._auth import check_mode
-from tensorstore_py.kvstore._checksums import crc32c_b64, crc32c_value_b64
+from tensorstore_py.kvstore._checksums import crc32c_b64
 from tensorstore_py.kvstore._gcs_auth import CredentialsMode, GcsAuth, require_google_auth
 from tensorstore_py.kvstore._gcs_upload import multipart_body, resumable_upload
 from tensorstore_py.kvstore._http import (
@@ -241,6 +241,8 @@ class GcsKvStore(ObjectKvStore):
             raise InvalidSpecError(
                 f"gcs: emulator_workarounds must be true or false, got {emulator_workarounds!r}")
         self.emulator_workarounds = emulator_workarounds
+        # the URL of the bucket's objects, encoded once (a request adds the quoted name)
+        self._objects = f"{self.endpoint}/storage/v1/b/{quote(self.bucket, safe='')}/o"
         self.retry_policy = retry_policy(retries, DEFAULT_RETRY_POLICY)
         self._retries_option = retries_spec(retries)
         # shared with with_path() views (copy.copy keeps the same client)
@@ -315,9 +317,12 @@ class GcsKvStore(ObjectKvStore):
         )
 
     # -- HTTP plumbing ----------------------------------------------------------------
-    def _object_url(self, key: str, query: Mapping[str, Any]) -> yarl.URL:
-        return self._url(f"/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}",
-                         query)
+    def _object_url(self, key: str, query: Mapping[str, Any] | str) -> yarl.URL:
+        """The URL of object ``key`` with ``query`` (a mapping, or a query string
+        already encoded)."""
+        qs = query if isinstance(query, str) else urlencode(query, quote_via=quote)
+        # Object names need '/' escaped as %2F: the URL is encoded here, not by yarl.
+        return yarl.URL(f"{self._objects}/{quote(key, safe='')}{'?' if qs else ''}{qs}", encoded=True)
 
     def _url(self, path: str, query: Mapping[str, Any]) -> yarl.URL:
         # Build the encoded URL ourselves: object names need '/' escaped as %2F.
@@ -344,7 +349,7 @@ class GcsKvStore(ObjectKvStore):
 
     async def _stat(self, key: str) -> dict[str, Any] | None:
         """The object's metadata (generation, size, metadata), or None if absent."""
-        url = self._object_url(key, {"fields": "generation,size,metadata"})
+        url = self._object_url(key, "fields=generation%2Csize%2Cmetadata")
         resp = await self._call("GET", url, what=f"stat of {self._where(key)}")
         if resp.status == 404:
             return None
@@ -371,14 +376,15 @@ class GcsKvStore(ObjectKvStore):
                 return ReadResult("unchanged", b"", gen)
             return ReadResult("value", b"", gen)
 
-        query: dict[str, Any] = {"alt": "media"}
-        if if_not_equal is not None and _generation_of(if_not_equal) is not None:
-            query["ifGenerationNotMatch"] = _generation_of(if_not_equal)
-        headers = {} if byte_range is None else {"Range": range_header(byte_range)}
+        query = "alt=media"
+        not_gen = None if if_not_equal is None else _generation_of(if_not_equal)
+        if not_gen is not None:
+            query += f"&ifGenerationNotMatch={not_gen}"
+        headers = None if byte_range is None else {"Range": range_header(byte_range)}
         what = f"read of {self._where(key)}"
         # a whole object's CRC-32C is computed while its body arrives (checked in _verify)
-        resp = await self._call("GET", self._object_url(key, query), what=what, headers=headers,
-                                crc32c=byte_range is None)
+        resp = await self._client.request("GET", self._object_url(key, query), what=what,
+                                          headers=headers, crc32c=byte_range is None)
         if resp.status == 404:
             return ReadResult.missing()
         if resp.status == 304 and if_not_equal is not None:
@@ -418,9 +424,11 @@ class GcsKvStore(ObjectKvStore):
             if name != "crc32c" or not b64:
                 continue
             expected = base64.b64decode(b64).hex()
-            found = crc32c_value_b64(resp.body_crc32c) if resp.body_crc32c is not None \
-                else await crc32c_b64(resp.body)
-            actual = base64.b64decode(found).hex()
+            found = resp.body_crc32c
+            if found is None:
+                actual = base64.b64decode(await crc32c_b64(resp.body)).hex()
+            else:  # computed as the body arrived: 4 big-endian bytes, as GCS sends them
+                actual = found.to_bytes(4, "big").hex()
             if actual != expected:
                 raise ChecksumError(
                     f"gcs read of {self._where(key)}: crc32c of the {len(resp.body)} bytes "
