@@ -243,6 +243,7 @@ class GcsKvStore(ObjectKvStore):
         self.emulator_workarounds = emulator_workarounds
         # the URL of the bucket's objects, encoded once (a request adds the quoted name)
         self._objects = f"{self.endpoint}/storage/v1/b/{quote(self.bucket, safe='')}/o"
+        self._uploads = f"{self.endpoint}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o"
         self.retry_policy = retry_policy(retries, DEFAULT_RETRY_POLICY)
         self._retries_option = retries_spec(retries)
         # shared with with_path() views (copy.copy keeps the same client)
@@ -450,7 +451,7 @@ class GcsKvStore(ObjectKvStore):
                 resp = await resumable_upload(self, key, value, query, write_id, what)
             else:
                 body, content_type = await multipart_body(key, value, write_id)
-                url = self._url(f"/upload/storage/v1/b/{quote(self.bucket, safe='')}/o", query)
+                url = yarl.URL(f"{self._uploads}?{urlencode(query, quote_via=quote)}", encoded=True)
                 resp = await self._call("POST", url, what=what, data=body,
                                         headers={"Content-Type": content_type})
         except RetriesExhaustedError as e:
