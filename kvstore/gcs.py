@@ -439,11 +439,13 @@ class GcsKvStore(ObjectKvStore):
     # -- writes -------------------------------------------------------------------------
     async def _write(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
         query: dict[str, Any] = {"uploadType": "multipart", "fields": "generation"}
+        condition = ""  # the same precondition in the multipart request's query string
         if if_equal is not None:
             expected = 0 if if_equal.is_no_value else _generation_of(if_equal)
             if expected is None:  # not a GCS generation: it can never match
                 raise self._condition_failed("write", key, if_equal, await self._found(key))
             query["ifGenerationMatch"] = expected
+            condition = f"&ifGenerationMatch={expected}"
         write_id = new_write_id()
         what = f"write of {self._where(key)}"
         try:
@@ -451,7 +453,8 @@ class GcsKvStore(ObjectKvStore):
                 resp = await resumable_upload(self, key, value, query, write_id, what)
             else:
                 body, content_type = await multipart_body(key, value, write_id)
-                url = yarl.URL(f"{self._uploads}?{urlencode(query, quote_via=quote)}", encoded=True)
+                url = yarl.URL(f"{self._uploads}?uploadType=multipart&fields=generation{condition}",
+                               encoded=True)
                 resp = await self._call("POST", url, what=what, data=body,
                                         headers={"Content-Type": content_type})
         except RetriesExhaustedError as e:
