@@ -41,7 +41,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.core.retry import RetryPolicy
-from tensorstore_py.kvstore.transaction import CommitInfo, Transaction, note_may_land
+from tensorstore_py.kvstore.participant import CommitInfo, TransactionHandle, note_may_land
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.data import require_present
 from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, crc32c, new_write_id
@@ -93,7 +93,7 @@ class MultiWriterParticipant(VersionedParticipant):
     """A process's part in a multi-writer transaction on one versioned root:
     staged like any transaction; process 0 opens its attempt at first use."""
 
-    def __init__(self, root: VersionedRoot, snapshot: int | None, txn: Transaction) -> None:
+    def __init__(self, root: VersionedRoot, snapshot: int | None, txn: TransactionHandle) -> None:
         super().__init__(root, snapshot, txn)
         self._attempt: asyncio.Future[Attempt | CommitRecord] | None = None
 
@@ -110,7 +110,7 @@ class MultiWriterParticipant(VersionedParticipant):
             self._attempt.add_done_callback(lambda f: f.cancelled() or f.exception())
         return self._attempt
 
-    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
+    async def commit(self, txn: TransactionHandle, *, wait: bool) -> CommitInfo:
         deadline = time.monotonic() + txn.timeout
         try:
             try:
@@ -201,7 +201,7 @@ async def _find_committed(root: VersionedRoot, txn_id: str) -> tuple[CommitRecor
 
 
 # -- process 0 --------------------------------------------------------------------------
-async def open_attempt(root: VersionedRoot, txn: Transaction) -> Attempt | CommitRecord:
+async def open_attempt(root: VersionedRoot, txn: TransactionHandle) -> Attempt | CommitRecord:
     """Open process 0's attempt, or return the commit if ``txn_id`` already committed
     (then the result object is repaired if missing and the others are told)."""
     txn_id = txn.txn_id
@@ -282,7 +282,7 @@ async def _quietly(aw: Any) -> None:
         log.warning("multi-writer transaction: could not announce an outcome: %s", e)
 
 
-async def _announce(root: VersionedRoot, txn: Transaction, a: Attempt | None, outcome: dict[str, Any]) -> None:
+async def _announce(root: VersionedRoot, txn: TransactionHandle, a: Attempt | None, outcome: dict[str, Any]) -> None:
     """Tell the others: ``result`` (success, stays) or the attempt's ``failed`` object,
     and the coordination object. Best effort: a commit is durable before this,
     and a participant that hears nothing finds the commit record at its deadline."""
@@ -325,7 +325,7 @@ async def _cleanup(root: VersionedRoot, txn_id: str) -> None:
                     txn_id, txn_prefix(txn_id), e)
 
 
-async def _gather(root: VersionedRoot, txn: Transaction, a: Attempt, deadline: float) -> list[Fragment]:
+async def _gather(root: VersionedRoot, txn: TransactionHandle, a: Attempt, deadline: float) -> list[Fragment]:
     """Wait until every participant's fragment for attempt ``a`` exists; read them."""
     txn_id, n = a.txn_id, a.count
     names = [fragment_name(txn_id, a.number, a.nonce, i) for i in range(1, n)]
@@ -369,7 +369,7 @@ async def _gather(root: VersionedRoot, txn: Transaction, a: Attempt, deadline: f
 
 
 # -- participants i > 0 ---------------------------------------------------------------------
-async def _participate(root: VersionedRoot, txn: Transaction, mine: Fragment, deadline: float,
+async def _participate(root: VersionedRoot, txn: TransactionHandle, mine: Fragment, deadline: float,
                        wait: bool) -> CommitInfo:
     txn_id = txn.txn_id
     assert txn_id is not None
@@ -412,7 +412,7 @@ def _index_taken(root: VersionedRoot, a: Attempt, index: int) -> InvalidArgument
     )
 
 
-async def _as_ours(root: VersionedRoot, txn: Transaction, rec: CommitRecord, mine: Fragment,
+async def _as_ours(root: VersionedRoot, txn: TransactionHandle, rec: CommitRecord, mine: Fragment,
                    a: Attempt | None) -> CommitInfo:
     """The CommitInfo of ``rec`` for this participant: its fragment of attempt
     ``a`` was merged, or its writes are the ones committed."""
@@ -429,7 +429,7 @@ def _size_crc(e: Any) -> tuple[int, int] | None:
     return e.length, e.crc
 
 
-async def _if_same_writes(root: VersionedRoot, txn: Transaction, rec: CommitRecord,
+async def _if_same_writes(root: VersionedRoot, txn: TransactionHandle, rec: CommitRecord,
                           changes: list[Change]) -> CommitInfo:
     """``rec``'s CommitInfo if ``changes`` are what it committed (same keys deleted,
     or holding values of the same length and crc32c), else InvalidArgumentError."""
@@ -452,7 +452,7 @@ async def _if_same_writes(root: VersionedRoot, txn: Transaction, rec: CommitReco
                       keys_changed=len(changes))
 
 
-def _error_of(outcome: dict[str, Any], txn: Transaction) -> TensorStoreError:
+def _error_of(outcome: dict[str, Any], txn: TransactionHandle) -> TensorStoreError:
     name = str(outcome.get("error"))
     msg = f"multi-writer transaction {txn.txn_id!r} failed at the coordinator: {outcome.get('message', '')}"
     if name == "CommitOutcomeUnknownError":
@@ -463,7 +463,7 @@ def _error_of(outcome: dict[str, Any], txn: Transaction) -> TensorStoreError:
     return cls(msg)
 
 
-async def _learn_attempt(root: VersionedRoot, txn: Transaction, deadline: float) -> Attempt | dict[str, Any]:
+async def _learn_attempt(root: VersionedRoot, txn: TransactionHandle, deadline: float) -> Attempt | dict[str, Any]:
     """Process 0's newest attempt, or the transaction's outcome if it was already decided."""
     txn_id = txn.txn_id
     assert txn_id is not None
@@ -499,7 +499,7 @@ async def _learn_attempt(root: VersionedRoot, txn: Transaction, deadline: float)
     return await _backoff_poll(probe, deadline, what)  # type: ignore[no-any-return]
 
 
-async def _deliver(root: VersionedRoot, txn: Transaction, a: Attempt, mine: Fragment) -> bool:
+async def _deliver(root: VersionedRoot, txn: TransactionHandle, a: Attempt, mine: Fragment) -> bool:
     """Write this participant's fragment for attempt ``a`` (create-only; durable when
     this returns True). False: another process delivered another fragment for this
     index in this attempt."""
@@ -519,7 +519,7 @@ async def _deliver(root: VersionedRoot, txn: Transaction, a: Attempt, mine: Frag
 
 
 async def _await_outcome(
-    root: VersionedRoot, txn: Transaction, a: Attempt, mine_in: Attempt | None, mine: Fragment,
+    root: VersionedRoot, txn: TransactionHandle, a: Attempt, mine_in: Attempt | None, mine: Fragment,
     deadline: float,
 ) -> tuple[dict[str, Any] | CommitRecord, Attempt, Attempt | None]:
     """Wait for the outcome of the transaction (or its commit record, found while
@@ -594,7 +594,7 @@ async def _backoff_poll(fn: Any, deadline: float, what: str) -> Any:
         await asyncio.sleep(min(left, POLL.delay(polls)))
 
 
-async def _coord_wait(txn: Transaction, key: str, deadline: float, what: str) -> str:
+async def _coord_wait(txn: TransactionHandle, key: str, deadline: float, what: str) -> str:
     left = deadline - time.monotonic()
     if left <= 0:
         raise DeadlineExceededError(what)
