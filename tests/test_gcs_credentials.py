@@ -5,6 +5,7 @@ GCS emulator and lets through only requests carrying a token it issued."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import subprocess
@@ -181,6 +182,22 @@ def test_a_changed_credentials_file_is_looked_up_again(
     GcsKvStore.from_spec(_spec(front, bucket)).read("k").result(T)
     GcsKvStore.from_spec(_spec(front, bucket)).read("k").result(T)
     assert _issuers(front) == ["sa-1", "sa-2", "sa-3"]
+
+
+def _read_in_child(spec: dict[str, Any]) -> str:
+    return bytes(GcsKvStore.from_spec(spec).read("k").result(T).value).decode()
+
+
+def test_forked_children_use_the_token_of_their_parent(
+        front: OAuthFront, gcs_emulator: GcsEmulator) -> None:
+    """A forked child (a multiprocessing worker) opens stores with the token its
+    parent holds: the process's credentials, with locks of its own."""
+    spec = _spec(front, _filled_bucket(gcs_emulator))
+    GcsKvStore.from_spec(spec).read("k").result(T)
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        assert pool.map(_read_in_child, [spec] * 4) == ["value"] * 4
+    counters = front.counters()
+    assert counters["token_requests"] == 1 and counters.get("refused", 0) == 0, counters
 
 
 _UNPICKLE = """

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,33 @@ def test_stores_share_one_container_credentials_request(s3_server: S3Server,
                     .read("k0").result(T)
             assert other.counters() == {"requests": 1}
         assert source.counters() == {"requests": 1}
+
+
+def test_expiring_container_credentials_are_refreshed_once_for_all_stores(
+        s3_server: S3Server, no_aws: pytest.MonkeyPatch) -> None:
+    """Keys that come within botocore's refresh margin of their expiry are fetched
+    again once, for every store of the configuration."""
+    from botocore.credentials import RefreshableCredentials
+
+    margin = 3.0
+    bucket = s3_server.create_bucket()
+    with ContainerCredentials(expires_in=RefreshableCredentials._advisory_refresh_timeout + margin,
+                              delay=0.2) as source:
+        no_aws.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", source.full_uri)
+        stores = [S3KvStore.from_spec(s3_server.spec(bucket, extra={"credentials": "default"}))
+                  for _ in range(4)]
+        for i, kv in enumerate(stores):
+            kv.write(f"k{i}", b"first").result(T)
+        assert source.counters() == {"requests": 1}
+        source.expires_in = 3600.0
+        time.sleep(margin + 0.5)  # the first keys are within the margin now
+        writes = [kv.write(f"k{i}", b"second") for i, kv in enumerate(stores)]
+        for f in writes:
+            f.result(T)
+        assert [bytes(kv.read(f"k{i}").result(T).value) for i, kv in enumerate(stores)] == \
+            [b"second"] * 4
+        assert source.counters() == {"requests": 2}
+        assert "...NER2" in stores[0]._auth.describe()
 
 
 def test_auto_credentials_look_again_after_a_denial(serve_app: Any,
