@@ -37,11 +37,14 @@ loop go out as ONE :meth:`~KvStore.read_ranges` call: duplicates are fetched
 once and neighbours closer than :data:`COALESCE_GAP` merged, across the reads.
 Each read still checks the generation it is answered at against its index.
 A read alone goes out in the next turn of the loop (nothing waits for company).
-The reads answered by one such request also share their decoding
-(:class:`DecodedChunks`): an encoded inner chunk that several of them need is
-decoded once, by whichever needs it first, and dropped as soon as the last of
-them has copied its part (16 crops of one shard decode each inner chunk once,
-not once per crop).
+Reads of one shard in flight at once also share their decoding
+(:class:`DecodedChunks`, one per shard and generation): an encoded inner chunk
+that several of them need is decoded once, by whichever needs it first, and
+kept only while a read of that shard generation (or an answer for one) is
+still in flight, so 16 crops of one shard decode each inner chunk once, not
+once per crop, and nothing is kept once they are done. The generation says the
+bytes are the same, as it does for the index cache; a crop's reads are charged
+a whole shard's bytes in the engine's byte budget, which bounds what they keep.
 
 Assembly: many raw inner chunks (a whole shard, or one span) land with
 vectorised numpy copies (``codecs/_cells.py``); others are decoded one by one,
@@ -59,7 +62,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections import Counter, OrderedDict
+import weakref
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any
@@ -151,7 +155,7 @@ class DecodeParts:
     :meth:`ShardingCodec.present_parts`), read as ``values`` by the last
     :class:`InnerRanges`, into their parts of ``dest`` (answer: None). The async
     driver decodes runs of them on the codec threads at once and shares the
-    decoded chunks with the other reads answered by the same request."""
+    decoded chunks with the other reads of the shard at that generation in flight."""
 
     sh: ShardingCodec
     key: str
@@ -164,45 +168,35 @@ Request = WholeShard | IndexBytes | InnerRanges | Work | Works | DecodeParts
 
 
 class DecodedChunks:
-    """The encoded inner chunks decoded for the reads that one range request
-    answered (one shard, one generation, so an ``(offset, nbytes)`` names the
-    same bytes for all of them): each decoded once, by the first read that needs
-    it, and kept only until every read that asked for it has taken it.
-    Thread-safe: a read that needs a chunk another thread is decoding waits for
-    that decode (a claim is only ever held by a thread decoding it right now)."""
+    """Encoded inner chunks of one shard generation decoded by the reads of it
+    in flight (an ``(offset, nbytes)`` names the same bytes for all of them):
+    each decoded once, by the first read that needs it; the others take it.
+    Kept as long as this object is: :class:`ShardRequests` holds it only weakly,
+    the reads and the answers of that generation in flight hold it. Thread-safe:
+    a read that needs a chunk another thread is decoding waits for that decode
+    (a claim is only ever held by a thread decoding it right now)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._wanted: Counter[tuple[int, int]] = Counter()
         self._items: dict[tuple[int, int], concurrent.futures.Future[np.ndarray]] = {}
-
-    def want(self, ranges: list[ByteRange]) -> None:
-        """One more read will take each of ``ranges`` (called on the loop thread)."""
-        with self._lock:
-            self._wanted.update((r.start, r.stop - r.start) for r in ranges  # type: ignore[operator]
-                                if r.stop is not None)
 
     def get(self, off: int, n: int, decode: Callable[[], np.ndarray]) -> np.ndarray:
         """The decoded inner chunk at ``[off, off + n)``: ``decode()`` unless another
-        read has (or is) decoding it."""
+        read has decoded it (or is decoding it)."""
         slot = (off, n)
         with self._lock:
             fut = self._items.get(slot)
             mine = fut is None
             if fut is None:
                 fut = self._items[slot] = concurrent.futures.Future()
-            left = self._wanted[slot] - 1
-            if left > 0:
-                self._wanted[slot] = left
-            else:  # the last taker: nothing keeps it any longer
-                self._wanted.pop(slot, None)
-                self._items.pop(slot, None)
         if not mine:
             return fut.result()
         try:
             arr = decode()
         except BaseException as e:
-            fut.set_exception(e)  # the others that wait see the same failure
+            with self._lock:  # a later read decodes again; those waiting now share this failure
+                self._items.pop(slot, None)
+            fut.set_exception(e)
             raise
         fut.set_result(arr)
         return arr
@@ -255,7 +249,10 @@ class ShardRequests:
         # per loop: key -> the index read in flight; key -> ranges waiting for this turn
         self._index: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Task[ReadResult]] = {}
         self._pending: dict[tuple[asyncio.AbstractEventLoop, str],
-                            tuple[list[ByteRange], asyncio.Future[RangesResult], DecodedChunks]] = {}
+                            tuple[list[ByteRange], asyncio.Future[tuple[RangesResult, DecodedChunks | None]]]] = {}
+        # per loop, shard key and generation: the inner chunks its reads in flight decoded
+        self._decoded: weakref.WeakValueDictionary[tuple[asyncio.AbstractEventLoop, str, Generation],
+                                                   DecodedChunks] = weakref.WeakValueDictionary()
         self._sending: set[asyncio.Task[None]] = set()
 
     async def index(self, kv: Any, key: str, rng: ByteRange) -> ReadResult:
@@ -275,25 +272,33 @@ class ShardRequests:
         return (await self.ranges_shared(kv, key, ranges))[0]
 
     async def ranges_shared(self, kv: Any, key: str,
-                            ranges: list[ByteRange]) -> tuple[RangesResult, DecodedChunks]:
-        """:meth:`ranges`, and the :class:`DecodedChunks` shared by every read of
-        the same request (each of ``ranges`` counted as wanted once more)."""
+                            ranges: list[ByteRange]) -> tuple[RangesResult, DecodedChunks | None]:
+        """:meth:`ranges`, and the :class:`DecodedChunks` of the shard generation
+        they were read at (None when the shard is missing)."""
         loop = asyncio.get_running_loop()
         slot = (loop, key)
         batch = self._pending.get(slot)
         if batch is None:
-            batch = self._pending[slot] = ([], loop.create_future(), DecodedChunks())
+            batch = self._pending[slot] = ([], loop.create_future())
             loop.call_soon(self._send, kv, key, slot)
         first = len(batch[0])
         batch[0].extend(ranges)
-        batch[2].want(ranges)
-        res = await asyncio.shield(batch[1])
+        res, decoded = await asyncio.shield(batch[1])
         if res.state == "missing":
-            return res, batch[2]
-        return RangesResult("value", res.values[first: first + len(ranges)], res.generation), batch[2]
+            return res, None
+        return RangesResult("value", res.values[first: first + len(ranges)], res.generation), decoded
+
+    def _decoded_at(self, loop: asyncio.AbstractEventLoop, key: str, gen: Generation) -> DecodedChunks:
+        """The :class:`DecodedChunks` of shard ``key`` at ``gen`` (made when no read of
+        that generation holds one); on the loop thread."""
+        slot = (loop, key, gen)
+        decoded = self._decoded.get(slot)
+        if decoded is None:
+            decoded = self._decoded[slot] = DecodedChunks()
+        return decoded
 
     def _send(self, kv: Any, key: str, slot: tuple[asyncio.AbstractEventLoop, str]) -> None:
-        ranges, fut, _decoded = self._pending.pop(slot)
+        ranges, fut = self._pending.pop(slot)
 
         async def go() -> None:
             try:
@@ -305,8 +310,9 @@ class ShardRequests:
                 if not fut.done():
                     fut.set_exception(e)
             else:
-                if not fut.done():
-                    fut.set_result(res)
+                if not fut.done():  # the answer holds its generation's decoded chunks for its waiters
+                    fut.set_result((res, None if res.state == "missing"
+                                    else self._decoded_at(slot[0], key, res.generation)))
 
         task = asyncio.ensure_future(go())
         self._sending.add(task)  # the loop keeps only a weak reference to a task
@@ -450,7 +456,7 @@ async def run_async(reader: Generator[Request, Any, None], kv: Any, key: str,
     async def work(w: Work) -> Any:
         return w.fn(*w.args) if w.cost <= INLINE_BYTES else await offload(w.fn, *w.args)
 
-    decoded: DecodedChunks | None = None  # shared with the reads of the last InnerRanges' request
+    decoded: DecodedChunks | None = None  # shared with the reads of the last answer's generation
     req = _step(reader, None)
     while req is not None:
         if isinstance(req, Work):

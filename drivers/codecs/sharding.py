@@ -200,8 +200,8 @@ class ShardingCodec(ArrayBytesCodec):
                        values: list[Buffer], dest: np.ndarray, shared: Any = None) -> None:
         """Decode the inner chunks ``present`` (as from :meth:`present_parts`),
         read as ``values``, into their parts of ``dest``. ``shared``: the
-        ``DecodedChunks`` of the reads answered by the same request (an inner
-        chunk another of them decodes is taken from there)."""
+        ``DecodedChunks`` of the reads in flight at the generation ``values``
+        were read at (an inner chunk another of them decodes is taken from there)."""
         for (ip, off, n), v in zip(present, values):
             if shared is None:
                 dest[ip.out] = self.decode_inner(v, ip, off, n, key=key)[ip.chunk]
