@@ -35,13 +35,20 @@ from tensorstore_py.kvstore.versioned.data import (
     start_pack,
     uploaded,
 )
-from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, new_stamp
+from tensorstore_py.kvstore.versioned.format import (
+    CommitRecord,
+    InlineEntry,
+    RefEntry,
+    commit_name,
+    new_stamp,
+)
 from tensorstore_py.kvstore.versioned.leases import Hold
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
 
 __all__ = [
-    "AlreadyCommitted", "ReadSet", "VersionedParticipant", "check_conflicts", "commit_changes", "validate",
+    "AlreadyCommitted", "ReadSet", "VersionedParticipant", "check_conflicts", "check_same_history",
+    "commit_changes", "validate",
 ]
 
 #: commit records read at once while checking a transaction against newer versions
@@ -140,6 +147,30 @@ async def validate(
                 )
 
 
+async def check_same_history(root: VersionedRoot, version: int, write_id: str) -> None:
+    """ConflictError unless ``commits/<version>`` still holds the record with
+    ``write_id`` that a transaction read from.
+
+    A store deleted and recreated at the same place has another history under
+    the same version numbers: what the transaction read is not in it, and the
+    conflict check (which compares versions after ``version``) would not see
+    the new history's changes at or below it, so a read-modify-write would
+    overwrite them unchecked (a lost update). The record comes from the cache,
+    which every probe for the newest version drops when the newest record this
+    process knew is no longer on the store; so this costs no round trip unless
+    the store was replaced, and a speculative attempt that trusted the cache is
+    kept only when its probe confirms the cached history (``VersionedRoot.commit``).
+    """
+    rec = await root.read_record(version)
+    if rec is None or rec.write_id != write_id:
+        found = "nothing" if rec is None else f"write-id {rec.write_id}"
+        raise ConflictError(
+            f"versioned store {root.base!r}: version {version}, which this transaction read, is no "
+            f"longer on the store ({commit_name(version)!r} holds {found}, expected write-id "
+            f"{write_id}): the store was deleted and recreated since; retry the transaction"
+        )
+
+
 async def check_conflicts(root: VersionedRoot, ours: set[str], lo: int, hi: int) -> None:
     """Raise ConflictError if a version in ``lo+1..hi`` changed a key in ``ours``."""
     await validate(root, lo, hi, writes=ours)
@@ -160,6 +191,9 @@ class VersionedParticipant(Participant):
         self.name = f"versioned store over {root.base!r}"
         self.base_version: int | None = None
         self._base_root: str | None = None
+        # the write-id of the pinned version's record (None for version 0): the
+        # commit checks that the store still holds that record (same history)
+        self._base_write_id: str | None = None
         self._pin_lock = asyncio.Lock()
         self.writes: dict[str, Staged] = {}
         self._pending_bytes = 0
@@ -179,6 +213,14 @@ class VersionedParticipant(Participant):
     def has_writes(self) -> bool:
         return bool(self.writes)
 
+    @property
+    def pinned_record(self) -> tuple[int, str] | None:
+        """(version, write-id) of the record this transaction read from (None:
+        not pinned yet, or pinned at the empty version 0)."""
+        if self.base_version is None or self._base_write_id is None:
+            return None
+        return self.base_version, self._base_write_id
+
     async def pin(self, probe: asyncio.Future[int] | None = None) -> int:
         """The version this transaction reads (fixed at first use; ``probe``: a
         ``root.start_probe()`` to take the newest version from)."""
@@ -189,6 +231,7 @@ class VersionedParticipant(Participant):
                         await (probe if probe is not None else self.root.newest())
                     rec = await self.root.record_at(v)
                     self._base_root = rec.root if rec else None
+                    self._base_write_id = rec.write_id if rec else None
                     self.base_version = v
         return self.base_version
 
@@ -199,6 +242,7 @@ class VersionedParticipant(Participant):
             if self.base_version is None:
                 rec = await self.root.record_at(version)
                 self._base_root = rec.root if rec else None
+                self._base_write_id = rec.write_id if rec else None
                 self.base_version = version
         return self.base_version
 
@@ -394,7 +438,7 @@ class VersionedParticipant(Participant):
 
             try:
                 rec = await commit_changes(self.root, changes, base, txn, reads=self.checked_reads(),
-                                           before_publish=check, probe=probe)
+                                           before_publish=check, probe=probe, pinned=self.pinned_record)
             except UploadFailed as e:
                 raise e.error from None
             probe = None
@@ -436,10 +480,14 @@ async def commit_changes(
     reads: ReadSet | None = None, nonce: str | None = None, txn_from: int | None = None,
     before_publish: Callable[[], Awaitable[None]] | None = None,
     probe: asyncio.Future[int] | None = None,
+    pinned: tuple[int, str] | None = None,
 ) -> CommitRecord:
     """Commit ``changes`` read from version ``base``: rebase, or ConflictError.
 
-    ``reads`` (serializable) are checked like the written keys. A multi-writer
+    ``pinned``: (version, write-id) of a record the transaction read from; each
+    attempt checks that the store still holds it (:func:`check_same_history`),
+    so a transaction that read a store deleted and recreated meanwhile never
+    commits on the new history. ``reads`` (serializable) are checked like the written keys. A multi-writer
     commit passes its attempt's ``nonce`` (stored in the record) and
     ``txn_from``: a version above it that carries ``txn.txn_id`` raises
     AlreadyCommitted instead of committing the transaction twice.
@@ -452,6 +500,8 @@ async def commit_changes(
 
     async def plan(parent: CommitRecord | None) -> Plan:
         n = parent.version if parent else 0
+        if pinned is not None:
+            await check_same_history(root, *pinned)
         lo, lo_txn = checked, checked_txn
         if n > lo or (lo_txn is not None and n > lo_txn):
             await validate(root, lo, n, writes=ours, reads=reads, txn_id=txn.txn_id, txn_from=lo_txn)

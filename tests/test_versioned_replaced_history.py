@@ -1,0 +1,67 @@
+"""A store deleted and recreated at the same place under a process that still
+holds an open transaction on it: the transaction read the old history, so it
+must never commit on the new one (its conflict check compares versions above
+the one it read, and the new history's changes at or below that number would
+be overwritten unchecked: a lost update). Another process recreates the store,
+for real, on the file store.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tensorstore_py as tsp
+from tensorstore_py.errors import ConflictError
+
+T = 60
+
+_RECREATE = """
+import sys, tensorstore_py as tsp
+kv = tsp.KvStore.open(sys.argv[1]).result()
+for i in range(int(sys.argv[2])):
+    # the counter first: at a version no higher than the one the transaction read
+    kv.write("counter" if i == 0 else "other%d" % i, b"100").result()
+"""
+
+
+def _recreate(path: Path, url: str, versions: int) -> None:
+    """Delete the store and let another process commit ``versions`` versions into a new one."""
+    shutil.rmtree(path)
+    subprocess.run([sys.executable, "-c", _RECREATE, url, str(versions)], check=True, timeout=120)
+
+
+def _store_with_counter(path: Path) -> tuple[str, tsp.KvStore]:
+    url = f"versioned+file://{path}/"
+    kv = tsp.KvStore.open(url).result(T)
+    for i in range(3):
+        kv.write("counter", b"%d" % (i + 1)).result(T)  # version 3: counter = 3
+    return url, kv
+
+
+@pytest.mark.parametrize("versions", [1, 3, 4], ids=["shorter", "as-long", "longer"])
+def test_a_transaction_that_read_a_deleted_store_never_commits_on_its_replacement(
+        tmp_path: Path, versions: int) -> None:
+    path = tmp_path / "s"
+    url, kv = _store_with_counter(path)
+    txn = tsp.Transaction()
+    view = kv.with_transaction(txn)
+    count = int(view.read("counter").result(T).value)  # pins version 3 of the old store
+    assert count == 3
+    _recreate(path, url, versions)
+    view.write("counter", b"%d" % (count + 1)).result(T)
+    with pytest.raises(ConflictError, match=r"version 3, which this transaction read, is no longer"):
+        txn.commit().result(T)
+    fresh = tsp.KvStore.open(url).result(T)
+    assert fresh.newest_version().result(T) == versions  # nothing committed
+    assert fresh.read("counter").result(T).value == b"100"
+    # the process reads the new store, and a new transaction commits on it
+    txn = tsp.Transaction()
+    view = kv.with_transaction(txn)
+    view.write("counter", b"%d" % (int(view.read("counter").result(T).value) + 1)).result(T)
+    txn.commit().result(T)
+    assert tsp.KvStore.open(url).result(T).read("counter").result(T).value == b"101"
