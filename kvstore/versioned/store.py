@@ -99,6 +99,8 @@ class VersionedKvStore(VersionHistory):
     """A versioned, transactional view of ``base`` (see the module docstring)."""
 
     driver = "versioned"
+    # a write cancelled after the commit record carrying it was sent may land
+    cancel_reports_outcome = True
     #: the on-storage format this code reads and writes (docs/FORMAT.md)
     FORMAT: int = FORMAT
 
