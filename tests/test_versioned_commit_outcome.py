@@ -292,11 +292,14 @@ def test_a_write_cancelled_after_its_commit_record_was_sent_has_an_unknown_outco
     assert VersionedKvStore(mem).read("mine").result(T).value == b"2"
 
 
-@pytest.mark.parametrize("edit", ["tag", "delete_versions"])
-def test_a_tag_or_deletion_cancelled_after_its_record_was_sent_has_an_unknown_outcome(edit: str) -> None:
+@pytest.mark.parametrize("edit", ["tag", "delete_versions", "commit_staged"])
+def test_a_tag_deletion_or_staged_commit_cancelled_after_its_record_was_sent_has_an_unknown_outcome(
+        edit: str) -> None:
     """As for a transaction's commit: the Future raises CommitOutcomeUnknownError,
     never a plain cancellation, once the record may land."""
     import time
+
+    from tensorstore_py.kvstore.versioned.staging import commit_staged, stage
 
     mem = MemoryKvStore()
     fault = FaultKvStore(mem)
@@ -304,7 +307,12 @@ def test_a_tag_or_deletion_cancelled_after_its_record_was_sent_has_an_unknown_ou
     kv.write("a", b"1").result(T)
     kv.write("a", b"2").result(T)
     fault.inject(op="write", key_pattern="commits/*", error=None, latency=1.0, times=1)
-    fut = kv.tag("t", 1) if edit == "tag" else kv.delete_versions([1])
+    if edit == "commit_staged":
+        txn = tsp.Transaction()
+        kv.with_transaction(txn).write("s", b"staged").result(T)
+        part = stage(txn, kv).result(T)
+    fut = (kv.tag("t", 1) if edit == "tag" else kv.delete_versions([1]) if edit == "delete_versions"
+           else commit_staged(kv, [part]))
     _until_faulted(fault)
     assert fut.cancel()
     err = _unknown(fut)

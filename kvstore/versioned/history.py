@@ -200,34 +200,14 @@ class VersionHistory(KvStore, RootView):
                                read_grace=read_grace)
 
     async def _meta_commit(self, kind: str, edit: Any, message: str) -> CommitInfo:
-        """Commit a ``tag`` / ``delete_versions`` edit. Cancelled before its
-        record was sent: a plain cancellation, nothing committed; after:
-        CommitOutcomeUnknownError (the record may land)."""
-        sent: list[tuple[str, int]] = []  # (write-id, version) of the record sent last
-
+        """Commit a ``tag`` / ``delete_versions`` edit (cancelled once its record
+        was sent: CommitOutcomeUnknownError, as ``VersionedRoot.commit`` says)."""
         async def plan(parent: CommitRecord | None) -> Plan:
             if parent is None:
                 raise NotFoundError(f"{kind}: the versioned store over {self.base!r} has no versions")
             tags, deleted = await edit(parent)
-            out = Plan([], kind=kind, message=message, tags=tags, deleted=deleted)
+            return Plan([], kind=kind, message=message, tags=tags, deleted=deleted)
 
-            async def publishing() -> None:  # the record is sent right after (no await between)
-                sent.append((out.write_id, parent.version + 1))
-
-            out.before_publish = publishing
-            return out
-
-        try:
-            rec = await self._root.commit(plan)
-        except asyncio.CancelledError:
-            if not sent:
-                raise
-            write_id, version = sent[-1]
-            raise CommitOutcomeUnknownError(
-                f"{kind} on the versioned store over {self.base!r}: cancelled after its commit record "
-                f"{commit_name(version)!r} (write-id {write_id}) was sent; it may or may not have "
-                f"landed: find_write_id(err) tells",
-                write_id=write_id, key=commit_name(version), version=version,
-            ) from None
+        rec = await self._root.commit(plan)
         assert rec is not None
         return CommitInfo(version=rec.version, write_id=rec.write_id, time=rec.time)

@@ -330,6 +330,10 @@ class VersionedRoot:
         or return None for "nothing to commit". Returns the new record.
         ``plan_fn`` must keep no state from an attempt that never reached its
         ``before_publish``: an attempt may be planned speculatively and dropped.
+        Cancelled once ``before_publish`` returned (the record is sent right
+        after, with no await between), the commit raises
+        CommitOutcomeUnknownError: the record may land; before, it is a plain
+        cancellation and nothing becomes visible.
 
         ``probe``: a :meth:`newest` the caller started earlier, to overlap the
         search for the newest version with its own work (uploading data). While
@@ -379,7 +383,17 @@ class VersionedRoot:
                     raise
                 await asyncio.sleep(PREPARE_RETRY.delay(failures))
                 continue
-            if await self._publish(rec):
+            try:
+                landed = await self._publish(rec)
+            except asyncio.CancelledError:
+                # the record was sent, or is being sent: it may land all the same
+                raise CommitOutcomeUnknownError(
+                    f"versioned store {self.base!r}: the commit was cancelled while its record "
+                    f"{commit_name(rec.version)!r} (write-id {rec.write_id}) was being written; it may "
+                    f"or may not have landed: VersionedKvStore.find_write_id(err) tells",
+                    write_id=rec.write_id, key=commit_name(rec.version), version=rec.version,
+                ) from None
+            if landed:
                 self.records.put(rec.version, rec)
                 self.known = max(self.known, rec.version)
                 self.hints.note(self.known)

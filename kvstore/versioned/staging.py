@@ -272,7 +272,7 @@ def commit_staged(
     txn = Transaction(txn_id=txn_id, message=message, metadata=metadata)
     root = store._root
 
-    return spawn(_commit(root, changes, min(bases, default=0), txn))
+    return spawn(_commit(root, changes, min(bases, default=0), txn), cancel_reports_outcome=True)
 
 
 def _info(rec: CommitRecord, keys_changed: int = 0) -> CommitInfo:
