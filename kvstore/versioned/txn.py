@@ -308,9 +308,19 @@ class VersionedParticipant(Participant):
         entry = await make_entry(self.root, value)
         if isinstance(entry, RefEntry):
             self._written[entry.object] = started
+        had, prev = key in self.writes, self.writes.get(key)
         self._stage(key, entry)
         if isinstance(entry, Pending) and self._pending_bytes >= STAGING_MAX:
-            await self._flush()
+            try:
+                await self._flush()
+            except BaseException:
+                if self.writes.get(key) is entry:  # this write failed: its key is as it was
+                    if had:
+                        self._stage(key, prev)
+                    else:
+                        self._pending_bytes -= len(entry.value)
+                        del self.writes[key]
+                raise
         return Generation(entry.stamp)
 
     async def link(self, key: str, source: str) -> bool:
@@ -361,13 +371,27 @@ class VersionedParticipant(Participant):
         self.writes[key] = staged
 
     async def _flush(self) -> None:
-        """Pack every pending value into data objects (bounded memory)."""
-        upload = await self._start_flush()
-        if upload is not None:
+        """Pack every pending value into data objects (bounded memory). If the
+        upload fails, the values stay pending, as before the call (the write
+        that flushed raises; the transaction goes on and packs them at commit):
+        no staged entry is left naming an object that was never written, which
+        a commit whose lease vouches for it would reference unchecked."""
+        flushed = await self._start_flush()
+        if flushed is None:
+            return
+        upload, swapped = flushed
+        try:
             await upload
+        except BaseException:
+            for k, pending, entry in swapped:
+                if self.writes.get(k) is entry:  # else a newer write replaced it
+                    self._stage(k, pending)
+                self._written.pop(entry.object, None)
+            raise
 
-    async def _start_flush(self) -> asyncio.Future[None] | None:
-        """:meth:`_flush` up to the upload, which is returned in flight (None: nothing to pack)."""
+    async def _start_flush(self) -> tuple[asyncio.Future[None], builtins.list[tuple[str, Pending, RefEntry]]] | None:
+        """:meth:`_flush` up to the upload, which is returned in flight with the
+        (key, pending value, entry) staged in its place (None: nothing to pack)."""
         items = [
             (k, s) for k, s in self.writes.items() if isinstance(s, Pending) and id(s) not in self._packing
         ]
@@ -382,11 +406,13 @@ class VersionedParticipant(Participant):
         finally:
             for _, s in items:
                 self._packing.discard(id(s))
+        swapped: builtins.list[tuple[str, Pending, RefEntry]] = []
         for (k, s), e in zip(items, entries, strict=True):
             self._written.setdefault(e.object, started)
             if self.writes.get(k) is s:  # else a newer write replaced it: garbage
                 self.writes[k] = e
-        return upload
+                swapped.append((k, s, e))
+        return upload, swapped
 
     async def list(self, prefix: str) -> list[str]:
         if self.reads is not None:
@@ -425,7 +451,8 @@ class VersionedParticipant(Participant):
             probe = self.root.start_probe()
             # the last pending values upload while the probe runs and the first
             # attempt's nodes are written; they have landed before the record
-            upload = await self._start_flush()
+            flushed = await self._start_flush()
+            upload = flushed[0] if flushed is not None else None
             changes = await self.finalize()
             # pinned at the first read or write: the probe is awaited here only by
             # a transaction that did neither, so the commit's first attempt can
