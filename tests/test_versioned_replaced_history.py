@@ -65,3 +65,22 @@ def test_a_transaction_that_read_a_deleted_store_never_commits_on_its_replacemen
     view.write("counter", b"%d" % (int(view.read("counter").result(T).value) + 1)).result(T)
     txn.commit().result(T)
     assert tsp.KvStore.open(url).result(T).read("counter").result(T).value == b"101"
+
+
+def test_parts_staged_from_a_deleted_store_are_not_committed_on_its_replacement(tmp_path: Path) -> None:
+    # the Dask path: a worker stages what it computed from version 3; the store
+    # is replaced before the staged parts are committed
+    from tensorstore_py.kvstore.versioned.staging import commit_staged, stage
+
+    path = tmp_path / "s"
+    url, kv = _store_with_counter(path)
+    txn = tsp.Transaction()
+    view = kv.with_transaction(txn)
+    view.write("counter", b"%d" % (int(view.read("counter").result(T).value) + 1)).result(T)
+    part = stage(txn, kv).result(T)
+    _recreate(path, url, 3)
+    with pytest.raises(ConflictError, match=r"version 3, which this transaction read, is no longer"):
+        commit_staged(kv, [part]).result(T)
+    fresh = tsp.KvStore.open(url).result(T)
+    assert fresh.newest_version().result(T) == 3
+    assert fresh.read("counter").result(T).value == b"100"

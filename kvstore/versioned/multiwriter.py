@@ -251,7 +251,7 @@ async def _coordinate(p: MultiWriterParticipant, mine: Fragment, deadline: float
             await p.check_merged(mine.changes, frags)
 
         rec = await commit_changes(root, changes, low, txn, reads=reads or None, nonce=a.nonce,
-                                   txn_from=a.since, before_publish=check, pinned=p.pinned_record)
+                                   txn_from=a.since, before_publish=check, pinned=[r for r in [p.pinned_record] if r])
     except AlreadyCommitted as e:  # another process 0 (of an older run) committed it
         await _announce(root, txn, a, _success(e.rec))
         info = await _if_same_writes(root, txn, e.rec, mine.changes)

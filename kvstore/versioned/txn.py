@@ -465,7 +465,8 @@ class VersionedParticipant(Participant):
 
             try:
                 rec = await commit_changes(self.root, changes, base, txn, reads=self.checked_reads(),
-                                           before_publish=check, probe=probe, pinned=self.pinned_record)
+                                           before_publish=check, probe=probe,
+                                           pinned=[r for r in [self.pinned_record] if r is not None])
             except UploadFailed as e:
                 raise e.error from None
             probe = None
@@ -507,12 +508,12 @@ async def commit_changes(
     reads: ReadSet | None = None, nonce: str | None = None, txn_from: int | None = None,
     before_publish: Callable[[], Awaitable[None]] | None = None,
     probe: asyncio.Future[int] | None = None,
-    pinned: tuple[int, str] | None = None,
+    pinned: builtins.list[tuple[int, str]] | None = None,
 ) -> CommitRecord:
     """Commit ``changes`` read from version ``base``: rebase, or ConflictError.
 
-    ``pinned``: (version, write-id) of a record the transaction read from; each
-    attempt checks that the store still holds it (:func:`check_same_history`),
+    ``pinned``: (version, write-id) of each record the transaction (its parts)
+    read from; each attempt checks that the store still holds them (:func:`check_same_history`),
     so a transaction that read a store deleted and recreated meanwhile never
     commits on the new history. ``reads`` (serializable) are checked like the written keys. A multi-writer
     commit passes its attempt's ``nonce`` (stored in the record) and
@@ -527,8 +528,8 @@ async def commit_changes(
 
     async def plan(parent: CommitRecord | None) -> Plan:
         n = parent.version if parent else 0
-        if pinned is not None:
-            await check_same_history(root, *pinned)
+        for version, write_id in sorted(set(pinned or ())):
+            await check_same_history(root, version, write_id)
         lo, lo_txn = checked, checked_txn
         if n > lo or (lo_txn is not None and n > lo_txn):
             await validate(root, lo, n, writes=ours, reads=reads, txn_id=txn.txn_id, txn_from=lo_txn)
