@@ -84,3 +84,32 @@ def test_parts_staged_from_a_deleted_store_are_not_committed_on_its_replacement(
     fresh = tsp.KvStore.open(url).result(T)
     assert fresh.newest_version().result(T) == 3
     assert fresh.read("counter").result(T).value == b"100"
+
+
+def test_a_replaced_store_is_noticed_after_its_newest_record_left_the_record_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the process read many older records since it last looked at the newest
+    # one (history browsing), so the newest left the bounded record cache: the
+    # next probe must still notice that the store was replaced, or reads of an
+    # older version return the deleted store's bytes from the cache
+    from tensorstore_py.kvstore.versioned import root as root_module
+
+    monkeypatch.setattr(root_module, "RECORD_CACHE", 4)  # a small cache: 8 versions overflow it
+    path = tmp_path / "s"
+    url = f"versioned+file://{path}/"
+    kv = tsp.KvStore.open(url).result(T)
+    for i in range(8):
+        kv.write("k", b"old %d" % i).result(T)
+    assert kv.snapshot(2).read("k").result(T).value == b"old 1"
+    for v in range(8, 0, -1):
+        kv.changed_keys(v).result(T)  # the newest record (8) left the cache
+    shutil.rmtree(path)
+    subprocess.run([sys.executable, "-c", """
+import sys, tensorstore_py as tsp
+kv = tsp.KvStore.open(sys.argv[1]).result()
+for i in range(8):
+    kv.write("k", b"new %d" % i).result()
+""", url], check=True, timeout=120)
+    assert kv.newest_version().result(T) == 8
+    assert kv.snapshot(2).read("k").result(T).value == b"new 1"
+    assert kv.read("k").result(T).value == b"new 7"

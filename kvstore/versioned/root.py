@@ -141,6 +141,9 @@ class VersionedRoot:
         self.cache = NodeCache()
         self.records: _Lru = _Lru(RECORD_CACHE)
         self.known = 0  # newest version this process knows exists
+        # the write-id of commits/<known> as read or written: checked by every
+        # probe even after the record left the bounded record cache
+        self._known_id: str | None = None
         self._hint_read = False
         self._probe: asyncio.Task[int] | None = None
         self._probe_seq = 0
@@ -197,8 +200,12 @@ class VersionedRoot:
             return None
         rec = CommitRecord.decode(res.value, name)
         self.records.put(version, rec)
-        self.known = max(self.known, version)
+        self._note_known(rec)
         return rec
+
+    def _note_known(self, rec: CommitRecord) -> None:
+        if rec.version >= self.known:
+            self.known, self._known_id = rec.version, rec.write_id
 
     async def changed_keys(self, rec: CommitRecord) -> list[str]:
         if rec.changes_ref is None:
@@ -287,8 +294,9 @@ class VersionedRoot:
     async def _same_record(self, version: int) -> bool:
         """Whether ``commits/<version>`` still holds the record this process cached."""
         cached = self.records.get(version)
+        expected = cached.write_id if cached is not None else self._known_id if version == self.known else None
         rec = await self.read_record(version, cached=False)
-        return rec is not None and (cached is None or rec.write_id == cached.write_id)
+        return rec is not None and (expected is None or rec.write_id == expected)
 
     async def snapshot_expired(self, version: int | None, err: BaseException) -> SnapshotExpiredError | None:
         """What to raise instead of ``err`` when it is a missing object of
@@ -395,7 +403,7 @@ class VersionedRoot:
                 ) from None
             if landed:
                 self.records.put(rec.version, rec)
-                self.known = max(self.known, rec.version)
+                self._note_known(rec)
                 self.hints.note(self.known)
                 return rec
             # lost the race: the loop re-plans against the newer version (rebase)
@@ -539,6 +547,7 @@ class VersionedRoot:
         self.records.clear()
         self.cache = NodeCache()
         self.known = 0
+        self._known_id = None
         self._hint_read = False
 
     def _reset_after_fork(self) -> None:
