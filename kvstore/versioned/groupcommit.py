@@ -28,7 +28,6 @@ cache thus waits for two answers one after the other.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +35,7 @@ from tensorstore_py.core.errors import CommitOutcomeUnknownError, ConditionFaile
 from tensorstore_py.kvstore.base import Generation
 from tensorstore_py.kvstore.versioned.data import Pending, UploadFailed, require_present, start_pack, uploaded
 from tensorstore_py.kvstore.versioned.format import CommitRecord, Entry, RefEntry, commit_name
+from tensorstore_py.kvstore.versioned.leases import lease_clock
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 
 __all__ = ["MAX_BATCH", "submit"]
@@ -52,7 +52,7 @@ class _Op:
     if_equal: Generation | None
     future: asyncio.Future[Any]
     probe: asyncio.Future[int] | None = None
-    #: when the upload of the value's data object started (time.monotonic(), under a writer lease)
+    #: when the upload of the value's data object started (``leases.lease_clock()``, under a writer lease)
     started: float | None = None
     #: that upload, if still in flight when the operation was queued
     upload: asyncio.Future[None] | None = None
@@ -134,7 +134,7 @@ async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
     upload: asyncio.Future[None] | None = None
     try:
         if pending:
-            started = time.monotonic()
+            started = lease_clock()
             values = [op.value for op in pending if isinstance(op.value, Pending)]  # all of them
             entries, upload = await start_pack(root, values)
             for op, e in zip(pending, entries):

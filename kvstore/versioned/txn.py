@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import builtins
-import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from tensorstore_py.kvstore.versioned.format import (
     commit_name,
     new_stamp,
 )
-from tensorstore_py.kvstore.versioned.leases import Hold
+from tensorstore_py.kvstore.versioned.leases import Hold, lease_clock
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
 
@@ -200,7 +199,7 @@ class VersionedParticipant(Participant):
         self._packing: set[int] = set()  # ids of Pending values being packed
         # the writer lease (from the first staged change until the commit ends)
         # and the data objects written so far, with when each write started
-        # (time.monotonic(): the lease may vouch for it at commit)
+        # (leases.lease_clock(): the lease may vouch for it at commit)
         self._hold: Hold | None = None
         self._written: dict[str, float] = {}
         #: what the transaction read, checked at commit (serializable isolation only)
@@ -304,7 +303,7 @@ class VersionedParticipant(Participant):
         if value is None:
             self._stage(key, None)
             return None
-        started = time.monotonic()  # under the writer lease, before the object's write
+        started = lease_clock()  # under the writer lease, before the object's write
         entry = await make_entry(self.root, value)
         if isinstance(entry, RefEntry):
             self._written[entry.object] = started
@@ -400,7 +399,7 @@ class VersionedParticipant(Participant):
         for _, s in items:  # concurrent flushes take disjoint items
             self._packing.add(id(s))
             self._pending_bytes -= len(s.value)
-        started = time.monotonic()
+        started = lease_clock()
         try:
             entries, upload = await start_pack(self.root, [s for _, s in items])
         finally:
