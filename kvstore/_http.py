@@ -323,9 +323,10 @@ class Auth(Protocol):
         """Headers to add to this attempt of the request (asked on every attempt)."""
         ...
 
-    def invalidate(self, status: int) -> bool:
-        """Drop cached credentials after an HTTP 401/403 answer (``status``); True
-        when one retry with fresh ones may succeed."""
+    def invalidate(self, status: int, sent: Mapping[str, str] | None = None) -> bool:
+        """Drop cached credentials after an HTTP 401/403 answer (``status``) to a
+        request that carried the headers ``sent`` (credentials replaced since are
+        kept); True when one retry with fresh ones may succeed."""
         ...
 
     def describe(self) -> str:
@@ -465,7 +466,7 @@ class HttpClient:
                 body, crc = (b"", None) if method == "HEAD" else await _read_body(resp, crc32c)
                 status, reason = resp.status, resp.reason or ""
                 if status in (401, 403) and n == 1 and self.auth is not None \
-                        and self.auth.invalidate(status):
+                        and self.auth.invalidate(status, hdrs):
                     raise TransientHttpError(status, "unauthorized; refreshing credentials",
                                              applied=False)
                 if is_retryable_status(status) or status in retry_statuses:

@@ -10,12 +10,13 @@ botocore request per signature. It is imported lazily, only by stores that
 sign requests; lookups and refreshes run on the I/O pool (see
 :mod:`~tensorstore_py.kvstore._auth`).
 
-Lookups share one botocore session per profile and AWS configuration (the
-``AWS_*`` environment variables and the shared config and credentials files,
-by path, size and modification time): building a session costs about 10 ms of
-CPU, which every store opened used to pay before its first request. The chain
-itself is walked again at each lookup (a few microseconds for environment
-credentials), so credentials that changed are found as before.
+Stores of one profile and AWS configuration (the ``AWS_*`` environment
+variables and the shared config and credentials files, by path, size and
+modification time) share one botocore session (building one costs about 10 ms
+of CPU) and one set of credentials: the chain is walked once for all of them,
+and credentials that expire (container or instance metadata, assumed roles,
+SSO) are fetched and refreshed once, not once per store. A store opened after
+a variable or file changed walks the chain again, with a session of its own.
 
 Payloads: over https the body is sent as ``UNSIGNED-PAYLOAD`` (every body
 carries an ``x-amz-checksum-*`` header that S3 verifies, and TLS protects
@@ -28,14 +29,14 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import yarl
 
 from tensorstore_py.core.pools import run_cpu
 from tensorstore_py.core.ranges import Buffer
-from tensorstore_py.kvstore._auth import CachedCredentials, CredentialsMode
+from tensorstore_py.kvstore._auth import CachedCredentials, CredentialsMode, configuration
 from tensorstore_py.kvstore._sigv4 import RESERVED_HEADERS, sigv4_headers
 
 __all__ = ["S3Auth", "default_region", "require_botocore"]
@@ -62,6 +63,9 @@ class S3Auth(CachedCredentials):
         self.region = region
         self.profile = profile
 
+    def _configuration(self) -> tuple[Hashable, ...]:
+        return _configuration(self.profile)
+
     def _lookup(self) -> tuple[Any, str]:
         # botocore is the optional s3 extra: imported only once credentials are used
         import botocore.exceptions  # (lazy, as above)
@@ -87,7 +91,7 @@ class S3Auth(CachedCredentials):
     def _refresh(self, creds: Any) -> None:
         creds.get_frozen_credentials()  # refreshes (blocking) when near expiry
 
-    def _forget(self, creds: Any) -> None:
+    def _forget(self, creds: Any, sent: Mapping[str, str] | None) -> None:
         pass  # botocore refreshes by expiry; S3 answers 403 (not 401) to a stale token
 
     def _describe(self, creds: Any) -> str:
@@ -166,24 +170,21 @@ def default_region(profile: str | None) -> str:
     return region or "us-east-1"
 
 
+def _configuration(profile: str | None) -> tuple[Hashable, ...]:
+    """``profile`` and the AWS configuration of now (see the module doc)."""
+    files = [os.path.expanduser(os.environ.get(var) or default)
+             for var, default in (("AWS_CONFIG_FILE", "~/.aws/config"),
+                                  ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))]
+    return (profile, *configuration(("AWS_",), files))
+
+
 def _session(profile: str | None) -> tuple[Any, threading.Lock]:
     """The botocore session of ``profile`` under the current AWS configuration
     (made on first use; a changed variable or file makes a new one)."""
     # botocore is the optional s3 extra (see S3Auth._lookup)
     import botocore.session  # (lazy, as above)
 
-    files: list[tuple[str, int | None, int | None]] = []
-    for var, default in (("AWS_CONFIG_FILE", "~/.aws/config"),
-                         ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")):
-        path = os.path.expanduser(os.environ.get(var) or default)
-        try:
-            st = os.stat(path)
-        except OSError:
-            files.append((path, None, None))
-        else:
-            files.append((path, st.st_mtime_ns, st.st_size))
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-    key = (profile, env, tuple(files))
+    key = _configuration(profile)
     with _sessions_lock:
         got = _sessions.get(key)
         if got is None:

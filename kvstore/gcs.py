@@ -53,7 +53,9 @@ unencrypted); otherwise google-auth's application-default credentials, falling
 back to anonymous access (public buckets) with one warning when none are found,
 and looking again after a minute or an access denial
 (:mod:`~tensorstore_py.kvstore._auth`). ``"default"`` requires those
-credentials; ``"anonymous"`` never sends any.
+credentials; ``"anonymous"`` never sends any. The stores of one configuration
+(google-auth's environment variables and credentials files) share one token per
+process: looked up, fetched and refreshed once for all of them.
 """
 
 from __future__ import annotations

@@ -56,7 +56,9 @@ Guarantees:
   (transient answers and connection trouble retried with jittered backoff) and
   :mod:`~tensorstore_py.kvstore._s3_auth` (botocore's credential chain and
   SigV4). ``"auto"`` credentials fall back to anonymous requests (public
-  buckets) when the chain has none, and look again later.
+  buckets) when the chain has none, and look again later. The stores of one
+  profile and AWS configuration share one set of credentials per process
+  (looked up and refreshed once for all of them).
 
 A missing bucket raises NotFoundError (reads included: S3 tells a missing
 bucket from a missing key).

@@ -39,6 +39,8 @@ OPTIONAL_HEAVY = {
     # the bounded streaming zstd decoder: stdlib `compression.zstd` from Python 3.14,
     # the `backports.zstd` package (extra "zstd") before
     "compression", "backports",
+    # RSA keys for the service-account files of the loopback token endpoint (testing/)
+    "cryptography",
 }
 
 

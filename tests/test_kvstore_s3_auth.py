@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tensorstore_py.kvstore._s3_auth import _botocore_signed_headers
 from tensorstore_py.kvstore._sigv4 import RESERVED_HEADERS, sigv4_headers
 from tensorstore_py.kvstore.base import ByteRange, Generation
 from tensorstore_py.kvstore.s3 import S3KvStore
+from tensorstore_py.testing.credential_servers import ContainerCredentials
 from tensorstore_py.testing.s3_server import S3Server
 
 T = 60
@@ -138,6 +140,61 @@ def test_instance_metadata_credentials(s3_server: S3Server, no_aws: pytest.Monke
     kv.write("k", b"signed by a role").result(T)
     assert bytes(kv.read("k").result(T).value) == b"signed by a role"
     assert "iam-role" in kv._auth.describe(), kv._auth.describe()
+
+
+def test_stores_share_one_container_credentials_request(s3_server: S3Server,
+                                                       no_aws: pytest.MonkeyPatch) -> None:
+    """Temporary credentials from the container endpoint (as on ECS/EKS; instance
+    metadata and assumed roles alike) are fetched once for every store of the
+    configuration and all their concurrent first requests, not once per store."""
+    bucket = s3_server.create_bucket()
+    with ContainerCredentials(delay=0.3) as source:
+        no_aws.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", source.full_uri)
+        stores = [S3KvStore.from_spec(s3_server.spec(bucket, extra={"credentials": "default"}))
+                  for _ in range(6)]
+        writes = [kv.write(f"k{i}", b"v%d" % i) for i, kv in enumerate(stores)]
+        for f in writes:
+            f.result(T)
+        later = S3KvStore.from_spec(s3_server.spec(bucket, extra={"credentials": "default"}))
+        assert [bytes(later.read(f"k{i}").result(T).value) for i in range(6)] == \
+            [b"v%d" % i for i in range(6)]
+        assert source.counters() == {"requests": 1}
+        assert "container-role" in later._auth.describe() and "...NER1" in later._auth.describe()
+        # a new endpoint is a new configuration: looked up once more
+        with ContainerCredentials() as other:
+            no_aws.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", other.full_uri)
+            for _ in range(2):
+                S3KvStore.from_spec(s3_server.spec(bucket, extra={"credentials": "default"})) \
+                    .read("k0").result(T)
+            assert other.counters() == {"requests": 1}
+        assert source.counters() == {"requests": 1}
+
+
+def test_expiring_container_credentials_are_refreshed_once_for_all_stores(
+        s3_server: S3Server, no_aws: pytest.MonkeyPatch) -> None:
+    """Keys that come within botocore's refresh margin of their expiry are fetched
+    again once, for every store of the configuration."""
+    from botocore.credentials import RefreshableCredentials
+
+    margin = 3.0
+    bucket = s3_server.create_bucket()
+    with ContainerCredentials(expires_in=RefreshableCredentials._advisory_refresh_timeout + margin,
+                              delay=0.2) as source:
+        no_aws.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", source.full_uri)
+        stores = [S3KvStore.from_spec(s3_server.spec(bucket, extra={"credentials": "default"}))
+                  for _ in range(4)]
+        for i, kv in enumerate(stores):
+            kv.write(f"k{i}", b"first").result(T)
+        assert source.counters() == {"requests": 1}
+        source.expires_in = 3600.0
+        time.sleep(margin + 0.5)  # the first keys are within the margin now
+        writes = [kv.write(f"k{i}", b"second") for i, kv in enumerate(stores)]
+        for f in writes:
+            f.result(T)
+        assert [bytes(kv.read(f"k{i}").result(T).value) for i, kv in enumerate(stores)] == \
+            [b"second"] * 4
+        assert source.counters() == {"requests": 2}
+        assert "...NER2" in stores[0]._auth.describe()
 
 
 def test_auto_credentials_look_again_after_a_denial(serve_app: Any,

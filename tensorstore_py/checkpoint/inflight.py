@@ -84,7 +84,9 @@ def finish_at_exit() -> None:
     """Wait for every save in flight (each up to its ``exit_timeout``), then abandon
     those still running (see the module docstring). Never raises."""
     with _lock:
-        entries = list(_inflight.values())
+        # a future's done-callbacks run after its waiters wake: one that a caller
+        # has just waited for may still be listed, and is not in flight
+        entries = [e for e in _inflight.values() if not e.future.done()]
     if not entries:
         return
     start = time.monotonic()
