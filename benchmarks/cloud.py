@@ -19,7 +19,11 @@ take the GIL from the Python client (tsp, zarr) and not from TensorStore's C++.
   skipped, with the reason printed).
 
 Cases, one line each per library and latency (``<case>.<lib>.<ms>ms: value unit``)
-and ``<case>.ratio_vs_<lib>.<ms>ms: x`` (tsp speed / theirs, higher is better):
+and ``<case>.ratio_vs_<lib>.<ms>ms: x`` (tsp speed / theirs, higher is better); the
+crops and the commit also ``<case>.<lib>.cpu_ms_per_op.<ms>ms``: this process's CPU
+time per crop or commit (all its threads; the server and the proxy are processes
+of their own), which a machine shared with other work does not blur as it blurs
+wall times:
 
 * ``vol_write`` / ``vol_read``: a uint8 volume in 64^3 chunks inside 256^3 shards
   (zstd), written and read whole (MiB/s).
@@ -285,16 +289,33 @@ def crops(rng: np.random.Generator, shape: tuple[int, ...], n: int) -> list[tupl
     return out
 
 
+#: CPU seconds of this process (every thread: TensorStore's C++ threads too) of the last
+#: ``turns`` per library, medians; the server and the proxy run in processes of their own
+cpu_times: dict[str, float] = {}
+
+
 def turns(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Median seconds of each function, the libraries taking turns repeat by repeat."""
+    """Median seconds of each function, the libraries taking turns repeat by repeat
+    (their median process CPU seconds in :data:`cpu_times`)."""
     times: dict[str, list[float]] = {k: [] for k in fns}
+    cpus: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
             gc.collect()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
+            cpus[k].append(time.process_time() - c0)
+    cpu_times.clear()
+    cpu_times.update({k: statistics.median(v) for k, v in cpus.items()})
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def report_cpu(case: str, ms: int, ops: int) -> None:
+    """``<case>.<lib>.cpu_ms_per_op.<ms>ms``: this process's CPU time per operation in
+    the last :func:`turns` (the client's cost; on a loaded machine, what wall times hide)."""
+    for lib, sec in cpu_times.items():
+        emit(f"{case}.{lib}.cpu_ms_per_op.{ms}ms", sec / ops * 1000, "ms")
 
 
 def report(case: str, ms: int, rates: dict[str, float], unit: str) -> None:
@@ -329,6 +350,7 @@ def run_volume(b: Bench, libs: list[str], ms: int, cases: set[str]) -> None:
         t = turns({lib: (lambda lib=lib: [read(lib, readers[lib], s) for s in sels])
                    for lib in libs}, b.args.repeats)
         report("crops_1", ms, {lib: len(sels) / t[lib] for lib in libs}, "crops/s")
+        report_cpu("crops_1", ms, len(sels))
     if "crops_16" in cases:
         batches = [sels[i : i + 16] for i in range(0, len(sels), 16)]
         for lib in libs:  # requests per crop when 16 are in flight at once
@@ -339,6 +361,7 @@ def run_volume(b: Bench, libs: list[str], ms: int, cases: set[str]) -> None:
         t = turns({lib: (lambda lib=lib: [read_many(lib, readers[lib], bt) for bt in batches])
                    for lib in libs}, b.args.repeats)
         report("crops_16", ms, {lib: len(sels) / t[lib] for lib in libs}, "crops/s")
+        report_cpu("crops_16", ms, len(sels))
     if "vol_read" in cases:
         whole = (slice(None),) * 3
         t = turns({lib: (lambda lib=lib: read(lib, b.reopen(lib, arrays[lib]), whole))
@@ -422,6 +445,7 @@ def run_commit(b: Bench, libs: list[str], ms: int) -> None:
     reps = max(b.args.repeats, 5)
     t = turns(fns, reps)
     report("commit_1key", ms, {lib: 1 / t[lib] for lib in fns}, "commits/s")
+    report_cpu("commit_1key", ms, 1)
     b.proxy.reset_counters()
     store.write("key008", os.urandom(1000)).result()  # as timed: a value in a data object
     emit(f"commit_1key.tsp.round_trips.{ms}ms",

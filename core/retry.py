@@ -97,6 +97,7 @@ async def with_retries(
     what: str,
     policy: RetryPolicy = DEFAULT_RETRY_POLICY,
     retry_on: Callable[[BaseException], bool],
+    failed: Exception | None = None,
 ) -> T:
     """Run ``fn(attempt)`` (attempt = 1, 2, ...) until it succeeds or fails for good.
 
@@ -104,11 +105,15 @@ async def with_retries(
     are retried after a jittered, exponentially growing delay (at least the
     server's Retry-After hint, capped at ``policy.max_delay``); after
     ``policy.max_attempts`` attempts a :class:`StorageError` naming ``what`` is
-    raised from the last failure.
+    raised from the last failure. ``failed``: the caller already made attempt 1
+    itself and it failed with this (it is treated as ``fn(1)`` raising it).
     """
     attempt = 1
     while True:
         try:
+            if failed is not None:
+                first, failed = failed, None
+                raise first
             return await fn(attempt)
         except Exception as e:
             if not retry_on(e):

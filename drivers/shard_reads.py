@@ -37,9 +37,20 @@ loop go out as ONE :meth:`~KvStore.read_ranges` call: duplicates are fetched
 once and neighbours closer than :data:`COALESCE_GAP` merged, across the reads.
 Each read still checks the generation it is answered at against its index.
 A read alone goes out in the next turn of the loop (nothing waits for company).
+Reads of one shard in flight at once also share their decoding
+(:class:`DecodedChunks`, one per shard and generation): an encoded inner chunk
+that several of them need is decoded once, by whichever needs it first, and
+kept only while a read of that shard generation (or an answer for one) is
+still in flight, so 16 crops of one shard decode each inner chunk once, not
+once per crop, and nothing is kept once they are done. The generation says the
+bytes are the same, as it does for the index cache; a crop's reads are charged
+a whole shard's bytes in the engine's byte budget, which bounds what they keep.
 
 Assembly: many raw inner chunks (a whole shard, or one span) land with
-vectorised numpy copies (``codecs/_cells.py``); others are decoded one by one.
+vectorised numpy copies (``codecs/_cells.py``); others are decoded one by one,
+the encoded inner chunks of one partial read in runs of neighbours on the codec
+threads at once (:class:`DecodeParts`; one crop's 8 zstd inner chunks on two
+threads, not one).
 A whole shard the engine reads (:func:`decode_whole`), and most of one read as
 a whole shard (:class:`Works`), is decoded in runs of neighbouring inner chunks
 on all codec threads at once: one shard read alone keeps every core busy
@@ -49,7 +60,9 @@ instead of one.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
@@ -66,6 +79,8 @@ from tensorstore_py.kvstore.base import ByteRange, Generation, RangesResult, Rea
 __all__ = [
     "COALESCE_GAP",
     "WHOLE_FRACTION",
+    "DecodeParts",
+    "DecodedChunks",
     "IndexBytes",
     "InnerRanges",
     "ShardIndexCache",
@@ -134,7 +149,57 @@ class Works:
     items: list[Work]
 
 
-Request = WholeShard | IndexBytes | InnerRanges | Work | Works
+@dataclass(frozen=True, slots=True)
+class DecodeParts:
+    """Decode the encoded inner chunks ``present`` of shard ``key`` (as from
+    :meth:`ShardingCodec.present_parts`), read as ``values`` by the last
+    :class:`InnerRanges`, into their parts of ``dest`` (answer: None). The async
+    driver decodes runs of them on the codec threads at once and shares the
+    decoded chunks with the other reads of the shard at that generation in flight."""
+
+    sh: ShardingCodec
+    key: str
+    present: list[tuple[Any, int, int]]
+    values: list[Any]
+    dest: np.ndarray
+
+
+Request = WholeShard | IndexBytes | InnerRanges | Work | Works | DecodeParts
+
+
+class DecodedChunks:
+    """Encoded inner chunks of one shard generation decoded by the reads of it
+    in flight (an ``(offset, nbytes)`` names the same bytes for all of them):
+    each decoded once, by the first read that needs it; the others take it.
+    Kept as long as this object is: :class:`ShardRequests` holds it only weakly,
+    the reads and the answers of that generation in flight hold it. Thread-safe:
+    a read that needs a chunk another thread is decoding waits for that decode
+    (a claim is only ever held by a thread decoding it right now)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[tuple[int, int], concurrent.futures.Future[np.ndarray]] = {}
+
+    def get(self, off: int, n: int, decode: Callable[[], np.ndarray]) -> np.ndarray:
+        """The decoded inner chunk at ``[off, off + n)``: ``decode()`` unless another
+        read has decoded it (or is decoding it)."""
+        slot = (off, n)
+        with self._lock:
+            fut = self._items.get(slot)
+            mine = fut is None
+            if fut is None:
+                fut = self._items[slot] = concurrent.futures.Future()
+        if not mine:
+            return fut.result()
+        try:
+            arr = decode()
+        except BaseException as e:
+            with self._lock:  # a later read decodes again; those waiting now share this failure
+                self._items.pop(slot, None)
+            fut.set_exception(e)
+            raise
+        fut.set_result(arr)
+        return arr
 
 
 class ShardIndexCache:
@@ -184,7 +249,10 @@ class ShardRequests:
         # per loop: key -> the index read in flight; key -> ranges waiting for this turn
         self._index: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Task[ReadResult]] = {}
         self._pending: dict[tuple[asyncio.AbstractEventLoop, str],
-                            tuple[list[ByteRange], asyncio.Future[RangesResult]]] = {}
+                            tuple[list[ByteRange], asyncio.Future[tuple[RangesResult, DecodedChunks | None]]]] = {}
+        # per loop, shard key and generation: the inner chunks its reads in flight decoded
+        self._decoded: weakref.WeakValueDictionary[tuple[asyncio.AbstractEventLoop, str, Generation],
+                                                   DecodedChunks] = weakref.WeakValueDictionary()
         self._sending: set[asyncio.Task[None]] = set()
 
     async def index(self, kv: Any, key: str, rng: ByteRange) -> ReadResult:
@@ -201,6 +269,12 @@ class ShardRequests:
     async def ranges(self, kv: Any, key: str, ranges: list[ByteRange]) -> RangesResult:
         """``ranges`` of ``key`` at one generation, read together with the ranges
         of ``key`` that other callers ask for in this turn of the loop."""
+        return (await self.ranges_shared(kv, key, ranges))[0]
+
+    async def ranges_shared(self, kv: Any, key: str,
+                            ranges: list[ByteRange]) -> tuple[RangesResult, DecodedChunks | None]:
+        """:meth:`ranges`, and the :class:`DecodedChunks` of the shard generation
+        they were read at (None when the shard is missing)."""
         loop = asyncio.get_running_loop()
         slot = (loop, key)
         batch = self._pending.get(slot)
@@ -209,10 +283,19 @@ class ShardRequests:
             loop.call_soon(self._send, kv, key, slot)
         first = len(batch[0])
         batch[0].extend(ranges)
-        res = await asyncio.shield(batch[1])
+        res, decoded = await asyncio.shield(batch[1])
         if res.state == "missing":
-            return res
-        return RangesResult("value", res.values[first: first + len(ranges)], res.generation)
+            return res, None
+        return RangesResult("value", res.values[first: first + len(ranges)], res.generation), decoded
+
+    def _decoded_at(self, loop: asyncio.AbstractEventLoop, key: str, gen: Generation) -> DecodedChunks:
+        """The :class:`DecodedChunks` of shard ``key`` at ``gen`` (made when no read of
+        that generation holds one); on the loop thread."""
+        slot = (loop, key, gen)
+        decoded = self._decoded.get(slot)
+        if decoded is None:
+            decoded = self._decoded[slot] = DecodedChunks()
+        return decoded
 
     def _send(self, kv: Any, key: str, slot: tuple[asyncio.AbstractEventLoop, str]) -> None:
         ranges, fut = self._pending.pop(slot)
@@ -227,8 +310,9 @@ class ShardRequests:
                 if not fut.done():
                     fut.set_exception(e)
             else:
-                if not fut.done():
-                    fut.set_result(res)
+                if not fut.done():  # the answer holds its generation's decoded chunks for its waiters
+                    fut.set_result((res, None if res.state == "missing"
+                                    else self._decoded_at(slot[0], key, res.generation)))
 
         task = asyncio.ensure_future(go())
         self._sending.add(task)  # the loop keeps only a weak reference to a task
@@ -289,7 +373,9 @@ def read_part(sh: ShardingCodec, key: str, region: tuple[slice, ...], dest: np.n
             continue  # the shard changed since its index was read: again
         if hit is None and cache is not None:
             cache.put(key, gen, idx)
-        if span is None:
+        if span is None and not sh.raw_inner:
+            yield DecodeParts(sh, key, present, rr.values, dest)
+        elif span is None:
             yield Work(sh.decode_present, (key, present, rr.values, dest), _cost(sh, dest, present))
         else:  # many raw inner chunks in one span: placed as records, not one by one
             yield Work(sh.read_region, (rr.values[0], idx, region, parts, dest, key, span.start),
@@ -370,15 +456,24 @@ async def run_async(reader: Generator[Request, Any, None], kv: Any, key: str,
     async def work(w: Work) -> Any:
         return w.fn(*w.args) if w.cost <= INLINE_BYTES else await offload(w.fn, *w.args)
 
+    decoded: DecodedChunks | None = None  # shared with the reads of the last answer's generation
     req = _step(reader, None)
     while req is not None:
         if isinstance(req, Work):
             answer = await work(req)
         elif isinstance(req, Works):
             answer = await asyncio.gather(*(work(w) for w in req.items))
+        elif isinstance(req, DecodeParts):
+            d, nbytes = req, req.sh.inner.nbytes
+            await asyncio.gather(*(work(Work(d.sh.decode_present, (
+                d.key, [p for p, _ in run], [v for _, v in run], d.dest, decoded), len(run) * nbytes))
+                for run in _runs(list(zip(d.present, d.values, strict=True)), nbytes)))
+            answer = None
         elif isinstance(req, InnerRanges):
-            answer = (await shared.ranges(kv, key, req.ranges) if shared is not None
-                      else await kv.read_ranges(key, req.ranges, coalesce_gap=COALESCE_GAP))
+            if shared is not None:
+                answer, decoded = await shared.ranges_shared(kv, key, req.ranges)
+            else:
+                answer = await kv.read_ranges(key, req.ranges, coalesce_gap=COALESCE_GAP)
         elif isinstance(req, IndexBytes):
             answer = (await shared.index(kv, key, req.range) if shared is not None
                       else await kv.read(key, byte_range=req.range))
@@ -396,6 +491,8 @@ def run_blocking(reader: Generator[Request, Any, None], kv: Any, full: str) -> N
             answer = req.fn(*req.args)
         elif isinstance(req, Works):
             answer = [w.fn(*w.args) for w in req.items]
+        elif isinstance(req, DecodeParts):
+            answer = req.sh.decode_present(req.key, req.present, req.values, req.dest)
         elif isinstance(req, InnerRanges):
             answer = _ranges_blocking(kv, full, req.ranges)
         elif isinstance(req, IndexBytes):

@@ -381,8 +381,12 @@ class HttpClient:
             weakref.WeakKeyDictionary()
         )
 
-    def _semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
+    @property
+    def _signs(self) -> bool:
+        """Whether requests carry credentials at all (not for good anonymous)."""
+        return self.auth is not None and not getattr(self.auth, "anonymous", False)
+
+    def _semaphore(self, loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
         sem = self._sems.get(loop)
         if sem is None:
             sem = self._sems[loop] = asyncio.Semaphore(self.concurrency)
@@ -409,36 +413,47 @@ class HttpClient:
         ``crc32c``: compute the CRC-32C of the answer's body as it arrives
         (:attr:`Response.body_crc32c`).
         """
-        maybe_applied = False
+        # The first attempt is awaited directly: a request that succeeds at once
+        # (nearly all) costs no retry closure and no retry loop.
+        try:
+            return await self._attempt(method, url, 1, headers, data, retry_statuses, False, crc32c)
+        except Exception as e:
+            first = e
+        maybe_applied = self._failed(first, what, False)
 
         async def attempt(n: int) -> Response:
             nonlocal maybe_applied
             try:
                 return await self._attempt(method, url, n, headers, data, retry_statuses,
                                            maybe_applied, crc32c)
-            except TransientHttpError as e:
-                maybe_applied = maybe_applied or not e.not_applied
-                raise
             except Exception as e:
-                host = unresolvable_host(e)
-                if host is not None and isinstance(e, aiohttp.ClientConnectorError):
-                    raise StorageError(
-                        f"{what}: cannot resolve host {host!r} ({e.os_error}); not retried "
-                        f"(no network, or a wrong endpoint?); credentials: {self.describe_auth()}"
-                    ) from e
-                if is_transient(e):
-                    maybe_applied = True  # the request may have reached the server
+                maybe_applied = self._failed(e, what, maybe_applied)
                 raise
 
         try:
             return await with_retries(
-                attempt, what=what, policy=retries or self.retries, retry_on=is_transient
+                attempt, what=what, policy=retries or self.retries, retry_on=is_transient,
+                failed=first,
             )
         except StorageError as e:
             if type(e) is not StorageError or not isinstance(e.__cause__, Exception) \
                     or not is_transient(e.__cause__):
                 raise  # not the "attempts used up" error of with_retries
             raise RetriesExhaustedError(str(e), maybe_applied=maybe_applied) from e.__cause__
+
+    def _failed(self, e: Exception, what: str, maybe_applied: bool) -> bool:
+        """After attempt failure ``e``: whether an attempt so far may have taken
+        effect; a host name that does not exist raises StorageError (not retried)."""
+        if isinstance(e, TransientHttpError):
+            return maybe_applied or not e.not_applied
+        host = unresolvable_host(e)
+        if host is not None and isinstance(e, aiohttp.ClientConnectorError):
+            raise StorageError(
+                f"{what}: cannot resolve host {host!r} ({e.os_error}); not retried "
+                f"(no network, or a wrong endpoint?); credentials: {self.describe_auth()}"
+            ) from e
+        # a transient failure: the request may have reached the server
+        return maybe_applied or is_transient(e)
 
     def describe_auth(self) -> str:
         """The credentials of this client's requests, in words."""
@@ -455,10 +470,11 @@ class HttpClient:
         maybe_applied: bool,
         crc32c: bool,
     ) -> Response:
-        async with self._semaphore():
-            hdrs = dict(headers or {})
-            if self.auth is not None:
-                hdrs.update(await self.auth.headers(method, url, hdrs, data))
+        async with self._semaphore(asyncio.get_running_loop()):
+            hdrs = headers
+            if self._signs:
+                hdrs = dict(headers or {})
+                hdrs.update(await self.auth.headers(method, url, hdrs, data))  # type: ignore[union-attr]
             timeout: _Timeout = {} if self.timeout is None else {"timeout": self.timeout}
             async with client_session().request(
                 method, url, headers=hdrs, data=data, **timeout

@@ -78,7 +78,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.retry import DEFAULT_RETRY_POLICY, RetryPolicy
 from tensorstore_py.kvstore._auth import check_mode
-from tensorstore_py.kvstore._checksums import crc32c_b64, crc32c_value_b64
+from tensorstore_py.kvstore._checksums import crc32c_b64
 from tensorstore_py.kvstore._gcs_auth import CredentialsMode, GcsAuth, require_google_auth
 from tensorstore_py.kvstore._gcs_upload import multipart_body, resumable_upload
 from tensorstore_py.kvstore._http import (
@@ -243,6 +243,9 @@ class GcsKvStore(ObjectKvStore):
             raise InvalidSpecError(
                 f"gcs: emulator_workarounds must be true or false, got {emulator_workarounds!r}")
         self.emulator_workarounds = emulator_workarounds
+        # the URL of the bucket's objects, encoded once (a request adds the quoted name)
+        self._objects = f"{self.endpoint}/storage/v1/b/{quote(self.bucket, safe='')}/o"
+        self._uploads = f"{self.endpoint}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o"
         self.retry_policy = retry_policy(retries, DEFAULT_RETRY_POLICY)
         self._retries_option = retries_spec(retries)
         # shared with with_path() views (copy.copy keeps the same client)
@@ -317,9 +320,12 @@ class GcsKvStore(ObjectKvStore):
         )
 
     # -- HTTP plumbing ----------------------------------------------------------------
-    def _object_url(self, key: str, query: Mapping[str, Any]) -> yarl.URL:
-        return self._url(f"/storage/v1/b/{quote(self.bucket, safe='')}/o/{quote(key, safe='')}",
-                         query)
+    def _object_url(self, key: str, query: Mapping[str, Any] | str) -> yarl.URL:
+        """The URL of object ``key`` with ``query`` (a mapping, or a query string
+        already encoded)."""
+        qs = query if isinstance(query, str) else urlencode(query, quote_via=quote)
+        # Object names need '/' escaped as %2F: the URL is encoded here, not by yarl.
+        return yarl.URL(f"{self._objects}/{quote(key, safe='')}{'?' if qs else ''}{qs}", encoded=True)
 
     def _url(self, path: str, query: Mapping[str, Any]) -> yarl.URL:
         # Build the encoded URL ourselves: object names need '/' escaped as %2F.
@@ -346,7 +352,7 @@ class GcsKvStore(ObjectKvStore):
 
     async def _stat(self, key: str) -> dict[str, Any] | None:
         """The object's metadata (generation, size, metadata), or None if absent."""
-        url = self._object_url(key, {"fields": "generation,size,metadata"})
+        url = self._object_url(key, "fields=generation%2Csize%2Cmetadata")
         resp = await self._call("GET", url, what=f"stat of {self._where(key)}")
         if resp.status == 404:
             return None
@@ -373,14 +379,15 @@ class GcsKvStore(ObjectKvStore):
                 return ReadResult("unchanged", b"", gen)
             return ReadResult("value", b"", gen)
 
-        query: dict[str, Any] = {"alt": "media"}
-        if if_not_equal is not None and _generation_of(if_not_equal) is not None:
-            query["ifGenerationNotMatch"] = _generation_of(if_not_equal)
-        headers = {} if byte_range is None else {"Range": range_header(byte_range)}
+        query = "alt=media"
+        not_gen = None if if_not_equal is None else _generation_of(if_not_equal)
+        if not_gen is not None:
+            query += f"&ifGenerationNotMatch={not_gen}"
+        headers = None if byte_range is None else {"Range": range_header(byte_range)}
         what = f"read of {self._where(key)}"
         # a whole object's CRC-32C is computed while its body arrives (checked in _verify)
-        resp = await self._call("GET", self._object_url(key, query), what=what, headers=headers,
-                                crc32c=byte_range is None)
+        resp = await self._client.request("GET", self._object_url(key, query), what=what,
+                                          headers=headers, crc32c=byte_range is None)
         if resp.status == 404:
             return ReadResult.missing()
         if resp.status == 304 and if_not_equal is not None:
@@ -420,9 +427,11 @@ class GcsKvStore(ObjectKvStore):
             if name != "crc32c" or not b64:
                 continue
             expected = base64.b64decode(b64).hex()
-            found = crc32c_value_b64(resp.body_crc32c) if resp.body_crc32c is not None \
-                else await crc32c_b64(resp.body)
-            actual = base64.b64decode(found).hex()
+            found = resp.body_crc32c
+            if found is None:
+                actual = base64.b64decode(await crc32c_b64(resp.body)).hex()
+            else:  # computed as the body arrived: 4 big-endian bytes, as GCS sends them
+                actual = found.to_bytes(4, "big").hex()
             if actual != expected:
                 raise ChecksumError(
                     f"gcs read of {self._where(key)}: crc32c of the {len(resp.body)} bytes "
@@ -432,11 +441,13 @@ class GcsKvStore(ObjectKvStore):
     # -- writes -------------------------------------------------------------------------
     async def _write(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
         query: dict[str, Any] = {"uploadType": "multipart", "fields": "generation"}
+        condition = ""  # the same precondition in the multipart request's query string
         if if_equal is not None:
             expected = 0 if if_equal.is_no_value else _generation_of(if_equal)
             if expected is None:  # not a GCS generation: it can never match
                 raise self._condition_failed("write", key, if_equal, await self._found(key))
             query["ifGenerationMatch"] = expected
+            condition = f"&ifGenerationMatch={expected}"
         write_id = new_write_id()
         what = f"write of {self._where(key)}"
         try:
@@ -444,7 +455,8 @@ class GcsKvStore(ObjectKvStore):
                 resp = await resumable_upload(self, key, value, query, write_id, what)
             else:
                 body, content_type = await multipart_body(key, value, write_id)
-                url = self._url(f"/upload/storage/v1/b/{quote(self.bucket, safe='')}/o", query)
+                url = yarl.URL(f"{self._uploads}?uploadType=multipart&fields=generation{condition}",
+                               encoded=True)
                 resp = await self._call("POST", url, what=what, data=body,
                                         headers={"Content-Type": content_type})
         except RetriesExhaustedError as e:

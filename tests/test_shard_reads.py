@@ -4,9 +4,13 @@ chunk paths (drivers/codecs/_cells.py), on both I/O paths: the async one
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import numpy as np
 import pytest
-from test_driver_helpers import CountingKvStore, open_sync, read, write
+from test_driver_helpers import CountingKvStore, norm, open_sync, read, run_sync, write
 
 from tensorstore_py.drivers.codecs._cells import MISSING
 from tensorstore_py.drivers.open import build_metadata
@@ -192,3 +196,134 @@ def test_many_raw_inner_chunks_come_in_one_span(tmp_path, path):
         assert np.array_equal(read(a, region), x[region]), region
         data = [r for _, r in counting.reads if r is not None and r.start >= 0]
         assert len(data) == 1, counting.reads
+
+
+def _zstd_shard(kv):
+    """A zstd-sharded array on ``kv`` (written through its base) and its data."""
+    x = _data()
+    write(open_sync({"driver": "zarr3", "kvstore": kv, "metadata": _meta(compression=("zstd", 1))},
+                    create=True), x)
+    return x
+
+
+def _counting_decodes(a):
+    """Count the inner chunk decodes of array driver ``a`` (a list of the thread of each)."""
+    inner, calls = a._shard.inner, []
+    decode = inner.decode
+
+    def counted(buf, **kw):
+        calls.append(threading.get_ident())
+        return decode(buf, **kw)
+
+    inner.decode = counted
+    return calls
+
+
+def test_concurrent_reads_of_one_shard_decode_each_inner_chunk_once():
+    """Crops of one shard in flight together (their inner chunk ranges come in one
+    request) decode each zstd inner chunk they need once, not once per crop; the
+    shared chunks land in every crop's bytes."""
+    mem = MemoryKvStore()
+    x = _zstd_shard(mem)
+    a = open_sync({"driver": "zarr3", "kvstore": CountingKvStore(mem)})
+    read(a, (slice(0, 1), slice(0, 1), slice(0, 1)))  # the shard's index cached
+    calls = _counting_decodes(a)
+    # 6 crops of shard c/0/0/0 (5 x 3 x 2 inner chunks of 4 x 6 x 5), each 2 x 2 x 2 inner chunks
+    regions = [(slice(2 + i % 3, 6 + i % 3), slice(3, 9), slice(1 + i // 3, 6 + i // 3)) for i in range(6)]
+    cells = {(z // 4, y // 6, w // 5) for r in regions for z in range(r[0].start, r[0].stop)
+             for y in range(r[1].start, r[1].stop) for w in range(r[2].start, r[2].stop)}
+    cells.discard((0, 0, 0))  # all fill: not stored, never decoded
+
+    async def together():
+        return await asyncio.gather(*(a.read(norm(r, a.shape)) for r in regions))
+
+    got = run_sync(together())
+    for r, g in zip(regions, got, strict=True):
+        assert np.array_equal(g, x[r]), r
+    assert len(calls) == len(cells)  # one decode per distinct inner chunk (each crop alone: 42)
+
+
+def _volume():
+    """A 256^3 uint8 volume in one zstd shard of 64^3 inner chunks (256 KiB each:
+    a crop's decodes run on the codec threads) in a memory store: (store, data)."""
+    mem = MemoryKvStore()
+    x = np.random.default_rng(4).integers(0, 8, size=(256, 256, 256), dtype=np.uint8)
+    meta = build_metadata("zarr3", shape=x.shape, dtype="uint8", chunks=(64,) * 3, shards=(256,) * 3,
+                          compression=("zstd", 1))
+    write(open_sync({"driver": "zarr3", "kvstore": mem, "metadata": meta}, create=True), x)
+    return mem, x
+
+
+def test_a_corrupt_inner_chunk_shared_by_concurrent_reads_fails_each_of_them():
+    """The reads that share a decode share its failure: every crop that needs the
+    corrupt inner chunk raises DataCorruptionError naming the shard, also those
+    that waited for another thread's decode of it (none hangs, none gets stale
+    bytes); a crop that does not need it reads correctly."""
+    mem, x = _volume()
+    a = open_sync({"driver": "zarr3", "kvstore": CountingKvStore(mem)})
+    raw = bytearray(mem.read("c/0/0/0").result(60).value)
+    off, n = (int(v) for v in a._shard.whole_index(bytes(raw), key="k")[1, 1, 1])
+    raw[off + 8: off + n] = bytes(n - 8)  # inner chunk (1, 1, 1): its frame header kept, its blocks zeroed
+    mem.write("c/0/0/0", bytes(raw)).result(60)
+    read(a, (slice(0, 1), slice(0, 1), slice(0, 1)))  # the shard's index cached
+    inner = a._shard.inner
+    decode = inner.decode
+
+    def slow_when_corrupt(buf, **kw):
+        if "[1, 1, 1]" in kw.get("key", ""):
+            time.sleep(0.3)  # the other codec threads come for it meanwhile, and wait
+        return decode(buf, **kw)
+
+    inner.decode = slow_when_corrupt
+    needing = [tuple(slice(40 + 4 * i + d, 104 + 4 * i + d) for d in (0, 1, 2)) for i in range(6)]
+    clear = (slice(130, 194), slice(130, 194), slice(130, 194))
+
+    async def together():
+        return await asyncio.gather(*(a.read(norm(r, a.shape)) for r in [*needing, clear]),
+                                    return_exceptions=True)
+
+    got = run_sync(together(), timeout=60)  # a read left waiting for the decode fails here
+    for r, g in zip(needing, got, strict=False):
+        assert isinstance(g, DataCorruptionError) and "c/0/0/0" in str(g), (r, g)
+    assert np.array_equal(got[-1], x[clear])
+
+
+class _SlowKvStore(CountingKvStore):
+    """Answers every read after ``delay`` seconds (requests overlap as at cloud latency)."""
+
+    delay = 0.05
+
+    async def _read(self, key, byte_range, if_not_equal):
+        await asyncio.sleep(self.delay)
+        return await super()._read(key, byte_range, if_not_equal)
+
+
+def test_reads_of_one_shard_in_flight_share_decodes_across_their_requests():
+    """Crops of one zstd shard started in different turns of the event loop go out
+    as different range requests; while they are all in flight, each inner chunk
+    (256 KiB, decoded on the codec threads) is decoded once for all of them, and
+    once they are done nothing is kept: the same crops read again decode again."""
+    mem, x = _volume()
+    slow = _SlowKvStore(mem)
+    a = open_sync({"driver": "zarr3", "kvstore": slow})
+    read(a, (slice(0, 1), slice(0, 1), slice(0, 1)))  # the shard's index cached
+    calls = _counting_decodes(a)
+    # 8 crops around the same 2 x 2 x 2 inner chunks, in two groups one turn apart
+    regions = [tuple(slice(40 + 3 * i + d, 104 + 3 * i + d) for d in (0, 1, 2)) for i in range(8)]
+
+    async def two_groups():
+        first = [asyncio.ensure_future(a.read(norm(r, a.shape))) for r in regions[:4]]
+        for _ in range(3):
+            await asyncio.sleep(0)  # the first group's request is out
+        second = [asyncio.ensure_future(a.read(norm(r, a.shape))) for r in regions[4:]]
+        return await asyncio.gather(*first, *second)
+
+    slow.reads.clear()
+    got = run_sync(two_groups(), timeout=60)
+    for r, g in zip(regions, got, strict=True):
+        assert np.array_equal(g, x[r]), r
+    assert len([rg for _, rg in slow.reads if rg is not None]) >= 2 * 4  # two requests' worth of ranges
+    assert len(calls) == 8  # each of the 8 inner chunks once (per request: 16)
+    calls.clear()
+    assert np.array_equal(run_sync(a.read(norm(regions[0], a.shape))), x[regions[0]])
+    assert len(calls) == 8  # nothing kept after the reads

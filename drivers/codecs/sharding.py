@@ -197,11 +197,17 @@ class ShardingCodec(ArrayBytesCodec):
         return self.decode_index(self.index_range().apply(mv), key=key, shard_size=len(mv))
 
     def decode_present(self, key: str, present: list[tuple[ChunkPart, int, int]],
-                       values: list[Buffer], dest: np.ndarray) -> None:
+                       values: list[Buffer], dest: np.ndarray, shared: Any = None) -> None:
         """Decode the inner chunks ``present`` (as from :meth:`present_parts`),
-        read as ``values``, into their parts of ``dest``."""
+        read as ``values``, into their parts of ``dest``. ``shared``: the
+        ``DecodedChunks`` of the reads in flight at the generation ``values``
+        were read at (an inner chunk another of them decodes is taken from there)."""
         for (ip, off, n), v in zip(present, values):
-            dest[ip.out] = self.decode_inner(v, ip, off, n, key=key)[ip.chunk]
+            if shared is None:
+                dest[ip.out] = self.decode_inner(v, ip, off, n, key=key)[ip.chunk]
+            else:
+                arr = shared.get(off, n, lambda ip=ip, off=off, n=n, v=v: self.decode_inner(v, ip, off, n, key=key))
+                dest[ip.out] = arr[ip.chunk]
 
     def read_region(self, buf: Buffer, idx: np.ndarray, region: tuple[slice, ...],
                     parts: list[ChunkPart], dest: np.ndarray, key: str, base: int = 0) -> None:
