@@ -6,6 +6,9 @@ Usage: python tier_jax_worker.py SCENARIO PROCESS_ID NUM_PROCESSES PORT ROOT LOC
 SCENARIO "save": step 1 saved and promoted, step 2 saved to the local tier only.
 SCENARIO "preempt": train until JAX's preemption notice (a SIGTERM to any
 process), save that step on every process and stop.
+SCENARIO "resume": restore the newest step every process can read, then train on
+from it, saving every step that ``should_save`` asks for, up to step 2: the
+leaf "n" of a step saved here is 100 + the step.
 SCENARIO "restore": restore the newest step every process can read, with the
 save's sharding; check every shard. Results go to OUT_JSON.
 """
@@ -57,6 +60,17 @@ def main() -> None:
                 break
             time.sleep(0.02)
         mgr.close()  # the promotion ends before the process does
+    elif scenario == "resume":
+        specs = {"w": P("a", "b"), "e": P(None, "b"), "r": P(), "odd": P("b", None)}
+        like = {"t": target(make_tree(mesh), mesh, specs), "n": np.zeros(1, np.int64)}
+        out = mgr.restore(target=like)
+        report["from"] = int(out["n"][0])
+        report["saved"] = []
+        for step in range(report["from"] + 1, 3):
+            if mgr.should_save(step):
+                mgr.save(step, {"t": make_tree(mesh), "n": np.array([100 + step])})
+                report["saved"].append(step)
+        mgr.close()
     else:
         specs = {"w": P("a", "b"), "e": P(None, "b"), "r": P(), "odd": P("b", None)}
         like = {"t": target(make_tree(mesh), mesh, specs), "n": np.zeros(1, np.int64)}

@@ -160,6 +160,27 @@ class Tiers:
                     if self.promotion is prom:
                         self.promotion = None
 
+    def _drop_abandoned(self, step: int, local: list[int]) -> None:
+        """Delete this process's local parts newer than ``step``, the step the
+        processes agreed to restore (one commit of the local tier, with a warning).
+
+        No process can restore such a part: ``step`` is the newest step that is
+        complete locally or at the root, so another process lacks its part of
+        any newer one (a replaced node) and the root lacks it. The job resumes
+        from ``step`` and saves those step numbers again; a part kept from
+        before would make ``latest_step``/``should_save`` skip them on this
+        process only, and a later restore would combine it with the other
+        processes' new parts of the same step. Parts whose promotion is still
+        in flight are kept (the promotion reads them)."""
+        stale = [s for s in local if s > step and s not in self.unpromoted]
+        if not stale:
+            return
+        log.warning("checkpoint restore of step %d: this process's local parts of steps %s in %r are "
+                    "incomplete (another process lacks its part, and %r does not hold them); the job "
+                    "resumes from step %d, so they are deleted", step, stale, self.local.kv, self.root.kv,
+                    step)
+        run_sync(self.local.store.delete_steps(stale, read_grace=self.read_grace))
+
     def local_steps(self) -> list[int]:
         """This process's local parts (steps), ascending."""
         return run_sync(self.local.steps())
@@ -179,6 +200,7 @@ class Tiers:
             if step is None:
                 raise NotFoundError(f"no checkpoint steps in the local tier {self.local.kv!r} "
                                     f"or at {self.root.kv!r}")
+            self._drop_abandoned(step, local)
         else:
             here = step in local
         if here:
