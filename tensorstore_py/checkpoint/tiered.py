@@ -112,11 +112,12 @@ class Tiers:
 
     async def retain_local(self) -> None:
         """Delete this process's local parts beyond the newest ``local_max_to_keep``,
-        except those whose promotion has not ended (one commit)."""
+        except those whose promotion has not ended (one commit). Parts of another
+        process layout are neither counted nor deleted (:meth:`LocalTier.steps`)."""
         n = self.local_max_to_keep
         if n is None:
             return
-        steps = await self.local.store.list_steps()
+        steps = await self.local.steps()
         victims = [s for s in steps[:-n] if s not in self.unpromoted]
         await self.local.store.delete_steps(victims, read_grace=self.read_grace)
 

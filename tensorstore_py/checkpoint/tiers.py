@@ -128,11 +128,15 @@ class LocalTier:
     ) -> Future[StepInfo]:
         """Commit this process's part of ``step`` (one single-process commit);
         returns once staged (as :meth:`Root.save`), the rest in the background.
-        Raises :class:`ConditionFailedError` if this process's part exists."""
+        Raises :class:`ConditionFailedError` if this process's part exists. A
+        part of ``step`` saved by another process layout (:meth:`steps`), which
+        no process of this job restores, is deleted first (one commit, with a
+        warning): a job restarted with another process count saves the steps
+        the old job saved again."""
         check_step(step)
         metrics = checked_metrics(step, metrics)
         if run_sync(self.kv.read(record_key(step))).state == "value":
-            raise ConditionFailedError(f"checkpoint step {step} already exists in the local tier {self.kv!r}")
+            run_sync(self._replace_foreign(step))
         n = self.process_count
         if n > 1 and options.pack_small_leaves:
             # a pack mixes leaves of several owners, and a promotion has each
@@ -150,6 +154,18 @@ class LocalTier:
         track(fut, what=f"checkpoint step {step} in the local tier {self.kv!r}", exit_timeout=options.exit_timeout)
         snap.staged.wait()
         return fut
+
+    async def _replace_foreign(self, step: int) -> None:
+        """Delete the part of ``step`` when another process layout saved it;
+        :class:`ConditionFailedError` when it is this process's own."""
+        part = await _part(self.kv, step)
+        layout = None if part is None else (int(part["process_index"]), int(part["process_count"]))
+        if layout is None or layout == (self.process_index, self.process_count):
+            raise ConditionFailedError(f"checkpoint step {step} already exists in the local tier {self.kv!r}")
+        log.warning("checkpoint local tier %r: step %d holds a part saved as process %d of %d; this is "
+                    "process %d of %d, which never restores it: it is deleted and the step saved again",
+                    self.kv, step, layout[0], layout[1], self.process_index, self.process_count)
+        await self.store.delete_steps([step])
 
     async def _commit(
         self, step: int, snap: Snapshot, part: dict[str, Any], metrics: dict[str, Any], options: SaveOptions,
