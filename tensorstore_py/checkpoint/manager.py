@@ -86,7 +86,9 @@ class CheckpointManager:
     those whose promotion has not ended. :meth:`restore` takes the newest step
     every process can read, from its local part first, else from ``root``,
     and deletes this process's local parts newer than that step (no process
-    can restore them; the job saves those steps again);
+    can restore them; the job saves those steps again); when that step was
+    read from the local parts, asked to be promoted and is absent from
+    ``root`` (the process ended mid-promotion), it is promoted again;
     :meth:`wait_until_finished` and :meth:`close` wait for the promotions too
     (at interpreter exit a promotion gets ``SaveOptions.exit_timeout``, then is
     abandoned: absent from ``root``, never partial). See docs/CHECKPOINTS.md.
@@ -324,7 +326,8 @@ class CheckpointManager:
         process's local parts newer than it are deleted (docs/CHECKPOINTS.md)."""
         if self._tiers is not None:
             return self._tiers.restore(
-                step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, cast=cast, assemble=assemble,
+                step, target, options=self.options, on_persist=self._after_commit,
+                max_bytes_in_flight=max_bytes_in_flight, stats=stats, cast=cast, assemble=assemble,
             )
         try:
             return self._root.restore(

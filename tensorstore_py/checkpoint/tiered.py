@@ -22,9 +22,9 @@ from tensorstore_py.checkpoint.inflight import track
 from tensorstore_py.checkpoint.restoring import restore_step
 from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator
 from tensorstore_py.checkpoint.storage import StepInfo
-from tensorstore_py.checkpoint.tiers import LocalTier, choose_step, promote
+from tensorstore_py.checkpoint.tiers import LocalTier, choose_step, promote, wants_promotion
 from tensorstore_py.core.errors import DataCorruptionError, NotFoundError
-from tensorstore_py.core.future import Future, run_sync, spawn
+from tensorstore_py.core.future import Future, ready, run_sync, spawn
 
 __all__ = ["Tiers"]
 
@@ -70,7 +70,8 @@ class Tiers:
         if persist:
             self.unpromoted.add(step)
         try:
-            fut = self.local.save(step, tree, metrics=metrics, options=options, on_commit=self._retain_local)
+            fut = self.local.save(step, tree, metrics=metrics, options=options, on_commit=self._retain_local,
+                                  persist=persist)
         except BaseException:
             self.unpromoted.discard(step)
             raise
@@ -161,6 +162,23 @@ class Tiers:
                     if self.promotion is prom:
                         self.promotion = None
 
+    def _finish_promotion(
+        self, step: int, options: SaveOptions, on_persist: Callable[[StepInfo], Awaitable[Any]] | None,
+    ) -> None:
+        """Promote ``step`` again when its save asked for it (see :meth:`restore`)."""
+        if step in self.unpromoted or not (
+            self.wants_persist(step) or run_sync(wants_promotion(self.local, step))
+        ):
+            return
+        log.warning("checkpoint step %d is in the local tier %r but not at %r, and its save asked for its "
+                    "promotion: promoting it again", step, self.local.kv, self.root.kv)
+        self.unpromoted.add(step)
+
+        async def noop(_info: StepInfo) -> None:
+            return None
+
+        self._schedule(step, ready(StepInfo(step=step, time=0.0)), options, on_persist or noop)
+
     def _drop_abandoned(self, step: int, local: list[int]) -> None:
         """Delete this process's local parts newer than ``step``, the step the
         processes agreed to restore (one commit of the local tier, with a warning).
@@ -186,9 +204,20 @@ class Tiers:
         """This process's local parts (steps), ascending."""
         return run_sync(self.local.steps())
 
-    def restore(self, step: int | None, target: Any, **kw: Any) -> Any:
+    def restore(
+        self, step: int | None, target: Any, *, options: SaveOptions | None = None,
+        on_persist: Callable[[StepInfo], Awaitable[Any]] | None = None, **kw: Any,
+    ) -> Any:
         """Restore ``step`` (None: the newest every process can read, agreed through
-        the coordinator) from this process's local part, else the persistent copy."""
+        the coordinator) from this process's local part, else the persistent copy.
+
+        With ``step=None``, a step read from the local parts whose save asked for
+        its promotion (``persist``, the interval, a preemption) and that the
+        root lacks -- the process ended before its promotion did -- is promoted
+        again in the background, as the save would have (every process agrees
+        on the step, so every process schedules it; ``options`` and
+        ``on_persist`` as for :meth:`save`)."""
+        chosen = step is None
         local = self.local_steps()
         persistent = run_sync(self.root.store.list_steps())
         if step is None:
@@ -208,6 +237,8 @@ class Tiers:
             try:
                 out = restore_step(self.local.store, step, target, **kw)
                 self.restored_from = "local"
+                if chosen and step not in persistent:
+                    self._finish_promotion(step, options or SaveOptions(), on_persist)
                 return out
             except DataCorruptionError as e:
                 if step not in persistent:

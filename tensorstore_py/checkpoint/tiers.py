@@ -66,7 +66,7 @@ from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.registry import require_conditional_writes
 from tensorstore_py.kvstore.transaction import Transaction
 
-__all__ = ["PART_KEY", "LocalTier", "choose_step", "promote", "read_part"]
+__all__ = ["PART_KEY", "LocalTier", "choose_step", "promote", "read_part", "wants_promotion"]
 
 log = logging.getLogger("tensorstore_py.checkpoint")
 
@@ -125,8 +125,11 @@ class LocalTier:
         metrics: Mapping[str, Any],
         options: SaveOptions,
         on_commit: Callable[[StepInfo], Awaitable[Any]] | None = None,
+        persist: bool = False,
     ) -> Future[StepInfo]:
         """Commit this process's part of ``step`` (one single-process commit);
+        ``persist`` is recorded in the part (its promotion was asked for: a
+        restarted manager finishes it, :func:`wants_promotion`);
         returns once staged (as :meth:`Root.save`), the rest in the background.
         Raises :class:`ConditionFailedError` if this process's part exists. A
         part of ``step`` saved by another process layout (:meth:`steps`), which
@@ -148,7 +151,7 @@ class LocalTier:
         snap = snapshot(tree, process_index=0, process_count=n, options=options, replicas=True)
         shared, replicas = _ownership(tree, snap.leaves, n)
         part = {"format": PART_FORMAT, "process_index": self.process_index, "process_count": n,
-                "shared": shared, "replicas": replicas}
+                "shared": shared, "replicas": replicas, "persist": bool(persist)}
         fut = spawn(self._commit(step, snap, part, metrics, options, on_commit))
         fut.add_done_callback(lambda _f: snap.release())
         track(fut, what=f"checkpoint step {step} in the local tier {self.kv!r}", exit_timeout=options.exit_timeout)
@@ -251,6 +254,13 @@ async def _part(view: KvStore, step: int) -> dict[str, Any] | None:
                                   f"{part.get('format') if isinstance(part, dict) else part!r}, "
                                   f"expected {PART_FORMAT!r}")
     return part
+
+
+async def wants_promotion(local: LocalTier, step: int) -> bool:
+    """Whether the save of this process's part of ``step`` asked for its
+    promotion (``part.json`` ``persist``; False for a part that records none)."""
+    part = await _part(local.store.kv, step)
+    return bool(part is not None and part.get("persist") is True)
 
 
 async def read_part(store: StepStore, step: int) -> tuple[StepInfo, dict[str, Any], dict[str, Any], KvStore]:
