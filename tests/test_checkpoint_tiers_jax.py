@@ -113,3 +113,19 @@ def test_a_job_resumed_from_an_older_step_after_losing_a_node_saves_and_restores
     assert [(r["step"], r["tier"]) for r in got] == [(102, "local"), (102, "local")]
     for url in (root, f"{local}process_0/", f"{local}process_1/"):
         assert run_sync(checks.verify(url)).ok, url
+
+
+def test_a_local_save_failing_on_one_process_fails_the_promotion_on_every_process_at_once(
+    tmp_path: Path,
+) -> None:
+    """Process 1's local commit of a step to be promoted fails: process 0, whose
+    local commit landed, does not wait ``commit_timeout`` (90 s here) for process 1's
+    part of the promotion (a preemption save's promotion queued behind it would
+    miss the scheduler's grace period): it fails within seconds, and the root
+    holds nothing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    root, local = f"file://{tmp_path}/persistent/", f"file://{tmp_path}/local/"
+    got = _run("local_fails", root, local, tmp_path)
+    assert got[0]["error"] == "ParticipantFailedError" and got[1]["error"] is not None, got
+    assert got[0]["seconds"] < 45, got
+    assert tsp.CheckpointManager(root).all_steps() == []

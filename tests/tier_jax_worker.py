@@ -9,12 +9,16 @@ process), save that step on every process and stop.
 SCENARIO "resume": restore the newest step every process can read, then train on
 from it, saving every step that ``should_save`` asks for, up to step 2: the
 leaf "n" of a step saved here is 100 + the step.
+SCENARIO "local_fails": step 1 is saved with persist=True, process 1's local
+commit fails (its local tier refuses commit records); OUT_JSON says how each
+process's wait_until_finished ended and how long it took.
 SCENARIO "restore": restore the newest step every process can read, with the
 save's sharding; check every shard. Results go to OUT_JSON.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -39,7 +43,16 @@ def main() -> None:
     import tensorstore_py as tsp
 
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
-    mgr = tsp.CheckpointManager(root, local=local, local_max_to_keep=3)
+    if scenario == "local_fails" and pid == "1":
+        from tensorstore_py.kvstore.fault import FaultKvStore
+
+        faulty = FaultKvStore(tsp.KvStore.open(local).result())
+        faulty.inject(op="write", key_pattern="*commits/*")
+        mgr = tsp.CheckpointManager(root, local=faulty, local_max_to_keep=3)
+    else:
+        mgr = tsp.CheckpointManager(root, local=local, local_max_to_keep=3)
+    if scenario == "local_fails":
+        mgr.options = dataclasses.replace(mgr.options, commit_timeout=90.0)
     report: dict[str, Any] = {"process": int(pid)}
     if scenario == "save":
         for step in (1, 2):
@@ -60,6 +73,16 @@ def main() -> None:
                 break
             time.sleep(0.02)
         mgr.close()  # the promotion ends before the process does
+    elif scenario == "local_fails":
+        start = time.monotonic()
+        mgr.save(1, {"t": make_tree(mesh), "n": np.array([1])}, persist=True)
+        try:
+            mgr.wait_until_finished()
+            report["error"] = None
+        except Exception as e:
+            report["error"] = type(e).__name__
+        report["seconds"] = time.monotonic() - start
+        mgr.close()
     elif scenario == "resume":
         specs = {"w": P("a", "b"), "e": P(None, "b"), "r": P(), "odd": P("b", None)}
         like = {"t": target(make_tree(mesh), mesh, specs), "n": np.zeros(1, np.int64)}

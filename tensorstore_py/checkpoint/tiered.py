@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from tensorstore_py.checkpoint.api import Root, RootLike
-from tensorstore_py.checkpoint.attempts import next_namespace
+from tensorstore_py.checkpoint.attempts import next_namespace, publish_failure
 from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.inflight import track
 from tensorstore_py.checkpoint.restoring import restore_step
@@ -92,7 +92,14 @@ class Tiers:
                 if prev is not None:
                     with contextlib.suppress(BaseException):  # its own failure was logged
                         await prev
-                await local
+                try:
+                    await local
+                except BaseException as e:
+                    # the other processes promote this step: they hear of it now,
+                    # not after commit_timeout (their next promotions wait on this one)
+                    if self.coordinator.process_count > 1:
+                        await publish_failure(self.coordinator, namespace, e, options.commit_timeout)
+                    raise
                 return await promote(self.local, self.root.store, step, coordinator=self.coordinator,
                                      namespace=namespace, options=options, on_commit=on_persist)
             finally:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.checkpoint.api import RootLike, open_root
+from tensorstore_py.checkpoint.attempts import publish_failure
 from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.dedup import DIGESTS_DIR, Incremental, load_previous, parse_document
 from tensorstore_py.checkpoint.inflight import track
@@ -290,8 +291,16 @@ async def promote(
     Each process writes the chunks it owns (those a save straight to the root
     would have it write); process 0 writes the record (with the step's metrics),
     the manifest and the zarr metadata. Nothing of the step is visible in
-    ``persistent`` until the commit; a failure or a cancellation leaves it absent."""
-    info, manifest, part, view = await read_part(local.store, step)
+    ``persistent`` until the commit; a failure or a cancellation leaves it absent.
+    A process that can not read its part tells the others (they raise
+    :class:`ParticipantFailedError` at once instead of waiting for their
+    ``commit_timeout``)."""
+    try:
+        info, manifest, part, view = await read_part(local.store, step)
+    except BaseException as e:
+        if coordinator.process_count > 1:
+            await publish_failure(coordinator, namespace, e, options.commit_timeout)
+        raise
     p = coordinator.process_index
     shared = set(part.get("shared", []))
     replicas = set(part.get("replicas", []))
