@@ -337,3 +337,22 @@ def test_a_promotion_cut_by_sigkill_is_finished_by_the_restarted_manager(tmp_pat
     np.testing.assert_array_equal(got["w"], expected(3)["w"])
     np.testing.assert_array_equal(got["b"]["v"], expected(3)["b"]["v"])
     assert run_sync(checks.verify(root)).ok
+
+
+def test_restore_waits_for_the_local_save_in_flight(tmp_path: Path) -> None:
+    """A restore right after ``save()`` returned, while the local commit is still
+    being written, reads that step (each process lists its own save in flight
+    once it landed, so the processes agree on it and none of its parts is
+    taken for an abandoned one)."""
+    from tensorstore_py.kvstore.fault import FaultKvStore
+
+    root, _ = _urls(tmp_path)
+    local = FaultKvStore(tsp.KvStore.open(f"file://{tmp_path}/local/").result())
+    with tsp.CheckpointManager(root, local=local) as mgr:
+        mgr.save(1, _tree(1))
+        mgr.wait_until_finished()
+        local.inject(op="write", key_pattern="commits/*", error=None, latency=1.0)
+        mgr.save(2, _tree(2))
+        out = mgr.restore()
+        _check(out, _tree(2))
+        assert mgr._tiers.local_steps() == [1, 2]  # type: ignore[union-attr]

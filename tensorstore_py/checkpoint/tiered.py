@@ -225,6 +225,13 @@ class Tiers:
         on the step, so every process schedules it; ``options`` and
         ``on_persist`` as for :meth:`save`)."""
         chosen = step is None
+        if chosen and self.pending is not None:
+            # this process's local save in flight lands first, so that every
+            # process lists it (each waits for its own) and no part of it is
+            # taken for an abandoned one (:meth:`_drop_abandoned`); its error
+            # stays for :meth:`wait`
+            with contextlib.suppress(Exception):
+                self.pending.result()
         local = self.local_steps()
         persistent = run_sync(self.root.store.list_steps())
         if step is None:
