@@ -129,3 +129,17 @@ def test_a_local_save_failing_on_one_process_fails_the_promotion_on_every_proces
     assert got[0]["error"] == "ParticipantFailedError" and got[1]["error"] is not None, got
     assert got[0]["seconds"] < 45, got
     assert tsp.CheckpointManager(root).all_steps() == []
+
+
+def test_a_local_save_refused_on_one_process_fails_the_promotion_on_every_process_at_once(
+    tmp_path: Path,
+) -> None:
+    """Process 0's ``save`` of a step to be promoted raises at once (its part of
+    the step exists): process 1, whose local commit landed, does not wait
+    ``commit_timeout`` (90 s here) for process 0's part of the promotion."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    root, local = f"file://{tmp_path}/persistent/", f"file://{tmp_path}/local/"
+    got = _run("exists0", root, local, tmp_path)
+    assert [r["errors"] for r in got] == [["ConditionFailedError"], ["ParticipantFailedError"]], got
+    assert got[1]["seconds"] < 45, got
+    assert tsp.CheckpointManager(root).all_steps() == []

@@ -12,6 +12,9 @@ leaf "n" of a step saved here is 100 + the step.
 SCENARIO "local_fails": step 1 is saved with persist=True, process 1's local
 commit fails (its local tier refuses commit records); OUT_JSON says how each
 process's wait_until_finished ended and how long it took.
+SCENARIO "exists0": process 0 holds its part of step 1 already; both processes
+save step 1 with persist=True: OUT_JSON says how each process's save and
+wait_until_finished ended and how long they took.
 SCENARIO "restore": restore the newest step every process can read, with the
 save's sharding; check every shard. Results go to OUT_JSON.
 """
@@ -51,7 +54,7 @@ def main() -> None:
         mgr = tsp.CheckpointManager(root, local=faulty, local_max_to_keep=3)
     else:
         mgr = tsp.CheckpointManager(root, local=local, local_max_to_keep=3)
-    if scenario == "local_fails":
+    if scenario in ("local_fails", "exists0"):
         mgr.options = dataclasses.replace(mgr.options, commit_timeout=90.0)
     report: dict[str, Any] = {"process": int(pid)}
     if scenario == "save":
@@ -81,6 +84,25 @@ def main() -> None:
             report["error"] = None
         except Exception as e:
             report["error"] = type(e).__name__
+        report["seconds"] = time.monotonic() - start
+        mgr.close()
+    elif scenario == "exists0":
+        from tensorstore_py.checkpoint import SaveOptions
+        from tensorstore_py.checkpoint.tiers import LocalTier
+
+        if pid == "0":
+            LocalTier(local, process_index=0, process_count=2).save(
+                1, {"n": np.array([0])}, metrics={}, options=SaveOptions()).result()
+        start = time.monotonic()
+        report["errors"] = []
+        try:
+            mgr.save(1, {"t": make_tree(mesh), "n": np.array([1])}, persist=True)
+        except Exception as e:
+            report["errors"].append(type(e).__name__)
+        try:
+            mgr.wait_until_finished()
+        except Exception as e:
+            report["errors"].append(type(e).__name__)
         report["seconds"] = time.monotonic() - start
         mgr.close()
     elif scenario == "resume":

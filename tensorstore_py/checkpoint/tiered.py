@@ -72,8 +72,12 @@ class Tiers:
         try:
             fut = self.local.save(step, tree, metrics=metrics, options=options, on_commit=self._retain_local,
                                   persist=persist)
-        except BaseException:
+        except BaseException as e:
             self.unpromoted.discard(step)
+            if persist and self.coordinator.process_count > 1:
+                # the other processes promote this step: they hear of it at once
+                # (and every process's next save of this step meets its peers')
+                spawn(publish_failure(self.coordinator, next_namespace(step), e, options.commit_timeout))
             raise
         self.pending = fut
         if persist:
