@@ -23,7 +23,7 @@ from tensorstore_py.checkpoint.restoring import restore_step
 from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator
 from tensorstore_py.checkpoint.storage import StepInfo
 from tensorstore_py.checkpoint.tiers import LocalTier, choose_step, promote, wants_promotion
-from tensorstore_py.core.errors import DataCorruptionError, NotFoundError
+from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError, NotFoundError
 from tensorstore_py.core.future import Future, ready, run_sync, spawn
 
 __all__ = ["Tiers"]
@@ -86,7 +86,7 @@ class Tiers:
 
     def _schedule(
         self, step: int, local: Future[StepInfo], options: SaveOptions,
-        on_persist: Callable[[StepInfo], Awaitable[Any]],
+        on_persist: Callable[[StepInfo], Awaitable[Any]], *, resumed: bool = False,
     ) -> None:
         prev = self.promotion
         namespace = next_namespace(step)
@@ -104,8 +104,16 @@ class Tiers:
                     if self.coordinator.process_count > 1:
                         await publish_failure(self.coordinator, namespace, e, options.commit_timeout)
                     raise
-                return await promote(self.local, self.root.store, step, coordinator=self.coordinator,
-                                     namespace=namespace, options=options, on_commit=on_persist)
+                try:
+                    return await promote(self.local, self.root.store, step, coordinator=self.coordinator,
+                                         namespace=namespace, options=options, on_commit=on_persist)
+                except ConditionFailedError:
+                    if not resumed or step not in await self.root.store.list_steps():
+                        raise
+                    # a promotion resumed by a restore met the one it resumes (still
+                    # running in another manager of this tier): the step is there
+                    log.info("checkpoint step %d was promoted to %r meanwhile", step, self.root.kv)
+                    return await self.root.store.record(step)
             finally:
                 self.unpromoted.discard(step)
 
@@ -188,7 +196,7 @@ class Tiers:
         async def noop(_info: StepInfo) -> None:
             return None
 
-        self._schedule(step, ready(StepInfo(step=step, time=0.0)), options, on_persist or noop)
+        self._schedule(step, ready(StepInfo(step=step, time=0.0)), options, on_persist or noop, resumed=True)
 
     def _drop_abandoned(self, step: int, local: list[int]) -> None:
         """Delete this process's local parts newer than ``step``, the step the
