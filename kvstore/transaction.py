@@ -109,128 +109,40 @@ tour of the guarantees.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import threading
 import time
 import uuid
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from collections.abc import Hashable
 from types import TracebackType
-from typing import Any, Literal, Protocol, Self, TypeVar
+from typing import Any, Self
 
 from tensorstore_py.core.errors import (
     CommitOutcomeUnknownError,
-    ConditionFailedError,
-    ConflictError,
     InvalidArgumentError,
     UnsupportedError,
 )
 from tensorstore_py.core.future import Future, get_loop, spawn
-from tensorstore_py.kvstore.base import (
-    BlockingRead,
-    Buffer,
-    ByteRange,
-    Generation,
-    KvStore,
-    ReadResult,
-    TransactionLike,
-    condition_failed,
-    not_picklable,
-)
+from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.ids import check_id
+from tensorstore_py.kvstore.participant import (
+    ISOLATION_LEVELS,
+    Barrier,
+    CommitInfo,
+    Isolation,
+    Participant,
+    TxnState,
+    note_may_land,
+    watch_may_land,
+)
+from tensorstore_py.kvstore.single_key_participant import SingleKeyParticipant
+from tensorstore_py.kvstore.transactional_view import TransactionalKvStore
 
-_T = TypeVar("_T")
-
+# The participant side (participant.py: Participant, CommitInfo, Barrier,
+# TransactionHandle; single_key_participant.py; transactional_view.py) is
+# re-exported: tensorstore_py.kvstore.transaction.X stays the public path.
 __all__ = [
     "Barrier", "CommitInfo", "Participant", "Transaction", "TransactionalKvStore", "note_may_land",
 ]
-
-TxnState = Literal["open", "committing", "committed", "aborted", "failed", "unknown"]
-
-#: set by a commit while it runs: a one-element list that becomes [True] once
-#: something that can make the commit visible was sent (see note_may_land)
-_MAY_LAND: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("tsp_may_land", default=None)
-
-
-def note_may_land() -> None:
-    """Called by a participant right before it sends what can make the running
-    commit visible (a commit record, a multi-writer fragment): from then on an
-    interrupted commit has an unknown outcome, not a failed one."""
-    flag = _MAY_LAND.get()
-    if flag is not None:
-        flag[0] = True
-Isolation = Literal["snapshot", "serializable"]
-ISOLATION_LEVELS: tuple[Isolation, ...] = ("snapshot", "serializable")
-
-
-@dataclass(frozen=True)
-class CommitInfo:
-    """The outcome of a commit.
-
-    ``version`` is the new version on a versioned store (the version read from
-    for a transaction that wrote nothing; None on other stores, or for a
-    multi-writer participant that did not wait for the result).
-    """
-
-    version: int | None
-    write_id: str = ""
-    time: float = 0.0
-    txn_id: str | None = None
-    keys_changed: int = 0
-
-
-class Barrier(Protocol):
-    """The barrier / broadcast service a multi-writer commit waits on.
-
-    Both methods block and are called from worker threads. Keys used (each
-    published once per transaction id, so a barrier must be fresh per job, as
-    jax.distributed's is): ``tsp/<txn_id>/attempt`` (published by process 0
-    when it opens its attempt; JSON text), ``tsp/<txn_id>/fragment/<i>``
-    (published by participant ``i > 0`` once its fragment is durable) and
-    ``tsp/<txn_id>/result`` (published by process 0; the result as JSON text).
-    ``wait_for`` returns the value published for ``key``, waiting up to
-    ``timeout`` seconds, and raises (any exception, e.g. TimeoutError) when it
-    does not arrive in time.
-    """
-
-    def publish(self, key: str, value: str) -> None: ...
-
-    def wait_for(self, key: str, timeout: float) -> str: ...
-
-
-class Participant(ABC):
-    """One store root's part of a transaction (stores with atomic commits
-    provide their own via ``KvStore._transaction_participant``)."""
-
-    #: identity of the atomic root (one participant per root per transaction)
-    key: Hashable
-    #: human name of the root for error messages
-    name: str
-
-    @property
-    @abstractmethod
-    def has_writes(self) -> bool: ...
-
-    @abstractmethod
-    async def read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult: ...
-
-    @abstractmethod
-    async def write(self, key: str, value: Buffer | None, if_equal: Generation | None) -> Generation | None:
-        """Stage a write (``value=None`` deletes)."""
-
-    @abstractmethod
-    async def list(self, prefix: str) -> list[str]: ...
-
-    async def delete_range(self, prefix: str) -> None:
-        for k in await self.list(prefix):
-            await self.write(k, None, None)
-
-    @abstractmethod
-    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo: ...
-
-    def abort(self) -> None:  # noqa: B027 (an optional hook: nothing to drop by default)
-        """Drop staged state (written data objects become garbage)."""
 
 
 class Transaction:
@@ -394,8 +306,7 @@ class Transaction:
         await self._issued_waiter.wait()
 
     async def _commit(self, wait: bool) -> CommitInfo:
-        may_land = [False]
-        _MAY_LAND.set(may_land)  # this task's context (and the tasks it starts)
+        may_land = watch_may_land()  # this task's context (and the tasks it starts)
         try:
             await self._wait_issued()
             if self._writer is None:
@@ -488,202 +399,3 @@ class Transaction:
         if commit is not None:
             await commit
 
-
-class SingleKeyParticipant(Participant):
-    """A transaction on a store without multi-key atomic commits: ONE key.
-
-    The write is staged and applied at commit as a conditional write against
-    the generation the transaction read (or the ``if_equal`` it was given), so
-    a concurrent change raises ConflictError instead of being overwritten.
-    """
-
-    def __init__(self, store: KvStore) -> None:
-        self.store = store
-        self.key = ("single", store.driver, store._identity())
-        self.name = f"{store.driver} store {store.spec().get('path', '')!r}"
-        self._read_gens: dict[str, Generation] = {}
-        self._listed: list[str] = []  # prefixes listed
-        self._key: str | None = None
-        self._value: bytes | None = None
-        self._condition: Generation | None = None
-        self._txn: Transaction | None = None
-
-    @property
-    def has_writes(self) -> bool:
-        return self._key is not None
-
-    async def read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
-        if key == self._key:
-            if self._value is None:
-                return ReadResult.missing()
-            gen = Generation(b"txn-staged")
-            if if_not_equal == gen:
-                return ReadResult("unchanged", b"", gen)
-            v = self._value if byte_range is None else bytes(byte_range.apply(self._value))
-            return ReadResult("value", v, gen)
-        res = await self.store._read(key, byte_range, if_not_equal)
-        self._read_gens.setdefault(key, res.generation)
-        return res
-
-    async def write(self, key: str, value: Buffer | None, if_equal: Generation | None) -> Generation | None:
-        if self._key is not None and key != self._key:
-            raise UnsupportedError(
-                f"write of {self._rel(key)!r}: a transaction on {self.name} (driver "
-                f"{self.store.driver!r}) can write only one key atomically and already writes "
-                f"{self._rel(self._key)!r}; use a versioned store for multi-key transactions"
-            )
-        if self._key is None:
-            if if_equal is not None and key in self._read_gens and self._read_gens[key] != if_equal:
-                raise condition_failed(self.store, self._rel(key), if_equal, self._read_gens[key])
-            self._key = key
-            self._condition = self._read_gens.get(key, if_equal)
-        elif if_equal is not None and if_equal != Generation(b"txn-staged"):
-            raise ConditionFailedError(
-                f"write of {self._rel(key)!r} in a transaction: generation {if_equal!r} is stale"
-            )
-        self._value = None if value is None else bytes(value)
-        return None if value is None else Generation(b"txn-staged")
-
-    def _rel(self, key: str) -> str:
-        return key.removeprefix(self.store.path)
-
-    async def list(self, prefix: str) -> list[str]:
-        self._listed.append(prefix)
-        keys = set(await self.store._list(prefix))
-        if self._key is not None and self._key.startswith(prefix):
-            if self._value is None:
-                keys.discard(self._key)
-            else:
-                keys.add(self._key)
-        return sorted(keys)
-
-    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
-        assert self._key is not None
-        key, cond = self._key, self._condition
-        others = sorted(self._rel(k) for k in self._read_gens if k != key)
-        if txn.isolation == "serializable" and (others or self._listed):
-            what = f"key(s) {others[:5]}" if others else f"prefix(es) {self._listed[:5]}"
-            raise UnsupportedError(
-                f"serializable transaction on {self.name}: it writes {self._rel(key)!r} after "
-                f"reading {what}; a {self.store.driver!r} store can only check the written key "
-                f"atomically with the write. Use a versioned store, or isolation='snapshot'"
-            )
-        try:
-            if self._value is None:
-                await self.store._delete(key, cond)
-            else:
-                await self.store._write(key, self._value, cond)
-        except ConditionFailedError as e:
-            raise ConflictError(
-                f"transaction on {self.name}: key {self._rel(key)!r} changed since the transaction "
-                f"read it ({e})",
-                key=self._rel(key),
-            ) from e
-        return CommitInfo(version=None, write_id=txn.write_id, time=time.time(), txn_id=txn.txn_id, keys_changed=1)
-
-    def abort(self) -> None:
-        self._key = self._value = None
-
-
-class TransactionalKvStore(KvStore):
-    """A view of ``store`` whose reads and writes go through a transaction.
-
-    Reads see the transaction's own writes and deletes (``list`` too); writes
-    are staged and become visible only when the transaction commits.
-    """
-
-    def __init__(self, store: KvStore, txn: Transaction) -> None:
-        if not isinstance(txn, Transaction):
-            raise InvalidArgumentError(f"with_transaction needs a tsp.Transaction, got {type(txn).__name__}")
-        super().__init__(path=store.path)
-        self.base = store
-        self.txn = txn
-        self.driver = store.driver  # type: ignore[misc]
-        self.read_only = store.read_only
-        self._participant = txn._participant_for(store)
-
-    def spec(self) -> dict[str, Any]:
-        d = self.base.spec()
-        d["path"] = self.path
-        return d
-
-    def _spec_fields(self) -> dict[str, Any]:
-        return {}
-
-    def _full(self, key: str) -> str:
-        return self.path + _validated(self.base, key)
-
-    def __repr__(self) -> str:
-        return f"TransactionalKvStore({self.spec()!r}, {self.txn!r})"
-
-    def _identity(self) -> Any:
-        return (self.base._identity(), self.path, id(self.txn))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # the staged writes live in this process's memory: they can not travel
-        raise not_picklable(
-            self, "it is bound to a transaction whose staged writes live in this process; pickle "
-            "the store itself and bind a transaction in the receiving process (tensorstore_py.dask."
-            "store and kvstore.versioned.staging carry writes of many processes into one commit)"
-        )
-
-    def with_transaction(self, txn: TransactionLike) -> KvStore:
-        if txn is self.txn:
-            return self
-        raise InvalidArgumentError(f"{self!r} is already bound to a transaction")
-
-    async def _read(self, key: str, byte_range: ByteRange | None, if_not_equal: Generation | None) -> ReadResult:
-        return await self._participant.read(key, byte_range, if_not_equal)
-
-    async def _prepare_read(self, key: str) -> BlockingRead | None:
-        prepare = getattr(self._participant, "prepare_read", None)
-        return None if prepare is None else await prepare(key)
-
-    async def _write(self, key: str, value: Buffer, if_equal: Generation | None) -> Generation:
-        self.txn._claim_writer(self._participant, self._rel(key))
-        gen = await self._participant.write(key, value, if_equal)
-        assert gen is not None
-        return gen
-
-    async def _delete(self, key: str, if_equal: Generation | None) -> None:
-        self.txn._claim_writer(self._participant, self._rel(key))
-        await self._participant.write(key, None, if_equal)
-
-    async def _list(self, prefix: str) -> list[str]:
-        return await self._participant.list(prefix)
-
-    async def _delete_range(self, prefix: str) -> None:
-        self.txn._claim_writer(self._participant, self._rel(prefix))
-        await self._participant.delete_range(prefix)
-
-    def _rel(self, key: str) -> str:
-        return key.removeprefix(self.path)
-
-    def _check_writable(self, op: str, key: str) -> None:
-        super()._check_writable(op, key)
-        self.txn._check_open(f"{op} of {key!r}")
-
-    def _issued(self, what: str, start: Callable[[], Future[_T]]) -> Future[_T]:
-        self.txn._issue(what)
-        try:
-            fut = start()
-        except BaseException:
-            self.txn._unissue()
-            raise
-        fut.add_done_callback(lambda _f: self.txn._unissue())
-        return fut
-
-    def write(self, key: str, value: Buffer, *, if_equal: Generation | None = None) -> Future[Generation]:
-        return self._issued(f"write of {key!r}", lambda: super(TransactionalKvStore, self).write(key, value, if_equal=if_equal))
-
-    def delete(self, key: str, *, if_equal: Generation | None = None) -> Future[None]:
-        return self._issued(f"delete of {key!r}", lambda: super(TransactionalKvStore, self).delete(key, if_equal=if_equal))
-
-    def delete_range(self, prefix: str = "") -> Future[None]:
-        return self._issued(f"delete_range of {prefix!r}", lambda: super(TransactionalKvStore, self).delete_range(prefix))
-
-
-def _validated(store: KvStore, key: str) -> str:
-    """Validate ``key`` the way ``store`` does (e.g. reserved names) and return it."""
-    store._full(key)
-    return key

@@ -3,13 +3,47 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 from aiohttp import web
 
 from tensorstore_py.kvstore.versioned import leases as _leases
+
+# --- the process environment, module by module ----------------------------------------
+# A Dask nanny (a distributed.LocalCluster with worker processes) writes its
+# ``distributed.nanny.pre-spawn-environ`` (MALLOC_TRIM_THRESHOLD_, OMP_NUM_THREADS, ...)
+# into os.environ of the process that starts it, i.e. this one, and every subprocess a
+# later test starts would inherit it (glibc's malloc tunables change what memory
+# tests measure). So each test module leaves the environment as it found it.
+
+#: variables a running session-scoped fixture set for the whole run (None: removed
+#: for it); the per-module restore leaves them as they are
+SESSION_ENV: dict[str, str | None] = {}
+
+
+def restore_environ(before: Mapping[str, str], keep: Mapping[str, str | None]) -> list[str]:
+    """Put os.environ back to ``before``, except the names in ``keep``; the names changed."""
+    changed = []
+    for name in sorted(set(os.environ) - set(before) - set(keep)):
+        del os.environ[name]
+        changed.append(name)
+    for name, value in before.items():
+        if name not in keep and os.environ.get(name) != value:
+            os.environ[name] = value
+            changed.append(name)
+    return changed
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _environment_per_module() -> Iterator[None]:
+    """os.environ as it was before each test module, after it (module-scoped fixtures
+    such as a module's Dask cluster are torn down first)."""
+    before = dict(os.environ)
+    yield
+    restore_environ(before, SESSION_ENV)
 
 
 class BackgroundServer:
@@ -116,16 +150,21 @@ def s3_server() -> Iterator[S3Server]:
     pytest.importorskip("moto.server", reason="moto[server] is a test dependency")
     from tensorstore_py.testing.s3_server import TEST_CREDENTIALS, S3Server
 
+    unset = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN")
+    session_env: dict[str, str | None] = {**TEST_CREDENTIALS, **dict.fromkeys(unset)}
     with pytest.MonkeyPatch.context() as mp:
         for name, value in TEST_CREDENTIALS.items():
             mp.setenv(name, value)
-        for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        for name in unset:
             mp.delenv(name, raising=False)
+        SESSION_ENV.update(session_env)  # for the run, not for the module that started it
         server = S3Server().start()
         try:
             yield server
         finally:
             server.stop()
+            for name in session_env:
+                SESSION_ENV.pop(name, None)
 
 
 @pytest.fixture

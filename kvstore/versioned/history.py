@@ -18,7 +18,7 @@ from typing import Any
 from tensorstore_py.core.errors import CommitOutcomeUnknownError, InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import Future, spawn
 from tensorstore_py.kvstore.base import KvStore
-from tensorstore_py.kvstore.transaction import CommitInfo
+from tensorstore_py.kvstore.participant import CommitInfo
 from tensorstore_py.kvstore.versioned.format import CommitRecord, commit_name, ranges_add, ranges_contain
 from tensorstore_py.kvstore.versioned.gc import DEFAULT_GRACE, DEFAULT_READ_GRACE, GcReport
 from tensorstore_py.kvstore.versioned.gc import gc as collect_garbage

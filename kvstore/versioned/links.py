@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tensorstore_py.core.errors import InvalidArgumentError
 from tensorstore_py.kvstore.base import KvStore
-from tensorstore_py.kvstore.transaction import TransactionalKvStore
+from tensorstore_py.kvstore.transactional_view import TransactionalKvStore
 from tensorstore_py.kvstore.versioned.txn import VersionedParticipant
 
 __all__ = ["link_value"]

@@ -1,6 +1,7 @@
 """Multi-writer commits: N processes, one transaction id, ONE version.
 
-Protocol (docs/FORMAT.md §7; objects in :mod:`.fragments`):
+Protocol (docs/FORMAT.md §7; objects in :mod:`.fragments`; what became of a
+transaction id, process 0's attempt and the outcome objects in :mod:`.outcomes`):
 
 * Process 0 (the coordinator) opens an **attempt** when it first touches the
   store: it checks that the transaction id has not committed yet, then creates
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from typing import Any
 
@@ -41,32 +41,39 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.core.retry import RetryPolicy
-from tensorstore_py.kvstore.transaction import CommitInfo, Transaction, note_may_land
+from tensorstore_py.kvstore.participant import CommitInfo, TransactionHandle, note_may_land
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.data import require_present
-from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, crc32c, new_write_id
+from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, crc32c
 from tensorstore_py.kvstore.versioned.fragments import (
     Attempt,
     Fragment,
     attempt_name,
-    attempts_prefix,
     check_outcome,
     decode_attempt,
     decode_fragment,
     decode_outcome,
-    encode_attempt,
     encode_fragment,
-    encode_outcome,
     failed_name,
     fragment_key,
     fragment_name,
     fragments_prefix,
     merge_fragments,
-    outcome_body,
     participant_failed,
     participant_failure,
-    result_name,
-    txn_prefix,
+)
+from tensorstore_py.kvstore.versioned.outcomes import (
+    CONCURRENCY,
+    announce,
+    cleanup,
+    committed_record,
+    committed_since,
+    failure,
+    newest_attempt,
+    open_attempt,
+    quietly,
+    read_result,
+    success,
 )
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
@@ -79,21 +86,17 @@ from tensorstore_py.kvstore.versioned.txn import (
 
 __all__ = ["MultiWriterParticipant"]
 
-log = logging.getLogger("tensorstore_py.kvstore.versioned")
-
 #: waits between two polls of the store for attempts, fragments or the outcome
 #: (full jitter): 5 ms on average, doubling up to 0.5 s. Polling ends at the
 #: transaction's deadline, not after a number of attempts.
 POLL = RetryPolicy(max_attempts=1, initial_delay=0.01, max_delay=1.0)
-#: concurrent reads / deletes of fragments
-CONCURRENCY = 64
 
 
 class MultiWriterParticipant(VersionedParticipant):
     """A process's part in a multi-writer transaction on one versioned root:
     staged like any transaction; process 0 opens its attempt at first use."""
 
-    def __init__(self, root: VersionedRoot, snapshot: int | None, txn: Transaction) -> None:
+    def __init__(self, root: VersionedRoot, snapshot: int | None, txn: TransactionHandle) -> None:
         super().__init__(root, snapshot, txn)
         self._attempt: asyncio.Future[Attempt | CommitRecord] | None = None
 
@@ -110,7 +113,7 @@ class MultiWriterParticipant(VersionedParticipant):
             self._attempt.add_done_callback(lambda f: f.cancelled() or f.exception())
         return self._attempt
 
-    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
+    async def commit(self, txn: TransactionHandle, *, wait: bool) -> CommitInfo:
         deadline = time.monotonic() + txn.timeout
         try:
             try:
@@ -119,7 +122,7 @@ class MultiWriterParticipant(VersionedParticipant):
             except BaseException as e:  # process 0 waits for this part: tell it (FORMAT.md §7.1)
                 if txn.process_index > 0 and txn.coordinator is not None:
                     key = fragment_key(txn.txn_id or "", txn.process_index)
-                    await _quietly(run_io(txn.coordinator.publish, key, participant_failure(txn.process_index, e)))
+                    await quietly(run_io(txn.coordinator.publish, key, participant_failure(txn.process_index, e)))
                 raise
             reads = self.checked_reads() or ReadSet()
             mine = Fragment(txn.process_index, base, changes, sorted(reads.keys), sorted(reads.prefixes))
@@ -141,94 +144,7 @@ class MultiWriterParticipant(VersionedParticipant):
         await require_present(self.root.base, names, self.name, "of other participants")
 
 
-# -- what happened to a transaction id ----------------------------------------------
-async def _read_result(root: VersionedRoot, txn_id: str) -> dict[str, Any] | None:
-    """The successful outcome stored in ``txns/<txn_id>/result``, or None."""
-    name = result_name(txn_id)
-    res = await root.base.read(name)
-    if res.state != "value":
-        return None
-    outcome = decode_outcome(res.value, name)
-    if outcome["error"] is not None:  # only format 1 stored failures there
-        raise InvalidArgumentError(
-            f"multi-writer transaction {txn_id!r}: {name!r} on {root.base!r} records a failed "
-            f"transaction (format 1); transaction ids must not be reused"
-        )
-    return outcome
-
-
-async def _committed_record(root: VersionedRoot, txn_id: str, outcome: dict[str, Any]) -> CommitRecord:
-    """The commit record a successful outcome names (checked to be this transaction's)."""
-    rec = await root.record_at(int(outcome["version"]))
-    if rec is None or rec.txn_id != txn_id:
-        raise DataCorruptionError(
-            f"versioned store {root.base!r}: the outcome of transaction {txn_id!r} names version "
-            f"{outcome['version']}, which does not commit it"
-        )
-    return rec
-
-
-async def _search(root: VersionedRoot, txn_id: str, since: int) -> CommitRecord | None:
-    """The version above ``since`` that commits ``txn_id``, if any."""
-    return await root.find_record(lambda r: r.txn_id == txn_id, since)
-
-
-async def _newest_attempt(root: VersionedRoot, txn_id: str) -> tuple[Attempt | None, bool]:
-    """(the newest attempt still there, whether any attempt was listed)."""
-    names = await root.base.list(attempts_prefix(txn_id))
-    numbers = sorted(int(n[-6:]) for n in names if n[-6:].isdigit() and n == attempt_name(txn_id, int(n[-6:])))
-    for k in reversed(numbers):
-        res = await root.base.read(attempt_name(txn_id, k))
-        if res.state == "value":
-            return decode_attempt(res.value, attempt_name(txn_id, k), txn_id), True
-    return None, bool(numbers)  # listed but deleted meanwhile: the transaction finished
-
-
-async def _find_committed(root: VersionedRoot, txn_id: str) -> tuple[CommitRecord | None, Attempt | None]:
-    """(the commit of ``txn_id`` or None, its newest attempt or None)."""
-    for _ in range(3):
-        outcome = await _read_result(root, txn_id)
-        if outcome is not None:
-            return await _committed_record(root, txn_id, outcome), None
-        prev, listed = await _newest_attempt(root, txn_id)
-        if prev is not None:
-            return await _search(root, txn_id, prev.since), prev
-        if not listed:
-            return None, None  # no attempt ever opened: nothing can have committed
-    raise DataCorruptionError(
-        f"multi-writer transaction {txn_id!r}: attempts on {root.base!r} vanish without a result"
-    )
-
-
 # -- process 0 --------------------------------------------------------------------------
-async def open_attempt(root: VersionedRoot, txn: Transaction) -> Attempt | CommitRecord:
-    """Open process 0's attempt, or return the commit if ``txn_id`` already committed
-    (then the result object is repaired if missing and the others are told)."""
-    txn_id = txn.txn_id
-    assert txn_id is not None
-    try:
-        while True:
-            rec, prev = await _find_committed(root, txn_id)
-            if rec is not None:
-                await _announce(root, txn, None, _success(rec))
-                return rec
-            since = prev.since if prev is not None else await root.newest()
-            a = Attempt(txn_id, prev.number + 1 if prev else 1, new_write_id(), txn.process_count,
-                        since, time.time())
-            if await create_object(root.base, attempt_name(txn_id, a.number), encode_attempt(a),
-                                   exists="compare"):
-                break
-            # another process 0 opened attempt k first: look again
-        if txn.coordinator is not None:
-            await run_io(txn.coordinator.publish, f"tsp/{txn_id}/attempt", json.dumps(a.to_json()))
-        return a
-    except TensorStoreError as e:
-        if txn.coordinator is not None:  # the others wait for an attempt: tell them
-            body = json.dumps({"result": outcome_body(txn_id, None, _failure(e))})
-            await _quietly(run_io(txn.coordinator.publish, f"tsp/{txn_id}/attempt", body))
-        raise
-
-
 async def _coordinate(p: MultiWriterParticipant, mine: Fragment, deadline: float) -> CommitInfo:
     root, txn = p.root, p.txn
     txn_id = txn.txn_id
@@ -236,7 +152,7 @@ async def _coordinate(p: MultiWriterParticipant, mine: Fragment, deadline: float
     got = await p._open()
     if isinstance(got, CommitRecord):
         info = await _if_same_writes(root, txn, got, mine.changes)
-        await _cleanup(root, txn_id)
+        await cleanup(root, txn_id)
         return info
     a = got
     try:
@@ -253,79 +169,21 @@ async def _coordinate(p: MultiWriterParticipant, mine: Fragment, deadline: float
         rec = await commit_changes(root, changes, low, txn, reads=reads or None, nonce=a.nonce,
                                    txn_from=a.since, before_publish=check)
     except AlreadyCommitted as e:  # another process 0 (of an older run) committed it
-        await _announce(root, txn, a, _success(e.rec))
+        await announce(root, txn, a, success(e.rec))
         info = await _if_same_writes(root, txn, e.rec, mine.changes)
-        await _cleanup(root, txn_id)
+        await cleanup(root, txn_id)
         return info
     except TensorStoreError as e:
-        await _announce(root, txn, a, _failure(e))
+        await announce(root, txn, a, failure(e))
         raise
-    await _announce(root, txn, a, _success(rec))
-    await _cleanup(root, txn_id)
+    await announce(root, txn, a, success(rec))
+    await cleanup(root, txn_id)
     return CommitInfo(version=rec.version, write_id=rec.write_id, time=rec.time, txn_id=txn_id,
                       keys_changed=len(changes))
 
 
-def _success(rec: CommitRecord) -> dict[str, Any]:
-    return {"version": rec.version, "write_id": rec.write_id, "time": rec.time, "error": None, "message": ""}
 
-
-def _failure(e: BaseException) -> dict[str, Any]:
-    return {"version": None, "write_id": getattr(e, "write_id", None), "time": time.time(),
-            "error": type(e).__name__, "message": str(e)}
-
-
-async def _quietly(aw: Any) -> None:
-    try:
-        await aw
-    except Exception as e:  # best effort: the others fall back to their deadline
-        log.warning("multi-writer transaction: could not announce an outcome: %s", e)
-
-
-async def _announce(root: VersionedRoot, txn: Transaction, a: Attempt | None, outcome: dict[str, Any]) -> None:
-    """Tell the others: ``result`` (success, stays) or the attempt's ``failed`` object,
-    and the coordination object. Best effort: a commit is durable before this,
-    and a participant that hears nothing finds the commit record at its deadline."""
-    txn_id = txn.txn_id
-    assert txn_id is not None
-    if outcome["error"] is None:
-        # "ours" also when a result is there: one transaction id commits one version
-        await _quietly(create_object(root.base, result_name(txn_id), encode_outcome(txn_id, a, outcome),
-                                     exists="ours"))
-    elif a is not None:
-        await _quietly(create_object(root.base, failed_name(txn_id, a.number, a.nonce),
-                                     encode_outcome(txn_id, a, outcome), exists="ours"))
-    if txn.coordinator is not None:
-        body = outcome_body(txn_id, a, outcome)
-        if a is None:  # the others still wait for an attempt
-            await _quietly(run_io(txn.coordinator.publish, f"tsp/{txn_id}/attempt", json.dumps({"result": body})))
-        await _quietly(run_io(txn.coordinator.publish, f"tsp/{txn_id}/result", json.dumps(body)))
-
-
-async def _cleanup(root: VersionedRoot, txn_id: str) -> None:
-    """Delete the transaction's attempts and fragments; the small result stays
-    (garbage collection keeps it while the version it names is retained,
-    FORMAT.md §9). Best effort. Nothing is deleted while no ``result`` is
-    listed (its write failed): the attempts then bound the search for the
-    commit record (§7.2), so that a re-run still finds the commit."""
-    try:
-        listed = await root.base.list(txn_prefix(txn_id))
-        if result_name(txn_id) not in listed:
-            return
-        names = [n for n in listed if n != result_name(txn_id)]
-        sem = asyncio.Semaphore(CONCURRENCY)
-
-        async def one(name: str) -> None:
-            async with sem:
-                await root.base.delete(name)
-
-        await asyncio.gather(*(one(n) for n in names))
-    except Exception as e:
-        log.warning("multi-writer transaction %r: cleanup of %s failed (gc collects it): %s",
-                    txn_id, txn_prefix(txn_id), e)
-
-
-async def _gather(root: VersionedRoot, txn: Transaction, a: Attempt, deadline: float) -> list[Fragment]:
+async def _gather(root: VersionedRoot, txn: TransactionHandle, a: Attempt, deadline: float) -> list[Fragment]:
     """Wait until every participant's fragment for attempt ``a`` exists; read them."""
     txn_id, n = a.txn_id, a.count
     names = [fragment_name(txn_id, a.number, a.nonce, i) for i in range(1, n)]
@@ -369,7 +227,7 @@ async def _gather(root: VersionedRoot, txn: Transaction, a: Attempt, deadline: f
 
 
 # -- participants i > 0 ---------------------------------------------------------------------
-async def _participate(root: VersionedRoot, txn: Transaction, mine: Fragment, deadline: float,
+async def _participate(root: VersionedRoot, txn: TransactionHandle, mine: Fragment, deadline: float,
                        wait: bool) -> CommitInfo:
     txn_id = txn.txn_id
     assert txn_id is not None
@@ -395,13 +253,13 @@ async def _participate(root: VersionedRoot, txn: Transaction, mine: Fragment, de
     except DeadlineExceededError:
         # process 0 may have committed and died before announcing it:
         # the commit record itself carries the transaction id
-        rec = await _search(root, txn_id, mine.base if watched is None else min(mine.base, watched.since))
+        rec = await committed_since(root, txn_id, mine.base if watched is None else min(mine.base, watched.since))
         if rec is None:
             raise
         return await _as_ours(root, txn, rec, mine, mine_in)
     if got["error"] is not None:
         raise _error_of(got, txn)
-    return await _as_ours(root, txn, await _committed_record(root, txn_id, got), mine, mine_in)
+    return await _as_ours(root, txn, await committed_record(root, txn_id, got), mine, mine_in)
 
 
 def _index_taken(root: VersionedRoot, a: Attempt, index: int) -> InvalidArgumentError:
@@ -412,7 +270,7 @@ def _index_taken(root: VersionedRoot, a: Attempt, index: int) -> InvalidArgument
     )
 
 
-async def _as_ours(root: VersionedRoot, txn: Transaction, rec: CommitRecord, mine: Fragment,
+async def _as_ours(root: VersionedRoot, txn: TransactionHandle, rec: CommitRecord, mine: Fragment,
                    a: Attempt | None) -> CommitInfo:
     """The CommitInfo of ``rec`` for this participant: its fragment of attempt
     ``a`` was merged, or its writes are the ones committed."""
@@ -429,7 +287,7 @@ def _size_crc(e: Any) -> tuple[int, int] | None:
     return e.length, e.crc
 
 
-async def _if_same_writes(root: VersionedRoot, txn: Transaction, rec: CommitRecord,
+async def _if_same_writes(root: VersionedRoot, txn: TransactionHandle, rec: CommitRecord,
                           changes: list[Change]) -> CommitInfo:
     """``rec``'s CommitInfo if ``changes`` are what it committed (same keys deleted,
     or holding values of the same length and crc32c), else InvalidArgumentError."""
@@ -452,7 +310,7 @@ async def _if_same_writes(root: VersionedRoot, txn: Transaction, rec: CommitReco
                       keys_changed=len(changes))
 
 
-def _error_of(outcome: dict[str, Any], txn: Transaction) -> TensorStoreError:
+def _error_of(outcome: dict[str, Any], txn: TransactionHandle) -> TensorStoreError:
     name = str(outcome.get("error"))
     msg = f"multi-writer transaction {txn.txn_id!r} failed at the coordinator: {outcome.get('message', '')}"
     if name == "CommitOutcomeUnknownError":
@@ -463,14 +321,14 @@ def _error_of(outcome: dict[str, Any], txn: Transaction) -> TensorStoreError:
     return cls(msg)
 
 
-async def _learn_attempt(root: VersionedRoot, txn: Transaction, deadline: float) -> Attempt | dict[str, Any]:
+async def _learn_attempt(root: VersionedRoot, txn: TransactionHandle, deadline: float) -> Attempt | dict[str, Any]:
     """Process 0's newest attempt, or the transaction's outcome if it was already decided."""
     txn_id = txn.txn_id
     assert txn_id is not None
     what = (f"multi-writer transaction {txn_id!r}: process {txn.process_index} saw no attempt of "
             f"process 0 within {txn.timeout} s; nothing was committed")
     if txn.coordinator is not None:
-        done = await _read_result(root, txn_id)
+        done = await read_result(root, txn_id)
         if done is not None:
             return done
         body = json.loads(await _coord_wait(txn, f"tsp/{txn_id}/attempt", deadline, what))
@@ -480,7 +338,7 @@ async def _learn_attempt(root: VersionedRoot, txn: Transaction, deadline: float)
         if a.txn_id != txn_id:
             raise DataCorruptionError(f"tsp/{txn_id}/attempt announces transaction {a.txn_id!r}")
         return a
-    done, (a, _) = await asyncio.gather(_read_result(root, txn_id), _newest_attempt(root, txn_id))
+    done, (a, _) = await asyncio.gather(read_result(root, txn_id), newest_attempt(root, txn_id))
     if done is not None:
         return done
     if a is not None:
@@ -491,7 +349,7 @@ async def _learn_attempt(root: VersionedRoot, txn: Transaction, deadline: float)
     nxt = attempt_name(txn_id, a.number + 1 if a is not None else 1)
 
     async def probe() -> Attempt | dict[str, Any] | None:
-        res, outcome = await asyncio.gather(root.base.read(nxt), _read_result(root, txn_id))
+        res, outcome = await asyncio.gather(root.base.read(nxt), read_result(root, txn_id))
         if outcome is not None:
             return outcome
         return decode_attempt(res.value, nxt, txn_id) if res.state == "value" else None
@@ -499,7 +357,7 @@ async def _learn_attempt(root: VersionedRoot, txn: Transaction, deadline: float)
     return await _backoff_poll(probe, deadline, what)  # type: ignore[no-any-return]
 
 
-async def _deliver(root: VersionedRoot, txn: Transaction, a: Attempt, mine: Fragment) -> bool:
+async def _deliver(root: VersionedRoot, txn: TransactionHandle, a: Attempt, mine: Fragment) -> bool:
     """Write this participant's fragment for attempt ``a`` (create-only; durable when
     this returns True). False: another process delivered another fragment for this
     index in this attempt."""
@@ -519,7 +377,7 @@ async def _deliver(root: VersionedRoot, txn: Transaction, a: Attempt, mine: Frag
 
 
 async def _await_outcome(
-    root: VersionedRoot, txn: Transaction, a: Attempt, mine_in: Attempt | None, mine: Fragment,
+    root: VersionedRoot, txn: TransactionHandle, a: Attempt, mine_in: Attempt | None, mine: Fragment,
     deadline: float,
 ) -> tuple[dict[str, Any] | CommitRecord, Attempt, Attempt | None]:
     """Wait for the outcome of the transaction (or its commit record, found while
@@ -560,12 +418,12 @@ class _Watch:
         root, a = self.root, self.a
         self.polls += 1
         if self.polls % self.ATTEMPT_EVERY:
-            outcome = await _read_result(root, a.txn_id)
+            outcome = await read_result(root, a.txn_id)
             return None if outcome is None else ("outcome", outcome)
         nxt = attempt_name(a.txn_id, a.number + 1)
         failed = failed_name(a.txn_id, a.number, a.nonce)
         outcome, fail, newer = await asyncio.gather(
-            _read_result(root, a.txn_id), root.base.read(failed), root.base.read(nxt))
+            read_result(root, a.txn_id), root.base.read(failed), root.base.read(nxt))
         if outcome is not None:
             return "outcome", outcome
         if fail.state == "value":
@@ -573,7 +431,7 @@ class _Watch:
         if newer.state == "value":
             return "attempt", decode_attempt(newer.value, nxt, a.txn_id)
         if self.polls % self.RECORD_EVERY == 0:
-            rec = await _search(root, a.txn_id, self.since)
+            rec = await committed_since(root, a.txn_id, self.since)
             if rec is not None:
                 return "record", rec
         return None
@@ -594,7 +452,7 @@ async def _backoff_poll(fn: Any, deadline: float, what: str) -> Any:
         await asyncio.sleep(min(left, POLL.delay(polls)))
 
 
-async def _coord_wait(txn: Transaction, key: str, deadline: float, what: str) -> str:
+async def _coord_wait(txn: TransactionHandle, key: str, deadline: float, what: str) -> str:
     left = deadline - time.monotonic()
     if left <= 0:
         raise DeadlineExceededError(what)

@@ -37,7 +37,7 @@ from tensorstore_py.core.errors import (
 )
 from tensorstore_py.core.retry import RetryPolicy
 from tensorstore_py.kvstore.base import Generation, KvStore
-from tensorstore_py.kvstore.transaction import note_may_land
+from tensorstore_py.kvstore.participant import note_may_land
 from tensorstore_py.kvstore.versioned.create import create_object
 from tensorstore_py.kvstore.versioned.format import (
     MAGIC_CHANGES,

@@ -74,13 +74,7 @@ from tensorstore_py.kvstore.versioned.data import require_present
 from tensorstore_py.kvstore.versioned.format import CommitRecord, RefEntry, decode_entry
 from tensorstore_py.kvstore.versioned.fragments import result_name, txn_prefix
 from tensorstore_py.kvstore.versioned.leases import Hold
-from tensorstore_py.kvstore.versioned.multiwriter import (  # the transaction-id objects, shared
-    _announce,
-    _cleanup,
-    _failure,
-    _success,
-    open_attempt,
-)
+from tensorstore_py.kvstore.versioned.outcomes import announce, cleanup, failure, open_attempt, success
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
 from tensorstore_py.kvstore.versioned.store import VersionedKvStore
 from tensorstore_py.kvstore.versioned.tree import Change
@@ -309,7 +303,7 @@ async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Tr
         return _info(rec, len(changes))
     got = await open_attempt(root, txn)  # None of it committed: an attempt, else its commit
     if isinstance(got, CommitRecord):
-        await _cleanup(root, txn.txn_id)
+        await cleanup(root, txn.txn_id)
         return await _earlier(root, got, changes, txn.txn_id)
     try:
         # a version above the attempt's ``since`` (or the parts' base) that carries
@@ -317,12 +311,12 @@ async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Tr
         rec = await commit_changes(root, changes, base, txn, nonce=got.nonce, txn_from=min(got.since, base),
                                    before_publish=present)
     except AlreadyCommitted as e:
-        await _announce(root, txn, got, _success(e.rec))
-        await _cleanup(root, txn.txn_id)
+        await announce(root, txn, got, success(e.rec))
+        await cleanup(root, txn.txn_id)
         return await _earlier(root, e.rec, changes, txn.txn_id)
     except TensorStoreError as e:
-        await _announce(root, txn, got, _failure(e))
+        await announce(root, txn, got, failure(e))
         raise
-    await _announce(root, txn, got, _success(rec))
-    await _cleanup(root, txn.txn_id)
+    await announce(root, txn, got, success(rec))
+    await cleanup(root, txn.txn_id)
     return _info(rec, len(changes))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from tensorstore_py.core.errors import ConditionFailedError, ConflictError, DataCorruptionError
 from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, ReadResult
-from tensorstore_py.kvstore.transaction import CommitInfo, Participant, Transaction
+from tensorstore_py.kvstore.participant import CommitInfo, Participant, TransactionHandle
 from tensorstore_py.kvstore.versioned.data import (
     STAGING_MAX,
     Pending,
@@ -152,7 +152,7 @@ class VersionedParticipant(Participant):
     gets the subclass ``multiwriter.MultiWriterParticipant`` instead.
     """
 
-    def __init__(self, root: VersionedRoot, snapshot: int | None, txn: Transaction) -> None:
+    def __init__(self, root: VersionedRoot, snapshot: int | None, txn: TransactionHandle) -> None:
         self.root = root
         self.snapshot = snapshot
         self.txn = txn
@@ -373,7 +373,7 @@ class VersionedParticipant(Participant):
             out.append((k, s))
         return out
 
-    async def commit(self, txn: Transaction, *, wait: bool) -> CommitInfo:
+    async def commit(self, txn: TransactionHandle, *, wait: bool) -> CommitInfo:
         probe: asyncio.Future[int] | None = None
         upload: asyncio.Future[None] | None = None
         try:
@@ -432,7 +432,7 @@ class VersionedParticipant(Participant):
 
 
 async def commit_changes(
-    root: VersionedRoot, changes: list[Change], base: int, txn: Transaction, *,
+    root: VersionedRoot, changes: list[Change], base: int, txn: TransactionHandle, *,
     reads: ReadSet | None = None, nonce: str | None = None, txn_from: int | None = None,
     before_publish: Callable[[], Awaitable[None]] | None = None,
     probe: asyncio.Future[int] | None = None,
