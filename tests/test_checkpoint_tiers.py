@@ -356,3 +356,19 @@ def test_restore_waits_for_the_local_save_in_flight(tmp_path: Path) -> None:
         out = mgr.restore()
         _check(out, _tree(2))
         assert mgr._tiers.local_steps() == [1, 2]  # type: ignore[union-attr]
+
+
+def test_a_promoted_step_deleted_at_the_root_is_not_promoted_again_by_a_restore(tmp_path: Path) -> None:
+    """Step 1 is promoted, then deleted at the root by another manager (one
+    without the local tier): a restore that reads it from the local tier does
+    not publish it at the root again."""
+    root, local = _urls(tmp_path)
+    with tsp.CheckpointManager(root, local=local) as mgr:
+        mgr.save(1, _tree(1), persist=True)
+        mgr.wait_until_finished()
+    assert tsp.CheckpointManager(root).all_steps() == [1]
+    tsp.CheckpointManager(root).delete(1)
+    with tsp.CheckpointManager(root, local=local) as mgr:
+        _check(mgr.restore(), _tree(1))
+        mgr.wait_until_finished()
+    assert tsp.CheckpointManager(root).all_steps() == []

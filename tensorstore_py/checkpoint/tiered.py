@@ -22,7 +22,7 @@ from tensorstore_py.checkpoint.inflight import track
 from tensorstore_py.checkpoint.restoring import restore_step
 from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator
 from tensorstore_py.checkpoint.storage import StepInfo
-from tensorstore_py.checkpoint.tiers import LocalTier, choose_step, promote, wants_promotion
+from tensorstore_py.checkpoint.tiers import LocalTier, choose_step, mark_promoted, promote, wants_promotion
 from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError, NotFoundError
 from tensorstore_py.core.future import Future, ready, run_sync, spawn
 
@@ -105,7 +105,7 @@ class Tiers:
                         await publish_failure(self.coordinator, namespace, e, options.commit_timeout)
                     raise
                 try:
-                    return await promote(self.local, self.root.store, step, coordinator=self.coordinator,
+                    info = await promote(self.local, self.root.store, step, coordinator=self.coordinator,
                                          namespace=namespace, options=options, on_commit=on_persist)
                 except ConditionFailedError:
                     if not resumed or step not in await self.root.store.list_steps():
@@ -113,7 +113,9 @@ class Tiers:
                     # a promotion resumed by a restore met the one it resumes (still
                     # running in another manager of this tier): the step is there
                     log.info("checkpoint step %d was promoted to %r meanwhile", step, self.root.kv)
-                    return await self.root.store.record(step)
+                    info = await self.root.store.record(step)
+                await mark_promoted(self.local, step)
+                return info
             finally:
                 self.unpromoted.discard(step)
 

@@ -67,7 +67,9 @@ from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.registry import require_conditional_writes
 from tensorstore_py.kvstore.transaction import Transaction
 
-__all__ = ["PART_KEY", "LocalTier", "choose_step", "promote", "read_part", "wants_promotion"]
+__all__ = [
+    "PART_KEY", "LocalTier", "choose_step", "mark_promoted", "promote", "read_part", "wants_promotion",
+]
 
 log = logging.getLogger("tensorstore_py.checkpoint")
 
@@ -259,9 +261,34 @@ async def _part(view: KvStore, step: int) -> dict[str, Any] | None:
 
 async def wants_promotion(local: LocalTier, step: int) -> bool:
     """Whether the save of this process's part of ``step`` asked for its
-    promotion (``part.json`` ``persist``; False for a part that records none)."""
+    promotion (``part.json`` ``persist``) and no promotion of it ended yet
+    (``promoted``, :func:`mark_promoted`); False for a part that records none.
+    So a step deleted at the root after its promotion is not promoted again."""
     part = await _part(local.store.kv, step)
-    return bool(part is not None and part.get("persist") is True)
+    return bool(part is not None and part.get("persist") is True and not part.get("promoted"))
+
+
+async def mark_promoted(local: LocalTier, step: int) -> None:
+    """Record in this process's part of ``step`` that its promotion committed
+    (``part.json`` ``promoted``: one commit of the local tier, conditional on
+    the part being unchanged; nothing when the part is gone). Best effort: a
+    failure is logged, and only costs a promotion resumed by a later restore
+    when the root no longer holds the step."""
+    key = f"{step_dir(step)}/{PART_KEY}"
+    try:
+        r = await local.kv.read(key)
+        if r.state != "value":
+            return
+        part = json.loads(bytes(r.value))
+        if not isinstance(part, dict) or part.get("format") != PART_FORMAT:
+            return
+        part["promoted"] = True
+        await local.kv.write(key, json.dumps(part).encode(), if_equal=r.generation)
+    except ConditionFailedError:
+        return  # the part was deleted meanwhile (retention, delete)
+    except Exception as e:
+        log.warning("checkpoint step %d: its promotion is not recorded in the local tier %r: %s: %s",
+                    step, local.kv, type(e).__name__, e)
 
 
 async def read_part(store: StepStore, step: int) -> tuple[StepInfo, dict[str, Any], dict[str, Any], KvStore]:
