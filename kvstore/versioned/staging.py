@@ -90,7 +90,11 @@ class StagedChanges:
     """One writer's changes, durable but not committed (see the module doc).
 
     ``history`` names the version history they belong to (the base store's spec
-    as JSON); ``base_version`` is the version the writer read from;
+    as JSON); ``base_version`` is the version the writer read from, and
+    ``base_write_id`` the write-id of its commit record (None for version 0, and
+    in parts staged before it was recorded): the commit checks that the store
+    still holds that record, so parts read from a store deleted and recreated
+    since are refused (ConflictError);
     ``changes`` are ``(key, encoded entry or None for a delete)`` pairs, sorted,
     with keys relative to the history's root. Plain data: pickles anywhere.
     """
@@ -98,6 +102,7 @@ class StagedChanges:
     history: str
     base_version: int
     changes: tuple[tuple[str, Any], ...]
+    base_write_id: str | None = None
 
     def __len__(self) -> int:
         return len(self.changes)
@@ -214,9 +219,11 @@ def stage(txn: Transaction, store: VersionedKvStore) -> Future[StagedChanges]:
         base = await participant.pin()
         changes = await participant.finalize()
         txn.abort()
+        pinned = participant.pinned_record
         return StagedChanges(
             _history(store), base,
             tuple((k, None if e is None else e.encode()) for k, e in changes),
+            pinned[1] if pinned is not None else None,
         )
 
     return spawn(run())
@@ -263,10 +270,11 @@ def commit_staged(
             merged[k] = None if e is None else decode_entry(e, f"staged change of {k!r}")
     changes: list[Change] = sorted(merged.items())
     bases = [p.base_version for p in parts if p.changes]
+    pinned = sorted({(p.base_version, p.base_write_id) for p in parts if p.changes and p.base_write_id})
     txn = Transaction(txn_id=txn_id, message=message, metadata=metadata)
     root = store._root
 
-    return spawn(_commit(root, changes, min(bases, default=0), txn))
+    return spawn(_commit(root, changes, min(bases, default=0), txn, pinned), cancel_reports_outcome=True)
 
 
 def _info(rec: CommitRecord, keys_changed: int = 0) -> CommitInfo:
@@ -287,7 +295,8 @@ async def _earlier(root: VersionedRoot, rec: CommitRecord, changes: list[Change]
     return _info(rec)
 
 
-async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Transaction) -> CommitInfo:
+async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Transaction,
+                  pinned: list[tuple[int, str]]) -> CommitInfo:
     objects = sorted({e.object for _, e in changes if isinstance(e, RefEntry)})
 
     async def present() -> None:
@@ -299,7 +308,7 @@ async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Tr
         rec = await root.record_at(await root.newest())
         return CommitInfo(version=0, txn_id=txn.txn_id) if rec is None else _info(rec)
     if txn.txn_id is None:
-        rec = await commit_changes(root, changes, base, txn, before_publish=present)
+        rec = await commit_changes(root, changes, base, txn, before_publish=present, pinned=pinned)
         return _info(rec, len(changes))
     got = await open_attempt(root, txn)  # None of it committed: an attempt, else its commit
     if isinstance(got, CommitRecord):
@@ -309,6 +318,7 @@ async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Tr
         # a version above the attempt's ``since`` (or the parts' base) that carries
         # the id is its commit: AlreadyCommitted instead of a second one
         rec = await commit_changes(root, changes, base, txn, nonce=got.nonce, txn_from=min(got.since, base),
+                                   pinned=pinned,
                                    before_publish=present)
     except AlreadyCommitted as e:
         await announce(root, txn, got, success(e.rec))
