@@ -293,3 +293,82 @@ def test_a_notice_between_a_save_and_the_check_waits_for_the_next_save(tmp_path:
         np.testing.assert_array_equal(tsp.checkpoint.restore(root)["w"], _tree(6)["w"])
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+_PROMOTING = """
+import sys, tensorstore_py as tsp
+from tensorstore_py.kvstore.fault import FaultKvStore
+sys.path.insert(0, sys.argv[3])
+from tier_worker import expected
+root = FaultKvStore(tsp.KvStore.open(sys.argv[1]).result())
+root.inject(op="write", key_pattern="commits/*", error=None, latency=60.0)  # the promotion hangs
+mgr = tsp.CheckpointManager(root, local=sys.argv[2], local_max_to_keep=2)
+for step in (1, 2, 3):
+    mgr.save(step, expected(step), persist=step > 1).result()
+print("local", flush=True)
+while mgr._tiers.promotion is not None and not mgr._tiers.promotion.done():
+    pass
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_promotion_cut_by_sigkill_is_finished_by_the_restarted_manager(tmp_path: Path) -> None:
+    """Steps 2 and 3 (``persist=True``) are committed locally; the process is
+    killed while promoting them. The restarted job restores step 3
+    from the local tier and promotes it again; step 2 stays local (the job
+    resumes from step 3). Local retention keeps step 3 while it is promoted."""
+    root, local = _urls(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", _PROMOTING, root, local, str(HERE)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "local"
+        time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert tsp.CheckpointManager(root).all_steps() == []
+    with tsp.CheckpointManager(root, local=local, local_max_to_keep=1) as mgr:
+        out = mgr.restore()
+        assert out["step"] == 3 and mgr._tiers.restored_from == "local"  # type: ignore[union-attr]
+        mgr.save(4, expected(4))  # local retention leaves step 3 while it is promoted
+        mgr.wait_until_finished()
+    assert tsp.CheckpointManager(root).all_steps() == [3]
+    got = tsp.checkpoint.restore(root, step=3)
+    np.testing.assert_array_equal(got["w"], expected(3)["w"])
+    np.testing.assert_array_equal(got["b"]["v"], expected(3)["b"]["v"])
+    assert run_sync(checks.verify(root)).ok
+
+
+def test_restore_waits_for_the_local_save_in_flight(tmp_path: Path) -> None:
+    """A restore right after ``save()`` returned, while the local commit is still
+    being written, reads that step (each process lists its own save in flight
+    once it landed, so the processes agree on it and none of its parts is
+    taken for an abandoned one)."""
+    from tensorstore_py.kvstore.fault import FaultKvStore
+
+    root, _ = _urls(tmp_path)
+    local = FaultKvStore(tsp.KvStore.open(f"file://{tmp_path}/local/").result())
+    with tsp.CheckpointManager(root, local=local) as mgr:
+        mgr.save(1, _tree(1))
+        mgr.wait_until_finished()
+        local.inject(op="write", key_pattern="commits/*", error=None, latency=1.0)
+        mgr.save(2, _tree(2))
+        out = mgr.restore()
+        _check(out, _tree(2))
+        assert mgr._tiers.local_steps() == [1, 2]  # type: ignore[union-attr]
+
+
+def test_a_promoted_step_deleted_at_the_root_is_not_promoted_again_by_a_restore(tmp_path: Path) -> None:
+    """Step 1 is promoted, then deleted at the root by another manager (one
+    without the local tier): a restore that reads it from the local tier does
+    not publish it at the root again."""
+    root, local = _urls(tmp_path)
+    with tsp.CheckpointManager(root, local=local) as mgr:
+        mgr.save(1, _tree(1), persist=True)
+        mgr.wait_until_finished()
+    assert tsp.CheckpointManager(root).all_steps() == [1]
+    tsp.CheckpointManager(root).delete(1)
+    with tsp.CheckpointManager(root, local=local) as mgr:
+        _check(mgr.restore(), _tree(1))
+        mgr.wait_until_finished()
+    assert tsp.CheckpointManager(root).all_steps() == []

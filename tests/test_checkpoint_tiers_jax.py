@@ -93,3 +93,53 @@ def test_jax_preemption_notice_saves_the_same_step_on_every_process(tmp_path: Pa
     assert run_sync(checks.verify(root)).ok
     got = _run("restore", root, local, tmp_path)
     assert [(r["step"], r["tier"]) for r in got] == [(saved[0], "local"), (saved[0], "local")]
+
+
+def test_a_job_resumed_from_an_older_step_after_losing_a_node_saves_and_restores_its_own_steps(
+    tmp_path: Path,
+) -> None:
+    """Process 1's node is replaced: the job resumes from the persistent step 1
+    while process 0 still holds its part of step 2 from before. The resumed job
+    saves step 2 again on both processes, and the next restore reads that save
+    on both (never process 0's part of the abandoned step 2 beside process 1's
+    new one)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    root, local = f"file://{tmp_path}/persistent/", f"file://{tmp_path}/local/"
+    _run("save", root, local, tmp_path)
+    shutil.rmtree(tmp_path / "local" / "process_1")
+    resumed = _run("resume", root, local, tmp_path)
+    assert [(r["from"], r["saved"]) for r in resumed] == [(1, [2]), (1, [2])]
+    got = _run("restore", root, local, tmp_path)
+    assert [(r["step"], r["tier"]) for r in got] == [(102, "local"), (102, "local")]
+    for url in (root, f"{local}process_0/", f"{local}process_1/"):
+        assert run_sync(checks.verify(url)).ok, url
+
+
+def test_a_local_save_failing_on_one_process_fails_the_promotion_on_every_process_at_once(
+    tmp_path: Path,
+) -> None:
+    """Process 1's local commit of a step to be promoted fails: process 0, whose
+    local commit landed, does not wait ``commit_timeout`` (90 s here) for process 1's
+    part of the promotion (a preemption save's promotion queued behind it would
+    miss the scheduler's grace period): it fails within seconds, and the root
+    holds nothing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    root, local = f"file://{tmp_path}/persistent/", f"file://{tmp_path}/local/"
+    got = _run("local_fails", root, local, tmp_path)
+    assert got[0]["error"] == "ParticipantFailedError" and got[1]["error"] is not None, got
+    assert got[0]["seconds"] < 45, got
+    assert tsp.CheckpointManager(root).all_steps() == []
+
+
+def test_a_local_save_refused_on_one_process_fails_the_promotion_on_every_process_at_once(
+    tmp_path: Path,
+) -> None:
+    """Process 0's ``save`` of a step to be promoted raises at once (its part of
+    the step exists): process 1, whose local commit landed, does not wait
+    ``commit_timeout`` (90 s here) for process 0's part of the promotion."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    root, local = f"file://{tmp_path}/persistent/", f"file://{tmp_path}/local/"
+    got = _run("exists0", root, local, tmp_path)
+    assert [r["errors"] for r in got] == [["ConditionFailedError"], ["ParticipantFailedError"]], got
+    assert got[1]["seconds"] < 45, got
+    assert tsp.CheckpointManager(root).all_steps() == []

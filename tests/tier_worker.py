@@ -4,7 +4,8 @@ Usage: python tier_worker.py PERSISTENT_URL LOCAL_URL
 
 Every step is saved to the local tier, every 2nd is promoted to the persistent
 root; small chunks keep both kinds of commits in flight for a while. Prints
-"saved N" as each save returns.
+"saved N" as each save returns. A restart restores the newest step first (and
+so finishes a promotion a kill cut).
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ def main() -> None:
         root, local=local, local_max_to_keep=2, persist_interval_steps=2, max_to_keep=2,
         options=SaveOptions(target_chunk_bytes=64 << 10, max_bytes_in_flight=1 << 20),
     )
-    step = (mgr.latest_step() or 0) + 1
+    latest = mgr.latest_step()
+    if latest is not None:
+        # as a restarted job does: this also promotes the step restored from the
+        # local tier again when a kill cut its promotion
+        out = mgr.restore()
+        assert out["step"] == latest, (out["step"], latest)
+    step = (latest or 0) + 1
     print("ready", flush=True)
     while True:
         fut = mgr.save(step, expected(step))

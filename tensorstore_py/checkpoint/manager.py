@@ -84,7 +84,11 @@ class CheckpointManager:
     (the default): only those asked for. The local tier keeps the newest
     ``local_max_to_keep`` steps of this process (default 2; None: all) plus
     those whose promotion has not ended. :meth:`restore` takes the newest step
-    every process can read, from its local part first, else from ``root``;
+    every process can read, from its local part first, else from ``root``,
+    and deletes this process's local parts newer than that step (no process
+    can restore them; the job saves those steps again); when that step was
+    read from the local parts, asked to be promoted and is absent from
+    ``root`` (the process ended mid-promotion), it is promoted again;
     :meth:`wait_until_finished` and :meth:`close` wait for the promotions too
     (at interpreter exit a promotion gets ``SaveOptions.exit_timeout``, then is
     abandoned: absent from ``root``, never partial). See docs/CHECKPOINTS.md.
@@ -318,10 +322,12 @@ class CheckpointManager:
         (a target leaf of another dtype needs ``cast=True``). Over an Orbax run folder
         it reads the Orbax step (read-only). With a local tier: ``step=None`` is the
         newest step every process can read (the processes agree on it), each
-        process reading its local part, else the copy at the root."""
+        process reading its local part, else the copy at the root; this
+        process's local parts newer than it are deleted (docs/CHECKPOINTS.md)."""
         if self._tiers is not None:
             return self._tiers.restore(
-                step, target, max_bytes_in_flight=max_bytes_in_flight, stats=stats, cast=cast, assemble=assemble,
+                step, target, options=self.options, on_persist=self._after_commit,
+                max_bytes_in_flight=max_bytes_in_flight, stats=stats, cast=cast, assemble=assemble,
             )
         try:
             return self._root.restore(

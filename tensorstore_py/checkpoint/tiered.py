@@ -16,15 +16,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from tensorstore_py.checkpoint.api import Root, RootLike
-from tensorstore_py.checkpoint.attempts import next_namespace
+from tensorstore_py.checkpoint.attempts import next_namespace, publish_failure
 from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.inflight import track
 from tensorstore_py.checkpoint.restoring import restore_step
 from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator
 from tensorstore_py.checkpoint.storage import StepInfo
-from tensorstore_py.checkpoint.tiers import LocalTier, choose_step, promote
-from tensorstore_py.core.errors import DataCorruptionError, NotFoundError
-from tensorstore_py.core.future import Future, run_sync, spawn
+from tensorstore_py.checkpoint.tiers import LocalTier, choose_step, mark_promoted, promote, wants_promotion
+from tensorstore_py.core.errors import ConditionFailedError, DataCorruptionError, NotFoundError
+from tensorstore_py.core.future import Future, ready, run_sync, spawn
 
 __all__ = ["Tiers"]
 
@@ -70,9 +70,14 @@ class Tiers:
         if persist:
             self.unpromoted.add(step)
         try:
-            fut = self.local.save(step, tree, metrics=metrics, options=options, on_commit=self._retain_local)
-        except BaseException:
+            fut = self.local.save(step, tree, metrics=metrics, options=options, on_commit=self._retain_local,
+                                  persist=persist)
+        except BaseException as e:
             self.unpromoted.discard(step)
+            if persist and self.coordinator.process_count > 1:
+                # the other processes promote this step: they hear of it at once
+                # (and every process's next save of this step meets its peers')
+                spawn(publish_failure(self.coordinator, next_namespace(step), e, options.commit_timeout))
             raise
         self.pending = fut
         if persist:
@@ -81,7 +86,7 @@ class Tiers:
 
     def _schedule(
         self, step: int, local: Future[StepInfo], options: SaveOptions,
-        on_persist: Callable[[StepInfo], Awaitable[Any]],
+        on_persist: Callable[[StepInfo], Awaitable[Any]], *, resumed: bool = False,
     ) -> None:
         prev = self.promotion
         namespace = next_namespace(step)
@@ -91,9 +96,26 @@ class Tiers:
                 if prev is not None:
                     with contextlib.suppress(BaseException):  # its own failure was logged
                         await prev
-                await local
-                return await promote(self.local, self.root.store, step, coordinator=self.coordinator,
-                                     namespace=namespace, options=options, on_commit=on_persist)
+                try:
+                    await local
+                except BaseException as e:
+                    # the other processes promote this step: they hear of it now,
+                    # not after commit_timeout (their next promotions wait on this one)
+                    if self.coordinator.process_count > 1:
+                        await publish_failure(self.coordinator, namespace, e, options.commit_timeout)
+                    raise
+                try:
+                    info = await promote(self.local, self.root.store, step, coordinator=self.coordinator,
+                                         namespace=namespace, options=options, on_commit=on_persist)
+                except ConditionFailedError:
+                    if not resumed or step not in await self.root.store.list_steps():
+                        raise
+                    # a promotion resumed by a restore met the one it resumes (still
+                    # running in another manager of this tier): the step is there
+                    log.info("checkpoint step %d was promoted to %r meanwhile", step, self.root.kv)
+                    info = await self.root.store.record(step)
+                await mark_promoted(self.local, step)
+                return info
             finally:
                 self.unpromoted.discard(step)
 
@@ -112,11 +134,12 @@ class Tiers:
 
     async def retain_local(self) -> None:
         """Delete this process's local parts beyond the newest ``local_max_to_keep``,
-        except those whose promotion has not ended (one commit)."""
+        except those whose promotion has not ended (one commit). Parts of another
+        process layout are neither counted nor deleted (:meth:`LocalTier.steps`)."""
         n = self.local_max_to_keep
         if n is None:
             return
-        steps = await self.local.store.list_steps()
+        steps = await self.local.steps()
         victims = [s for s in steps[:-n] if s not in self.unpromoted]
         await self.local.store.delete_steps(victims, read_grace=self.read_grace)
 
@@ -160,13 +183,69 @@ class Tiers:
                     if self.promotion is prom:
                         self.promotion = None
 
+    def _finish_promotion(
+        self, step: int, options: SaveOptions, on_persist: Callable[[StepInfo], Awaitable[Any]] | None,
+    ) -> None:
+        """Promote ``step`` again when its save asked for it (see :meth:`restore`)."""
+        if step in self.unpromoted or not (
+            self.wants_persist(step) or run_sync(wants_promotion(self.local, step))
+        ):
+            return
+        log.warning("checkpoint step %d is in the local tier %r but not at %r, and its save asked for its "
+                    "promotion: promoting it again", step, self.local.kv, self.root.kv)
+        self.unpromoted.add(step)
+
+        async def noop(_info: StepInfo) -> None:
+            return None
+
+        self._schedule(step, ready(StepInfo(step=step, time=0.0)), options, on_persist or noop, resumed=True)
+
+    def _drop_abandoned(self, step: int, local: list[int]) -> None:
+        """Delete this process's local parts newer than ``step``, the step the
+        processes agreed to restore (one commit of the local tier, with a warning).
+
+        No process can restore such a part: ``step`` is the newest step that is
+        complete locally or at the root, so another process lacks its part of
+        any newer one (a replaced node) and the root lacks it. The job resumes
+        from ``step`` and saves those step numbers again; a part kept from
+        before would make ``latest_step``/``should_save`` skip them on this
+        process only, and a later restore would combine it with the other
+        processes' new parts of the same step. Parts whose promotion is still
+        in flight are kept (the promotion reads them)."""
+        stale = [s for s in local if s > step and s not in self.unpromoted]
+        if not stale:
+            return
+        log.warning("checkpoint restore of step %d: this process's local parts of steps %s in %r are "
+                    "incomplete (another process lacks its part, and %r does not hold them); the job "
+                    "resumes from step %d, so they are deleted", step, stale, self.local.kv, self.root.kv,
+                    step)
+        run_sync(self.local.store.delete_steps(stale, read_grace=self.read_grace))
+
     def local_steps(self) -> list[int]:
         """This process's local parts (steps), ascending."""
         return run_sync(self.local.steps())
 
-    def restore(self, step: int | None, target: Any, **kw: Any) -> Any:
+    def restore(
+        self, step: int | None, target: Any, *, options: SaveOptions | None = None,
+        on_persist: Callable[[StepInfo], Awaitable[Any]] | None = None, **kw: Any,
+    ) -> Any:
         """Restore ``step`` (None: the newest every process can read, agreed through
-        the coordinator) from this process's local part, else the persistent copy."""
+        the coordinator) from this process's local part, else the persistent copy.
+
+        With ``step=None``, a step read from the local parts whose save asked for
+        its promotion (``persist``, the interval, a preemption) and that the
+        root lacks -- the process ended before its promotion did -- is promoted
+        again in the background, as the save would have (every process agrees
+        on the step, so every process schedules it; ``options`` and
+        ``on_persist`` as for :meth:`save`)."""
+        chosen = step is None
+        if chosen and self.pending is not None:
+            # this process's local save in flight lands first, so that every
+            # process lists it (each waits for its own) and no part of it is
+            # taken for an abandoned one (:meth:`_drop_abandoned`); its error
+            # stays for :meth:`wait`
+            with contextlib.suppress(Exception):
+                self.pending.result()
         local = self.local_steps()
         persistent = run_sync(self.root.store.list_steps())
         if step is None:
@@ -179,12 +258,15 @@ class Tiers:
             if step is None:
                 raise NotFoundError(f"no checkpoint steps in the local tier {self.local.kv!r} "
                                     f"or at {self.root.kv!r}")
+            self._drop_abandoned(step, local)
         else:
             here = step in local
         if here:
             try:
                 out = restore_step(self.local.store, step, target, **kw)
                 self.restored_from = "local"
+                if chosen and step not in persistent:
+                    self._finish_promotion(step, options or SaveOptions(), on_persist)
                 return out
             except DataCorruptionError as e:
                 if step not in persistent:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from tensorstore_py.checkpoint.api import RootLike, open_root
+from tensorstore_py.checkpoint.attempts import publish_failure
 from tensorstore_py.checkpoint.coordination import Coordinator
 from tensorstore_py.checkpoint.dedup import DIGESTS_DIR, Incremental, load_previous, parse_document
 from tensorstore_py.checkpoint.inflight import track
@@ -66,7 +67,9 @@ from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.registry import require_conditional_writes
 from tensorstore_py.kvstore.transaction import Transaction
 
-__all__ = ["PART_KEY", "LocalTier", "choose_step", "promote", "read_part"]
+__all__ = [
+    "PART_KEY", "LocalTier", "choose_step", "mark_promoted", "promote", "read_part", "wants_promotion",
+]
 
 log = logging.getLogger("tensorstore_py.checkpoint")
 
@@ -125,14 +128,21 @@ class LocalTier:
         metrics: Mapping[str, Any],
         options: SaveOptions,
         on_commit: Callable[[StepInfo], Awaitable[Any]] | None = None,
+        persist: bool = False,
     ) -> Future[StepInfo]:
         """Commit this process's part of ``step`` (one single-process commit);
+        ``persist`` is recorded in the part (its promotion was asked for: a
+        restarted manager finishes it, :func:`wants_promotion`);
         returns once staged (as :meth:`Root.save`), the rest in the background.
-        Raises :class:`ConditionFailedError` if this process's part exists."""
+        Raises :class:`ConditionFailedError` if this process's part exists. A
+        part of ``step`` saved by another process layout (:meth:`steps`), which
+        no process of this job restores, is deleted first (one commit, with a
+        warning): a job restarted with another process count saves the steps
+        the old job saved again."""
         check_step(step)
         metrics = checked_metrics(step, metrics)
         if run_sync(self.kv.read(record_key(step))).state == "value":
-            raise ConditionFailedError(f"checkpoint step {step} already exists in the local tier {self.kv!r}")
+            run_sync(self._replace_foreign(step))
         n = self.process_count
         if n > 1 and options.pack_small_leaves:
             # a pack mixes leaves of several owners, and a promotion has each
@@ -144,12 +154,24 @@ class LocalTier:
         snap = snapshot(tree, process_index=0, process_count=n, options=options, replicas=True)
         shared, replicas = _ownership(tree, snap.leaves, n)
         part = {"format": PART_FORMAT, "process_index": self.process_index, "process_count": n,
-                "shared": shared, "replicas": replicas}
+                "shared": shared, "replicas": replicas, "persist": bool(persist)}
         fut = spawn(self._commit(step, snap, part, metrics, options, on_commit))
         fut.add_done_callback(lambda _f: snap.release())
         track(fut, what=f"checkpoint step {step} in the local tier {self.kv!r}", exit_timeout=options.exit_timeout)
         snap.staged.wait()
         return fut
+
+    async def _replace_foreign(self, step: int) -> None:
+        """Delete the part of ``step`` when another process layout saved it;
+        :class:`ConditionFailedError` when it is this process's own."""
+        part = await _part(self.kv, step)
+        layout = None if part is None else (int(part["process_index"]), int(part["process_count"]))
+        if layout is None or layout == (self.process_index, self.process_count):
+            raise ConditionFailedError(f"checkpoint step {step} already exists in the local tier {self.kv!r}")
+        log.warning("checkpoint local tier %r: step %d holds a part saved as process %d of %d; this is "
+                    "process %d of %d, which never restores it: it is deleted and the step saved again",
+                    self.kv, step, layout[0], layout[1], self.process_index, self.process_count)
+        await self.store.delete_steps([step])
 
     async def _commit(
         self, step: int, snap: Snapshot, part: dict[str, Any], metrics: dict[str, Any], options: SaveOptions,
@@ -237,6 +259,38 @@ async def _part(view: KvStore, step: int) -> dict[str, Any] | None:
     return part
 
 
+async def wants_promotion(local: LocalTier, step: int) -> bool:
+    """Whether the save of this process's part of ``step`` asked for its
+    promotion (``part.json`` ``persist``) and no promotion of it ended yet
+    (``promoted``, :func:`mark_promoted`); False for a part that records none.
+    So a step deleted at the root after its promotion is not promoted again."""
+    part = await _part(local.store.kv, step)
+    return bool(part is not None and part.get("persist") is True and not part.get("promoted"))
+
+
+async def mark_promoted(local: LocalTier, step: int) -> None:
+    """Record in this process's part of ``step`` that its promotion committed
+    (``part.json`` ``promoted``: one commit of the local tier, conditional on
+    the part being unchanged; nothing when the part is gone). Best effort: a
+    failure is logged, and only costs a promotion resumed by a later restore
+    when the root no longer holds the step."""
+    key = f"{step_dir(step)}/{PART_KEY}"
+    try:
+        r = await local.kv.read(key)
+        if r.state != "value":
+            return
+        part = json.loads(bytes(r.value))
+        if not isinstance(part, dict) or part.get("format") != PART_FORMAT:
+            return
+        part["promoted"] = True
+        await local.kv.write(key, json.dumps(part).encode(), if_equal=r.generation)
+    except ConditionFailedError:
+        return  # the part was deleted meanwhile (retention, delete)
+    except Exception as e:
+        log.warning("checkpoint step %d: its promotion is not recorded in the local tier %r: %s: %s",
+                    step, local.kv, type(e).__name__, e)
+
+
 async def read_part(store: StepStore, step: int) -> tuple[StepInfo, dict[str, Any], dict[str, Any], KvStore]:
     """``(record, manifest, part, pinned view of the step's keys)`` of a local part."""
     snap = await store.snapshot()
@@ -264,8 +318,16 @@ async def promote(
     Each process writes the chunks it owns (those a save straight to the root
     would have it write); process 0 writes the record (with the step's metrics),
     the manifest and the zarr metadata. Nothing of the step is visible in
-    ``persistent`` until the commit; a failure or a cancellation leaves it absent."""
-    info, manifest, part, view = await read_part(local.store, step)
+    ``persistent`` until the commit; a failure or a cancellation leaves it absent.
+    A process that can not read its part tells the others (they raise
+    :class:`ParticipantFailedError` at once instead of waiting for their
+    ``commit_timeout``)."""
+    try:
+        info, manifest, part, view = await read_part(local.store, step)
+    except BaseException as e:
+        if coordinator.process_count > 1:
+            await publish_failure(coordinator, namespace, e, options.commit_timeout)
+        raise
     p = coordinator.process_index
     shared = set(part.get("shared", []))
     replicas = set(part.get("replicas", []))
