@@ -26,7 +26,8 @@ Guarantees on the versioned store (``{"driver": "versioned", ...}``):
   conflict raises ConflictError naming the key. Serializable transactions
   behave as if they ran one at a time, in commit order.
 * **Conflicts**: at commit, if newer versions changed a key this transaction
-  also writes (or, serializable, read), the commit raises
+  also writes (or, serializable, read; or, whatever the isolation, the
+  metadata of an array whose chunks it writes through a view), the commit raises
   :class:`~tensorstore_py.errors.ConflictError` naming the key and leaves
   nothing visible; otherwise it is rebased onto the newest version
   automatically. Retrying the whole transaction is safe.

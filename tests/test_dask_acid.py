@@ -295,6 +295,20 @@ def test_an_in_place_update_conflicts_with_a_change_after_its_read(tmp_path: Pat
     np.testing.assert_array_equal(ts.read().result(), [1, 2, 3, 4, 50, 50, 50, 50])
 
 
+def test_an_ingest_never_commits_chunks_over_an_array_recreated_meanwhile(tmp_path: Path) -> None:
+    # the tasks encode chunks by the metadata the view carries; another writer
+    # replaces the array (other dtype) before the graph runs: nothing committed
+    url = f"versioned+file://{tmp_path}/"
+    ts = tsp.open(url, create=True, shape=(8,), dtype="int32", chunks=(4,)).result()
+    graph = tspd.store(da.arange(8, chunks=4, dtype="int32"), ts, compute=False)
+    tsp.open(url, create=True, delete_existing=True, shape=(8,), dtype="float64", chunks=(4,)).result()
+    v = ts.kvstore.newest_version().result()
+    with dask.config.set(scheduler="threads"), pytest.raises(ConflictError, match="'zarr.json'"):
+        graph.compute()
+    assert ts.kvstore.newest_version().result() == v
+    np.testing.assert_array_equal(tsp.open(url).result().read().result(), np.zeros(8))
+
+
 def test_an_optimized_in_place_update_still_conflicts(tmp_path: Path) -> None:
     # dask.optimize fuses the to_dask layer into its consumers: only the key of
     # its view says which version the graph reads
