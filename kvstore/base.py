@@ -178,6 +178,10 @@ class KvStore(ABC):
     #: True when one clock stamps every modification time, whatever host writes (gcs,
     #: s3: the server's; memory), docs/FORMAT.md §9.1; False where clients may (file)
     single_clock: ClassVar[bool] = False
+    #: True when a mutation's Future, once cancelled, reports what the
+    #: operation made of it: a plain cancellation only when nothing that could
+    #: apply it was sent, else CommitOutcomeUnknownError (the versioned store)
+    cancel_reports_outcome: ClassVar[bool] = False
     #: requests the store keeps in flight at once (a remote store's
     #: ``concurrency``), None when it has no such bound (local stores). Array
     #: drivers keep that many chunk requests going, as far as their byte budget
@@ -329,7 +333,7 @@ class KvStore(ABC):
             )
         if self.blocking_io:
             return submit_blocking(self._write_blocking, full, value, if_equal)
-        return spawn(self._write(full, value, if_equal))
+        return spawn(self._write(full, value, if_equal), cancel_reports_outcome=self.cancel_reports_outcome)
 
     def delete(self, key: str, *, if_equal: Generation | None = None) -> Future[None]:
         """Delete ``key`` (a missing key is not an error unless ``if_equal`` is set)."""
@@ -337,13 +341,13 @@ class KvStore(ABC):
         self._check_writable("delete", key)
         if self.blocking_io:
             return submit_blocking(self._delete_blocking, full, if_equal)
-        return spawn(self._delete(full, if_equal))
+        return spawn(self._delete(full, if_equal), cancel_reports_outcome=self.cancel_reports_outcome)
 
     def delete_range(self, prefix: str = "") -> Future[None]:
         """Delete every key starting with ``prefix``. Not atomic as a whole."""
         validate_prefix(prefix)
         self._check_writable("delete_range", prefix)
-        return spawn(self._delete_range(self.path + prefix))
+        return spawn(self._delete_range(self.path + prefix), cancel_reports_outcome=self.cancel_reports_outcome)
 
     def list(self, prefix: str = "") -> Future[list[str]]:
         """Sorted keys (relative to this store's path) starting with ``prefix``."""

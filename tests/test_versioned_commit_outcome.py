@@ -213,3 +213,114 @@ def test_a_commit_cancelled_before_its_record_was_sent_failed() -> None:
     assert txn.state == "failed"
     time.sleep(2.2)
     assert kv.newest_version().result(T) == 1 and kv.read("a").result(T).value == b"1"
+
+
+def _until_faulted(fault: FaultKvStore) -> None:
+    import time
+
+    deadline = time.monotonic() + 10
+    while not fault.faults["write"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fault.faults["write"]
+
+
+def test_a_write_cancelled_before_its_commit_record_was_sent_is_not_committed() -> None:
+    """A write outside a transaction, cancelled while its batch writes its tree
+    nodes: a plain cancellation, and nothing of it is visible; the write queued
+    beside it in the same batch commits."""
+    import concurrent.futures
+    import time
+
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    fault.inject(op="write", key_pattern="nodes/*", error=None, latency=1.0, times=1)
+    mine, other = kv.write("mine", b"cancelled"), kv.write("other", b"kept")
+    _until_faulted(fault)
+    assert mine.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        mine.result(T)
+    assert isinstance(other.result(T), tsp.Generation)
+    time.sleep(0.5)  # anything still in flight has landed
+    reader = VersionedKvStore(mem)
+    assert reader.newest_version().result(T) == 2
+    assert reader.read("mine").result(T).state == "missing"
+    assert reader.read("other").result(T).value == b"kept"
+
+
+def test_a_write_cancelled_while_queued_behind_a_commit_is_not_committed() -> None:
+    import concurrent.futures
+    import time
+
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    fault.inject(op="write", key_pattern="commits/*", error=None, latency=1.0, times=1)
+    first = kv.write("first", b"1")
+    _until_faulted(fault)  # the first batch's record is in flight: the next write queues
+    mine = kv.write("mine", b"cancelled")
+    assert mine.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        mine.result(T)
+    first.result(T)
+    kv.write("later", b"x").result(T)
+    reader = VersionedKvStore(mem)
+    assert reader.newest_version().result(T) == 3
+    assert reader.read("mine").result(T).state == "missing"
+    time.sleep(0.2)
+    assert reader.read("mine").result(T).state == "missing"
+
+
+def test_a_write_cancelled_after_its_commit_record_was_sent_has_an_unknown_outcome() -> None:
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    fault.inject(op="write", key_pattern="commits/*", error=None, latency=1.0, times=1)
+    mine = kv.write("mine", b"2")
+    _until_faulted(fault)
+    assert mine.cancel()
+    err = _unknown(mine)
+    assert err.version == 2 and err.key == commit_name(2)
+    # the record was sent and lands: find_write_id says so
+    import time
+
+    time.sleep(1.2)
+    assert kv.find_write_id(err).result(T) == 2
+    assert VersionedKvStore(mem).read("mine").result(T).value == b"2"
+
+
+@pytest.mark.parametrize("edit", ["tag", "delete_versions", "commit_staged"])
+def test_a_tag_deletion_or_staged_commit_cancelled_after_its_record_was_sent_has_an_unknown_outcome(
+        edit: str) -> None:
+    """As for a transaction's commit: the Future raises CommitOutcomeUnknownError,
+    never a plain cancellation, once the record may land."""
+    import time
+
+    from tensorstore_py.kvstore.versioned.staging import commit_staged, stage
+
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    kv.write("a", b"2").result(T)
+    fault.inject(op="write", key_pattern="commits/*", error=None, latency=1.0, times=1)
+    if edit == "commit_staged":
+        txn = tsp.Transaction()
+        kv.with_transaction(txn).write("s", b"staged").result(T)
+        part = stage(txn, kv).result(T)
+    fut = (kv.tag("t", 1) if edit == "tag" else kv.delete_versions([1]) if edit == "delete_versions"
+           else commit_staged(kv, [part]))
+    _until_faulted(fault)
+    assert fut.cancel()
+    err = _unknown(fut)
+    assert err.version == 3 and err.key == commit_name(3)
+    # here the cancellation stopped the record's write before the store: it did
+    # not land, which is final only once version 3 exists
+    time.sleep(1.2)
+    _unknown(kv.find_write_id(err))
+    kv.write("b", b"x").result(T)
+    assert kv.find_write_id(err).result(T) is None
+    assert VersionedKvStore(mem).commit_details(3).result(T).kind == "data"

@@ -123,3 +123,55 @@ def test_a_collector_racing_a_leased_commit_keeps_its_data_unread(gcs_emulator: 
         assert reads == []  # no presence check of the data object
         assert bytes(kv.read("big").result(T).value) == big
         assert verify(kv).result(T) == []
+
+
+class _SuspendedHost:
+    """The leases module's view of ``time`` on a host that was suspended for
+    ``slept`` seconds: ``time.monotonic()`` did not count them (Linux's
+    CLOCK_MONOTONIC stands still while the machine sleeps), CLOCK_BOOTTIME did,
+    and so did the store's clock."""
+
+    CLOCK_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+    def __init__(self) -> None:
+        self.slept = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() - self.slept
+
+    def clock_gettime(self, clock: int) -> float:
+        return time.clock_gettime(clock)
+
+
+@pytest.mark.skipif(not hasattr(time, "CLOCK_BOOTTIME"), reason="a clock that counts suspend: Linux")
+def test_a_lease_that_expired_while_the_host_was_suspended_does_not_vouch(
+        gcs_emulator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host sleeps (a laptop's lid, a paused VM) between a write outside a
+    transaction's tree nodes and its record, longer than the lease's ttl; a
+    collector takes the data object meanwhile. The lease is stale by the
+    store's clock and by the clock that counts the sleep, though not by
+    time.monotonic(): the object is read back and the commit refused."""
+    monkeypatch.setattr(_leases, "TTL", 1.5)
+    monkeypatch.setattr(_leases, "REFRESH", 1000.0)
+    host = _SuspendedHost()
+    monkeypatch.setattr(_leases, "time", host)
+    bucket = gcs_emulator.create_bucket()
+    spec = gcs_emulator.spec(bucket, path="suspended/")
+    base = OneClockPaused(tsp.KvStore.open(spec).result(T))
+    collector = Paused(tsp.KvStore.open({**spec, "concurrency": 8}).result(T))  # another root
+    kv = VersionedKvStore(base)
+    kv.write("a", b"1").result(T)
+    deleted: list[str] = []
+
+    async def sleep_and_collect() -> None:
+        await asyncio.sleep(2.0)
+        host.slept += 2.0  # the host was suspended all that time
+        rep = await gc(collector, grace=0, dry_run=False)
+        deleted.extend(rep.deleted)
+
+    base.pause("write", "nodes/*", sleep_and_collect)  # data written, record not yet
+    with pytest.raises(DataCorruptionError, match="this batch wrote are gone.*nothing was committed"):
+        kv.write("big", os.urandom(300_000)).result(T)
+    assert base.fired and [n for n in deleted if n.startswith("data/")], deleted
+    assert kv.newest_version().result(T) == 1
+    assert kv.read("big").result(T).state == "missing"

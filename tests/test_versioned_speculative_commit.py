@@ -145,3 +145,30 @@ def test_a_failed_upload_fails_its_own_write_and_the_batch_commits_the_rest() ->
     assert reader.newest_version().result(T) == 3  # "k", "first", then the batch of the 3 others
     kv.write("big", b"y" * 300_000).result(T)  # and the next upload commits
     assert VersionedKvStore(mem).read("big").result(T).value == b"y" * 300_000
+
+
+def test_a_cancelled_write_whose_upload_is_in_flight_leaves_the_rest_of_its_batch_committing() -> None:
+    # the caller of a large write gives up while its value still uploads, after
+    # the write joined a batch: that write is dropped (its upload is cancelled,
+    # nothing references it) and the other writes of the batch commit
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("k", b"old").result(T)
+    fault.inject(op="write", key_pattern="commits/*", error=None, latency=1.0, times=1)
+    fault.inject(op="write", key_pattern="data/*", error=None, latency=2.0, times=1)  # big's upload
+    first = kv.write("first", b"1")
+    time.sleep(0.2)
+    big = kv.write("big", b"x" * 300_000)
+    time.sleep(0.2)  # its checksum is computed and it is queued
+    small = [kv.write(f"s{i}", b"%d" % i) for i in range(3)]  # queued in the same batch
+    time.sleep(0.1)
+    assert big.cancel()
+    first.result(T)
+    for f in small:
+        assert isinstance(f.result(T), tsp.Generation)
+    assert big.cancelled()
+    reader = VersionedKvStore(mem)
+    assert reader.newest_version().result(T) == 3  # "k", "first", then the batch of the 3 others
+    assert [reader.read(f"s{i}").result(T).value for i in range(3)] == [b"0", b"1", b"2"]
+    assert reader.read("big").result(T).state == "missing"

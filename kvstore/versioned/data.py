@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from tensorstore_py.core.errors import ChecksumError, DataCorruptionError
+from tensorstore_py.core.errors import ChecksumError, DataCorruptionError, StorageError
 from tensorstore_py.core.pools import run_cpu, run_io
 from tensorstore_py.kvstore.base import BlockingRead, Buffer, ByteRange, Generation, KvStore, ReadResult
 from tensorstore_py.kvstore.versioned.create import create_fresh_blocking, create_object
@@ -149,12 +149,19 @@ class UploadFailed(Exception):
 
 async def uploaded(upload: asyncio.Future[None] | None, owner: Any = None) -> None:
     """Wait for an upload of :func:`start_pack` or :func:`start_entry`;
-    UploadFailed (naming ``owner``) if it failed."""
+    UploadFailed (naming ``owner``) if it failed, or if it was cancelled (its
+    writer gave up: a group commit drops that one write, the rest of its batch
+    commits). A cancellation of the waiting task itself propagates."""
     if upload is None:
         return
     try:
         await asyncio.shield(upload)
     except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if upload.cancelled() and (task is None or not task.cancelling()):
+            raise UploadFailed(StorageError(
+                "the upload of a value's data object was cancelled before it landed (its writer "
+                "was cancelled); nothing references it"), owner) from None
         raise
     except Exception as e:
         raise UploadFailed(e, owner) from e

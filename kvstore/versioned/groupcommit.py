@@ -12,6 +12,12 @@ the whole batch, nothing visible, when a collector took one), except those the
 lease vouches for (``LeaseKeeper.vouches``: written under a lease that has held
 without a lapse since, on a store stamped by one clock).
 
+Cancelling a write (its Future) before the record of the commit that would
+carry it was sent drops it from its batch (re-planned without it: nothing of
+it becomes visible) and is a plain cancellation; once that record was sent, the
+write may still land, and its caller gets CommitOutcomeUnknownError with the
+write-id and version of that record (``VersionedKvStore.find_write_id``).
+
 Round trips: the packed values' upload, the probe for the newest version and
 the first attempt's tree nodes (planned against the newest version this
 process knows, ``VersionedRoot.commit``) are in flight together; the commit
@@ -22,14 +28,14 @@ cache thus waits for two answers one after the other.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from tensorstore_py.core.errors import ConditionFailedError
+from tensorstore_py.core.errors import CommitOutcomeUnknownError, ConditionFailedError
 from tensorstore_py.kvstore.base import Generation
 from tensorstore_py.kvstore.versioned.data import Pending, UploadFailed, require_present, start_pack, uploaded
-from tensorstore_py.kvstore.versioned.format import CommitRecord, Entry, RefEntry
+from tensorstore_py.kvstore.versioned.format import CommitRecord, Entry, RefEntry, commit_name
+from tensorstore_py.kvstore.versioned.leases import lease_clock
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 
 __all__ = ["MAX_BATCH", "submit"]
@@ -46,10 +52,17 @@ class _Op:
     if_equal: Generation | None
     future: asyncio.Future[Any]
     probe: asyncio.Future[int] | None = None
-    #: when the upload of the value's data object started (time.monotonic(), under a writer lease)
+    #: when the upload of the value's data object started (``leases.lease_clock()``, under a writer lease)
     started: float | None = None
     #: that upload, if still in flight when the operation was queued
     upload: asyncio.Future[None] | None = None
+    #: (write-id, version) of the commit record last sent carrying this operation
+    sent: tuple[str, int] | None = None
+
+
+class _Withdrawn(Exception):
+    """Raised right before a batch's commit record: a writer of the batch was
+    cancelled meanwhile, so the batch is planned again without it."""
 
 
 async def submit(root: VersionedRoot, kind: str, key: str, value: Any, if_equal: Generation | None,
@@ -70,7 +83,18 @@ async def submit(root: VersionedRoot, kind: str, key: str, value: Any, if_equal:
     root.queue.append(op)
     if root.committer is None:
         root.committer = asyncio.ensure_future(_run_queue(root))
-    return await op.future
+    try:
+        return await op.future
+    except asyncio.CancelledError:
+        if op.sent is None:
+            raise  # withdrawn: no commit record carrying it was sent
+        write_id, version = op.sent
+        raise CommitOutcomeUnknownError(
+            f"versioned store over {root.base!r}: the {kind} of {key!r} was cancelled after the "
+            f"commit record carrying it ({commit_name(version)!r}, write-id {write_id}) was sent; it "
+            f"may or may not have landed: VersionedKvStore.find_write_id(err) tells",
+            write_id=write_id, key=commit_name(version), version=version,
+        ) from None
 
 
 async def _run_queue(root: VersionedRoot) -> None:
@@ -100,6 +124,9 @@ async def _commit_batch(root: VersionedRoot, batch: list[_Op]) -> None:
 
 
 async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
+    batch = [op for op in batch if not op.future.done()]  # cancelled while queued: never sent
+    if not batch:
+        return
     pending = [op for op in batch if isinstance(op.value, Pending)]
     # the newest version is looked up while the data uploads and the first
     # attempt's nodes are written: two round trips less than one after another
@@ -107,7 +134,7 @@ async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
     upload: asyncio.Future[None] | None = None
     try:
         if pending:
-            started = time.monotonic()
+            started = lease_clock()
             values = [op.value for op in pending if isinstance(op.value, Pending)]  # all of them
             entries, upload = await start_pack(root, values)
             for op, e in zip(pending, entries):
@@ -117,6 +144,12 @@ async def _commit_batch_held(root: VersionedRoot, batch: list[_Op]) -> None:
             try:
                 await _commit_planned(root, batch, probe, upload)
                 return
+            except _Withdrawn:
+                batch = [op for op in batch if not op.future.done()]  # the cancelled ones go
+                if not batch:
+                    return
+                probe.cancel()
+                probe = root.start_probe()
             except UploadFailed as e:
                 if not isinstance(e.owner, _Op):
                     raise e.error from None  # the packed values': the whole batch
@@ -141,6 +174,7 @@ async def _commit_planned(root: VersionedRoot, batch: list[_Op], probe: asyncio.
     # an upload without a start time (none so far) is checked whatever the lease says
     added = {op.value.object: float("-inf") if op.started is None else op.started
              for op in batch if isinstance(op.value, RefEntry)}
+    attempt: list[tuple[str, int]] = []  # (write-id, version) of the record planned last
 
     async def check() -> None:
         await uploaded(upload)
@@ -148,6 +182,13 @@ async def _commit_planned(root: VersionedRoot, batch: list[_Op], probe: asyncio.
             await uploaded(op.upload, op)
         await require_present(root.base, root.leases.unvouched(added), f"group commit on {root.base!r}",
                               "this batch wrote")
+        # the record is sent right after this returns (no await in between): a
+        # writer cancelled by now is left out; the others' outcome is the record's
+        carried = [op for i, op in enumerate(batch) if i in outcome and outcome[i] is None]
+        if any(op.future.cancelled() for op in carried):
+            raise _Withdrawn()
+        for op in carried:
+            op.sent = attempt[-1]
 
     async def plan(parent: CommitRecord | None) -> Plan | None:
         tree = parent.root if parent else None
@@ -156,6 +197,8 @@ async def _commit_planned(root: VersionedRoot, batch: list[_Op], probe: asyncio.
         cond_keys = {op.key for op in batch if op.if_equal is not None}
         found = dict(zip(cond_keys, await asyncio.gather(*(root.lookup(tree, k) for k in cond_keys))))
         for i, op in enumerate(batch):
+            if op.future.done():
+                continue  # cancelled: nothing of it is committed
             if op.if_equal is not None:
                 cur = effective[op.key] if op.key in effective else found[op.key]
                 gen = Generation.NO_VALUE if cur is None else Generation(cur.stamp)
@@ -176,7 +219,9 @@ async def _commit_planned(root: VersionedRoot, batch: list[_Op], probe: asyncio.
             outcome[i] = None
         if not effective:
             return None
-        return Plan(sorted(effective.items()), kind="data", before_publish=check)
+        out = Plan(sorted(effective.items()), kind="data", before_publish=check)
+        attempt.append((out.write_id, (parent.version if parent else 0) + 1))
+        return out
 
     await root.commit(plan, probe=probe)
     for i, op in enumerate(batch):

@@ -145,7 +145,7 @@ class VersionHistory(KvStore, RootView):
                 raise NotFoundError(f"tag {name!r}: version {v} does not exist or was deleted")
             return {**parent.tags, name: v}, parent.deleted
 
-        return spawn(self._meta_commit("tag", edit, message))
+        return spawn(self._meta_commit("tag", edit, message), cancel_reports_outcome=True)
 
     def delete_tag(self, name: str, *, message: str = "") -> Future[CommitInfo]:
         """Remove tag ``name``, as a commit (NotFoundError if there is none)."""
@@ -156,7 +156,7 @@ class VersionHistory(KvStore, RootView):
                 raise NotFoundError(f"delete_tag: no tag {name!r}")
             return {k: v for k, v in parent.tags.items() if k != name}, parent.deleted
 
-        return spawn(self._meta_commit("tag", edit, message))
+        return spawn(self._meta_commit("tag", edit, message), cancel_reports_outcome=True)
 
     def delete_versions(self, versions: list[int], *, message: str = "") -> Future[CommitInfo]:
         """Mark ``versions`` deleted, as a commit; GC may then reclaim their data.
@@ -180,7 +180,7 @@ class VersionHistory(KvStore, RootView):
                     )
             return parent.tags, ranges_add(parent.deleted, vs)
 
-        return spawn(self._meta_commit("delete_versions", edit, message))
+        return spawn(self._meta_commit("delete_versions", edit, message), cancel_reports_outcome=True)
 
     def gc(
         self, *, grace: float | None = None, dry_run: bool = True, reclaim_deleted: bool = False,
@@ -200,6 +200,8 @@ class VersionHistory(KvStore, RootView):
                                read_grace=read_grace)
 
     async def _meta_commit(self, kind: str, edit: Any, message: str) -> CommitInfo:
+        """Commit a ``tag`` / ``delete_versions`` edit (cancelled once its record
+        was sent: CommitOutcomeUnknownError, as ``VersionedRoot.commit`` says)."""
         async def plan(parent: CommitRecord | None) -> Plan:
             if parent is None:
                 raise NotFoundError(f"{kind}: the versioned store over {self.base!r} has no versions")

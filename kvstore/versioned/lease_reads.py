@@ -29,6 +29,7 @@ from tensorstore_py.kvstore.versioned.leases import (
     SLACK,
     TTL,
     LeaseKeeper,
+    lease_clock,
     owner_gone,
 )
 
@@ -101,7 +102,7 @@ async def read_leases(base: KvStore, now: float, own: LeaseKeeper | None) -> Lea
         pinned |= own.pinned()
         since = own.writing_since()
         if since is not None:
-            starts.append(now - (time.monotonic() - since) - SLACK)
+            starts.append(now - (lease_clock() - since) - SLACK)
     infos = [
         i for i in await base.list_info(LEASES_PREFIX)
         if i.key != (own.name if own is not None else None) and len(i.key) == len(LEASES_PREFIX) + 32

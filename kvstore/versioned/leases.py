@@ -68,7 +68,7 @@ from tensorstore_py.kvstore.versioned.format import FORMAT, frame, new_name
 
 __all__ = [
     "LEASES_PREFIX", "LINGER", "MAGIC_LEASE", "REFRESH", "SLACK", "TTL", "WRITER_LINGER",
-    "Hold", "LeaseKeeper",
+    "Hold", "LeaseKeeper", "lease_clock",
 ]
 
 log = logging.getLogger("tensorstore_py.kvstore.versioned")
@@ -108,6 +108,21 @@ VOUCH = 0.8
 
 #: what a failed lease write or delete raises
 IO_ERRORS = (StorageError, OSError, TimeoutError)
+
+
+def lease_clock() -> float:
+    """Seconds on the host clock that leases are timed by: one that keeps
+    counting while the host is suspended (``CLOCK_BOOTTIME`` on Linux;
+    ``time.monotonic()`` elsewhere). ``time.monotonic()`` stands still on Linux
+    while the machine sleeps, and the store's clock does not: after a laptop or
+    VM resumes, a lease that expired on the store meanwhile would look fresh,
+    be vouched for (:meth:`LeaseKeeper.vouches`) and not be rewritten before a
+    writer's first object. Writers record when their objects' writes started
+    on this clock."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        return time.monotonic()
+    return time.clock_gettime(boottime)
 
 
 # -- who owns a lease ------------------------------------------------------------------
@@ -176,7 +191,7 @@ class _Durable:
 
     versions: frozenset[int]
     writing: bool
-    at: float  # time.monotonic() when that write started
+    at: float  # lease_clock() when that write started
 
 
 class Hold:
@@ -231,7 +246,7 @@ class LeaseKeeper:
         self._pins: Counter[int] = Counter()
         self._writers: dict[int, tuple[float, Callable[[], bool] | None]] = {}
         self._next = 0
-        # time.monotonic() when the last running writer ended (the writer linger
+        # lease_clock() when the last running writer ended (the writer linger
         # counts from there); the timer that ends the linger
         self._idle_since: float | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
@@ -242,7 +257,7 @@ class LeaseKeeper:
         self._retry = False  # the last refresh failed: the next comes after RETRY
         self.disabled = False  # the store refused a lease write (read-only)
         # the lease object has said ``writing`` without a lapse since _chain
-        # (time.monotonic(); None: it does not now); _last: when the newest
+        # (lease_clock(); None: it does not now); _last: when the newest
         # successful write saying so started
         self._chain: float | None = None
         self._last = 0.0
@@ -256,7 +271,7 @@ class LeaseKeeper:
             return {v for v, n in self._pins.items() if n > 0}
 
     def writing_since(self) -> float | None:
-        """``time.monotonic()`` at which the oldest running writer started (None: none).
+        """``lease_clock()`` at which the oldest running writer started (None: none).
 
         The lingering ``writing`` claim of the lease object (:data:`WRITER_LINGER`)
         is not a running writer: a collector in this process reads this, and
@@ -275,7 +290,7 @@ class LeaseKeeper:
     def _drop_writer(self, key: int) -> None:
         """(Under the mutex) forget a writer; the linger starts when the last goes."""
         if self._writers.pop(key, None) is not None and not self._writers:
-            self._idle_since = time.monotonic()
+            self._idle_since = lease_clock()
 
     # -- registering ------------------------------------------------------------------
     async def pin(self, version: int) -> Hold:
@@ -295,7 +310,7 @@ class LeaseKeeper:
         with self._mutex:
             self._next += 1
             key = self._next
-            self._writers[key] = (time.monotonic(), alive)
+            self._writers[key] = (lease_clock(), alive)
         hold = Hold(self, "writer", key)
         try:
             await self._ensure(lambda d: d.writing, strict=True)
@@ -306,7 +321,7 @@ class LeaseKeeper:
 
     def vouches(self, started: float) -> bool:
         """Whether an object of a running writer, whose write started at
-        ``started`` (``time.monotonic()``), is certainly still on the store.
+        ``started`` (``lease_clock()``), is certainly still on the store.
 
         True when the store's modification times come from one clock
         (``KvStore.single_clock``) and the lease object has said ``writing``
@@ -318,7 +333,7 @@ class LeaseKeeper:
         if self.disabled or not getattr(self.base, "single_clock", False):
             return False
         chain = self._chain
-        return chain is not None and chain <= started and time.monotonic() - self._last < TTL / 2
+        return chain is not None and chain <= started and lease_clock() - self._last < TTL / 2
 
     def unvouched(self, written: dict[str, float]) -> list[str]:
         """The objects of ``written`` (name -> when its write started) that
@@ -351,7 +366,7 @@ class LeaseKeeper:
 
     # -- writing the lease ----------------------------------------------------------------
     def _fresh(self, d: _Durable | None) -> bool:
-        return d is not None and time.monotonic() - d.at < TTL / 2
+        return d is not None and lease_clock() - d.at < TTL / 2
 
     async def _ensure(self, covered: Callable[[_Durable], bool], *, strict: bool) -> None:
         d = self._durable
@@ -366,7 +381,7 @@ class LeaseKeeper:
             await self._write(strict=strict)
 
     def _linger_end(self, d: _Durable | None) -> float | None:
-        """When the lingering ``writing`` claim of ``d`` ends (``time.monotonic()``,
+        """When the lingering ``writing`` claim of ``d`` ends (``lease_clock()``,
         :data:`WRITER_LINGER` after the last writer ended), or None: no claim
         lingers (a writer runs, or none ran, or ``d`` says ``writing`` no more)."""
         idle = self._idle_since
@@ -376,7 +391,7 @@ class LeaseKeeper:
 
     def _lingering(self, d: _Durable | None) -> bool:
         end = self._linger_end(d)
-        return end is not None and time.monotonic() < end
+        return end is not None and lease_clock() < end
 
     def _body(self) -> tuple[dict[str, Any], frozenset[int], bool]:
         versions = frozenset(self.pinned())
@@ -388,7 +403,7 @@ class LeaseKeeper:
         body = {
             "format": FORMAT, **identity(), "ttl": TTL, "versions": sorted(versions),
             "writing": writing,
-            "writing_for": 0.0 if since is None else max(0.0, time.monotonic() - since),
+            "writing_for": 0.0 if since is None else max(0.0, lease_clock() - since),
         }
         return body, versions, writing
 
@@ -396,7 +411,7 @@ class LeaseKeeper:
         """Write the lease as the needs are now. ``strict``: a failed write
         raises StorageError (a registration must not return without its lease);
         otherwise (a refresh) it is logged and retried after :data:`RETRY`."""
-        t0 = time.monotonic()
+        t0 = lease_clock()
         body, versions, writing = self._body()
         d = self._durable
         if d is not None:
@@ -421,7 +436,7 @@ class LeaseKeeper:
         self._retry = False
         self._durable = _Durable(versions, writing, t0)
         if writing:
-            t1 = time.monotonic()
+            t1 = lease_clock()
             # stamped by t1; the previous write's lease lived until _last + ttl
             if self._chain is None or d is None or not d.writing or t1 - self._last > TTL * VOUCH:
                 self._chain = t1
@@ -475,7 +490,7 @@ class LeaseKeeper:
         registration would have to write it), not at every refresh."""
         end = self._linger_end(d)
         stale = d.at + TTL / 2
-        next_refresh = time.monotonic() + (RETRY if self._retry else REFRESH)
+        next_refresh = lease_clock() + (RETRY if self._retry else REFRESH)
         return end is not None and stale < end and stale <= next_refresh
 
     def _arm_linger_end(self) -> None:
@@ -487,7 +502,7 @@ class LeaseKeeper:
         if self._linger_timer is not None:
             self._linger_timer.cancel()
         self._linger_timer = asyncio.get_running_loop().call_later(
-            max(0.0, end - time.monotonic()), lambda: asyncio.ensure_future(self._sync()))
+            max(0.0, end - lease_clock()), lambda: asyncio.ensure_future(self._sync()))
 
     async def _refresh(self) -> None:
         try:

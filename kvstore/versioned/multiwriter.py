@@ -181,7 +181,7 @@ async def _coordinate(p: MultiWriterParticipant, mine: Fragment, deadline: float
             await p.check_merged(mine.changes, frags)
 
         rec = await commit_changes(root, changes, low, txn, reads=reads or None, nonce=a.nonce,
-                                   txn_from=a.since, before_publish=check)
+                                   txn_from=a.since, before_publish=check, pinned=[r for r in [p.pinned_record] if r])
     except AlreadyCommitted as e:  # another process 0 (of an older run) committed it
         await announce(root, txn, a, success(e.rec))
         info = await _if_same_writes(root, txn, e.rec, mine.changes)

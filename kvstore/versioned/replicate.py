@@ -32,7 +32,6 @@ a live lease) is as long as the records take, not one write as for a commit.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +51,7 @@ from tensorstore_py.kvstore.versioned.format import (
     ranges_contain,
     unframe,
 )
-from tensorstore_py.kvstore.versioned.leases import LeaseKeeper
+from tensorstore_py.kvstore.versioned.leases import LeaseKeeper, lease_clock
 from tensorstore_py.kvstore.versioned.root import get_root
 from tensorstore_py.kvstore.versioned.tree import Inner, decode_node
 
@@ -91,7 +90,7 @@ async def _copy(base: KvStore, out: KvStore, keeper: LeaseKeeper, count: Callabl
     copied: dict[str, float] = {}
 
     async def put(name: str, data: Buffer) -> None:
-        started = time.monotonic()
+        started = lease_clock()
         copied[name] = started if await create_copy(out, name, data) else float("-inf")
 
     newest = await get_root(base).newest()

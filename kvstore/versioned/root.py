@@ -141,6 +141,9 @@ class VersionedRoot:
         self.cache = NodeCache()
         self.records: _Lru = _Lru(RECORD_CACHE)
         self.known = 0  # newest version this process knows exists
+        # the write-id of commits/<known> as read or written: checked by every
+        # probe even after the record left the bounded record cache
+        self._known_id: str | None = None
         self._hint_read = False
         self._probe: asyncio.Task[int] | None = None
         self._probe_seq = 0
@@ -197,8 +200,12 @@ class VersionedRoot:
             return None
         rec = CommitRecord.decode(res.value, name)
         self.records.put(version, rec)
-        self.known = max(self.known, version)
+        self._note_known(rec)
         return rec
+
+    def _note_known(self, rec: CommitRecord) -> None:
+        if rec.version >= self.known:
+            self.known, self._known_id = rec.version, rec.write_id
 
     async def changed_keys(self, rec: CommitRecord) -> list[str]:
         if rec.changes_ref is None:
@@ -287,8 +294,9 @@ class VersionedRoot:
     async def _same_record(self, version: int) -> bool:
         """Whether ``commits/<version>`` still holds the record this process cached."""
         cached = self.records.get(version)
+        expected = cached.write_id if cached is not None else self._known_id if version == self.known else None
         rec = await self.read_record(version, cached=False)
-        return rec is not None and (cached is None or rec.write_id == cached.write_id)
+        return rec is not None and (expected is None or rec.write_id == expected)
 
     async def snapshot_expired(self, version: int | None, err: BaseException) -> SnapshotExpiredError | None:
         """What to raise instead of ``err`` when it is a missing object of
@@ -330,6 +338,10 @@ class VersionedRoot:
         or return None for "nothing to commit". Returns the new record.
         ``plan_fn`` must keep no state from an attempt that never reached its
         ``before_publish``: an attempt may be planned speculatively and dropped.
+        Cancelled once ``before_publish`` returned (the record is sent right
+        after, with no await between), the commit raises
+        CommitOutcomeUnknownError: the record may land; before, it is a plain
+        cancellation and nothing becomes visible.
 
         ``probe``: a :meth:`newest` the caller started earlier, to overlap the
         search for the newest version with its own work (uploading data). While
@@ -379,9 +391,19 @@ class VersionedRoot:
                     raise
                 await asyncio.sleep(PREPARE_RETRY.delay(failures))
                 continue
-            if await self._publish(rec):
+            try:
+                landed = await self._publish(rec)
+            except asyncio.CancelledError:
+                # the record was sent, or is being sent: it may land all the same
+                raise CommitOutcomeUnknownError(
+                    f"versioned store {self.base!r}: the commit was cancelled while its record "
+                    f"{commit_name(rec.version)!r} (write-id {rec.write_id}) was being written; it may "
+                    f"or may not have landed: VersionedKvStore.find_write_id(err) tells",
+                    write_id=rec.write_id, key=commit_name(rec.version), version=rec.version,
+                ) from None
+            if landed:
                 self.records.put(rec.version, rec)
-                self.known = max(self.known, rec.version)
+                self._note_known(rec)
                 self.hints.note(self.known)
                 return rec
             # lost the race: the loop re-plans against the newer version (rebase)
@@ -525,6 +547,7 @@ class VersionedRoot:
         self.records.clear()
         self.cache = NodeCache()
         self.known = 0
+        self._known_id = None
         self._hint_read = False
 
     def _reset_after_fork(self) -> None:

@@ -97,7 +97,11 @@ class StagedChanges:
     """One writer's changes, durable but not committed (see the module doc).
 
     ``history`` names the version history they belong to (the base store's spec
-    as JSON); ``base_version`` is the version the writer read from;
+    as JSON); ``base_version`` is the version the writer read from, and
+    ``base_write_id`` the write-id of its commit record (None for version 0, and
+    in parts staged before it was recorded): the commit checks that the store
+    still holds that record, so parts read from a store deleted and recreated
+    since are refused (ConflictError);
     ``changes`` are ``(key, encoded entry or None for a delete)`` pairs, sorted,
     with keys relative to the history's root; ``depends`` are the keys the
     changes were derived from (an array's metadata), which no version after
@@ -107,6 +111,7 @@ class StagedChanges:
     history: str
     base_version: int
     changes: tuple[tuple[str, Any], ...]
+    base_write_id: str | None = None
     depends: tuple[str, ...] = ()
 
     def __len__(self) -> int:
@@ -224,9 +229,11 @@ def stage(txn: Transaction, store: VersionedKvStore) -> Future[StagedChanges]:
         base = await participant.pin()
         changes = await participant.finalize()
         txn.abort()
+        pinned = participant.pinned_record
         return StagedChanges(
             _history(store), base,
             tuple((k, None if e is None else e.encode()) for k, e in changes),
+            pinned[1] if pinned is not None else None,
             tuple(sorted(participant.depends)),
         )
 
@@ -274,11 +281,13 @@ def commit_staged(
             merged[k] = None if e is None else decode_entry(e, f"staged change of {k!r}")
     changes: list[Change] = sorted(merged.items())
     bases = [p.base_version for p in parts if p.changes]
+    pinned = sorted({(p.base_version, p.base_write_id) for p in parts if p.changes and p.base_write_id})
     depends = {k for p in parts if p.changes for k in p.depends}
     txn = Transaction(txn_id=txn_id, message=message, metadata=metadata)
     root = store._root
 
-    return spawn(_commit(root, changes, min(bases, default=0), txn, ReadSet(depends) if depends else None))
+    return spawn(_commit(root, changes, min(bases, default=0), txn, pinned, ReadSet(depends) if depends else None),
+                 cancel_reports_outcome=True)
 
 
 def _info(rec: CommitRecord, keys_changed: int = 0) -> CommitInfo:
@@ -300,7 +309,7 @@ async def _earlier(root: VersionedRoot, rec: CommitRecord, changes: list[Change]
 
 
 async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Transaction,
-                  depends: ReadSet | None) -> CommitInfo:
+                  pinned: list[tuple[int, str]], depends: ReadSet | None) -> CommitInfo:
     objects = sorted({e.object for _, e in changes if isinstance(e, RefEntry)})
 
     async def present() -> None:
@@ -312,7 +321,7 @@ async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Tr
         rec = await root.record_at(await root.newest())
         return CommitInfo(version=0, txn_id=txn.txn_id) if rec is None else _info(rec)
     if txn.txn_id is None:
-        rec = await commit_changes(root, changes, base, txn, reads=depends, before_publish=present)
+        rec = await commit_changes(root, changes, base, txn, reads=depends, before_publish=present, pinned=pinned)
         return _info(rec, len(changes))
     got = await open_attempt(root, txn)  # None of it committed: an attempt, else its commit
     if isinstance(got, CommitRecord):
@@ -322,7 +331,7 @@ async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Tr
         # a version above the attempt's ``since`` (or the parts' base) that carries
         # the id is its commit: AlreadyCommitted instead of a second one
         rec = await commit_changes(root, changes, base, txn, reads=depends, nonce=got.nonce,
-                                   txn_from=min(got.since, base), before_publish=present)
+                                   txn_from=min(got.since, base), pinned=pinned, before_publish=present)
     except AlreadyCommitted as e:
         await announce(root, txn, got, success(e.rec))
         await cleanup(root, txn.txn_id)

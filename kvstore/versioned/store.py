@@ -38,7 +38,6 @@ views with different paths over one base commit into the same versions.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -85,7 +84,7 @@ from tensorstore_py.kvstore.versioned.info import (
     read_formats,
     read_spans,
 )
-from tensorstore_py.kvstore.versioned.leases import Hold
+from tensorstore_py.kvstore.versioned.leases import Hold, lease_clock
 from tensorstore_py.kvstore.versioned.multiwriter import MultiWriterParticipant
 from tensorstore_py.kvstore.versioned.replicate import copy_store
 from tensorstore_py.kvstore.versioned.root import VersionedRoot, get_root, is_missing
@@ -99,6 +98,8 @@ class VersionedKvStore(VersionHistory):
     """A versioned, transactional view of ``base`` (see the module docstring)."""
 
     driver = "versioned"
+    # a write cancelled after the commit record carrying it was sent may land
+    cancel_reports_outcome = True
     #: the on-storage format this code reads and writes (docs/FORMAT.md)
     FORMAT: int = FORMAT
 
@@ -351,7 +352,7 @@ class VersionedKvStore(VersionHistory):
                 # a large value is uploaded now: look the newest version up meanwhile
                 large = len(memoryview(value).cast("B")) >= LARGE_MIN
                 probe = self._root.start_probe() if large else None
-                started = time.monotonic()
+                started = lease_clock()
                 if large and not self.base.blocking_io:
                     # the commit's nodes are written while the value uploads
                     entry, upload = await start_entry(self._root, value)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import builtins
-import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -35,13 +34,20 @@ from tensorstore_py.kvstore.versioned.data import (
     start_pack,
     uploaded,
 )
-from tensorstore_py.kvstore.versioned.format import CommitRecord, InlineEntry, RefEntry, new_stamp
-from tensorstore_py.kvstore.versioned.leases import Hold
+from tensorstore_py.kvstore.versioned.format import (
+    CommitRecord,
+    InlineEntry,
+    RefEntry,
+    commit_name,
+    new_stamp,
+)
+from tensorstore_py.kvstore.versioned.leases import Hold, lease_clock
 from tensorstore_py.kvstore.versioned.root import Plan, VersionedRoot
 from tensorstore_py.kvstore.versioned.tree import Change
 
 __all__ = [
-    "AlreadyCommitted", "ReadSet", "VersionedParticipant", "check_conflicts", "commit_changes", "validate",
+    "AlreadyCommitted", "ReadSet", "VersionedParticipant", "check_conflicts", "check_same_history",
+    "commit_changes", "validate",
 ]
 
 #: commit records read at once while checking a transaction against newer versions
@@ -140,6 +146,30 @@ async def validate(
                 )
 
 
+async def check_same_history(root: VersionedRoot, version: int, write_id: str) -> None:
+    """ConflictError unless ``commits/<version>`` still holds the record with
+    ``write_id`` that a transaction read from.
+
+    A store deleted and recreated at the same place has another history under
+    the same version numbers: what the transaction read is not in it, and the
+    conflict check (which compares versions after ``version``) would not see
+    the new history's changes at or below it, so a read-modify-write would
+    overwrite them unchecked (a lost update). The record comes from the cache,
+    which every probe for the newest version drops when the newest record this
+    process knew is no longer on the store; so this costs no round trip unless
+    the store was replaced, and a speculative attempt that trusted the cache is
+    kept only when its probe confirms the cached history (``VersionedRoot.commit``).
+    """
+    rec = await root.read_record(version)
+    if rec is None or rec.write_id != write_id:
+        found = "nothing" if rec is None else f"write-id {rec.write_id}"
+        raise ConflictError(
+            f"versioned store {root.base!r}: version {version}, which this transaction read, is no "
+            f"longer on the store ({commit_name(version)!r} holds {found}, expected write-id "
+            f"{write_id}): the store was deleted and recreated since; retry the transaction"
+        )
+
+
 async def check_conflicts(root: VersionedRoot, ours: set[str], lo: int, hi: int) -> None:
     """Raise ConflictError if a version in ``lo+1..hi`` changed a key in ``ours``."""
     await validate(root, lo, hi, writes=ours)
@@ -160,13 +190,16 @@ class VersionedParticipant(Participant):
         self.name = f"versioned store over {root.base!r}"
         self.base_version: int | None = None
         self._base_root: str | None = None
+        # the write-id of the pinned version's record (None for version 0): the
+        # commit checks that the store still holds that record (same history)
+        self._base_write_id: str | None = None
         self._pin_lock = asyncio.Lock()
         self.writes: dict[str, Staged] = {}
         self._pending_bytes = 0
         self._packing: set[int] = set()  # ids of Pending values being packed
         # the writer lease (from the first staged change until the commit ends)
         # and the data objects written so far, with when each write started
-        # (time.monotonic(): the lease may vouch for it at commit)
+        # (leases.lease_clock(): the lease may vouch for it at commit)
         self._hold: Hold | None = None
         self._written: dict[str, float] = {}
         #: what the transaction read, checked at commit (serializable isolation only)
@@ -182,6 +215,14 @@ class VersionedParticipant(Participant):
     def has_writes(self) -> bool:
         return bool(self.writes)
 
+    @property
+    def pinned_record(self) -> tuple[int, str] | None:
+        """(version, write-id) of the record this transaction read from (None:
+        not pinned yet, or pinned at the empty version 0)."""
+        if self.base_version is None or self._base_write_id is None:
+            return None
+        return self.base_version, self._base_write_id
+
     async def pin(self, probe: asyncio.Future[int] | None = None) -> int:
         """The version this transaction reads (fixed at first use; ``probe``: a
         ``root.start_probe()`` to take the newest version from)."""
@@ -192,6 +233,7 @@ class VersionedParticipant(Participant):
                         await (probe if probe is not None else self.root.newest())
                     rec = await self.root.record_at(v)
                     self._base_root = rec.root if rec else None
+                    self._base_write_id = rec.write_id if rec else None
                     self.base_version = v
         return self.base_version
 
@@ -202,6 +244,7 @@ class VersionedParticipant(Participant):
             if self.base_version is None:
                 rec = await self.root.record_at(version)
                 self._base_root = rec.root if rec else None
+                self._base_write_id = rec.write_id if rec else None
                 self.base_version = version
         return self.base_version
 
@@ -263,13 +306,23 @@ class VersionedParticipant(Participant):
         if value is None:
             self._stage(key, None)
             return None
-        started = time.monotonic()  # under the writer lease, before the object's write
+        started = lease_clock()  # under the writer lease, before the object's write
         entry = await make_entry(self.root, value)
         if isinstance(entry, RefEntry):
             self._written[entry.object] = started
+        had, prev = key in self.writes, self.writes.get(key)
         self._stage(key, entry)
         if isinstance(entry, Pending) and self._pending_bytes >= STAGING_MAX:
-            await self._flush()
+            try:
+                await self._flush()
+            except BaseException:
+                if self.writes.get(key) is entry:  # this write failed: its key is as it was
+                    if had:
+                        self._stage(key, prev)
+                    else:
+                        self._pending_bytes -= len(entry.value)
+                        del self.writes[key]
+                raise
         return Generation(entry.stamp)
 
     async def link(self, key: str, source: str) -> bool:
@@ -323,13 +376,27 @@ class VersionedParticipant(Participant):
         self.writes[key] = staged
 
     async def _flush(self) -> None:
-        """Pack every pending value into data objects (bounded memory)."""
-        upload = await self._start_flush()
-        if upload is not None:
+        """Pack every pending value into data objects (bounded memory). If the
+        upload fails, the values stay pending, as before the call (the write
+        that flushed raises; the transaction goes on and packs them at commit):
+        no staged entry is left naming an object that was never written, which
+        a commit whose lease vouches for it would reference unchecked."""
+        flushed = await self._start_flush()
+        if flushed is None:
+            return
+        upload, swapped = flushed
+        try:
             await upload
+        except BaseException:
+            for k, pending, entry in swapped:
+                if self.writes.get(k) is entry:  # else a newer write replaced it
+                    self._stage(k, pending)
+                self._written.pop(entry.object, None)
+            raise
 
-    async def _start_flush(self) -> asyncio.Future[None] | None:
-        """:meth:`_flush` up to the upload, which is returned in flight (None: nothing to pack)."""
+    async def _start_flush(self) -> tuple[asyncio.Future[None], builtins.list[tuple[str, Pending, RefEntry]]] | None:
+        """:meth:`_flush` up to the upload, which is returned in flight with the
+        (key, pending value, entry) staged in its place (None: nothing to pack)."""
         items = [
             (k, s) for k, s in self.writes.items() if isinstance(s, Pending) and id(s) not in self._packing
         ]
@@ -338,17 +405,19 @@ class VersionedParticipant(Participant):
         for _, s in items:  # concurrent flushes take disjoint items
             self._packing.add(id(s))
             self._pending_bytes -= len(s.value)
-        started = time.monotonic()
+        started = lease_clock()
         try:
             entries, upload = await start_pack(self.root, [s for _, s in items])
         finally:
             for _, s in items:
                 self._packing.discard(id(s))
+        swapped: builtins.list[tuple[str, Pending, RefEntry]] = []
         for (k, s), e in zip(items, entries, strict=True):
             self._written.setdefault(e.object, started)
             if self.writes.get(k) is s:  # else a newer write replaced it: garbage
                 self.writes[k] = e
-        return upload
+                swapped.append((k, s, e))
+        return upload, swapped
 
     async def list(self, prefix: str) -> list[str]:
         if self.reads is not None:
@@ -387,7 +456,8 @@ class VersionedParticipant(Participant):
             probe = self.root.start_probe()
             # the last pending values upload while the probe runs and the first
             # attempt's nodes are written; they have landed before the record
-            upload = await self._start_flush()
+            flushed = await self._start_flush()
+            upload = flushed[0] if flushed is not None else None
             changes = await self.finalize()
             # pinned at the first read or write: the probe is awaited here only by
             # a transaction that did neither, so the commit's first attempt can
@@ -400,7 +470,8 @@ class VersionedParticipant(Participant):
 
             try:
                 rec = await commit_changes(self.root, changes, base, txn, reads=self.checked_reads(),
-                                           before_publish=check, probe=probe)
+                                           before_publish=check, probe=probe,
+                                           pinned=[r for r in [self.pinned_record] if r is not None])
             except UploadFailed as e:
                 raise e.error from None
             probe = None
@@ -442,10 +513,14 @@ async def commit_changes(
     reads: ReadSet | None = None, nonce: str | None = None, txn_from: int | None = None,
     before_publish: Callable[[], Awaitable[None]] | None = None,
     probe: asyncio.Future[int] | None = None,
+    pinned: builtins.list[tuple[int, str]] | None = None,
 ) -> CommitRecord:
     """Commit ``changes`` read from version ``base``: rebase, or ConflictError.
 
-    ``reads`` (serializable) are checked like the written keys. A multi-writer
+    ``pinned``: (version, write-id) of each record the transaction (its parts)
+    read from; each attempt checks that the store still holds them (:func:`check_same_history`),
+    so a transaction that read a store deleted and recreated meanwhile never
+    commits on the new history. ``reads`` (serializable) are checked like the written keys. A multi-writer
     commit passes its attempt's ``nonce`` (stored in the record) and
     ``txn_from``: a version above it that carries ``txn.txn_id`` raises
     AlreadyCommitted instead of committing the transaction twice.
@@ -458,6 +533,8 @@ async def commit_changes(
 
     async def plan(parent: CommitRecord | None) -> Plan:
         n = parent.version if parent else 0
+        for version, write_id in sorted(set(pinned or ())):
+            await check_same_history(root, version, write_id)
         lo, lo_txn = checked, checked_txn
         if n > lo or (lo_txn is not None and n > lo_txn):
             await validate(root, lo, n, writes=ours, reads=reads, txn_id=txn.txn_id, txn_from=lo_txn)
