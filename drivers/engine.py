@@ -442,6 +442,9 @@ class ChunkedArray(ArrayDriver):
         if kv.read_only:
             raise ReadOnlyError(f"{self.driver} array over {kv!r}: the store is read-only")
         self._check_write_allocation(index)
+        # chunks are encoded by this metadata: a transaction must not commit them
+        # over metadata that another writer changed meanwhile
+        kv.depend_on(self.metadata_key)
         if has_sync_io(kv):
             async def batch(b: list[ChunkPart]) -> None:
                 if all(p.full for p in b):

@@ -393,6 +393,13 @@ class KvStore(ABC):
             )
         return txn.bind(self)
 
+    def depend_on(self, key: str) -> None:  # noqa: B027 (nothing to do outside a transaction)
+        """Say that what is being written through this store was derived from the
+        value of ``key`` (an array's metadata, which encodes its chunks). Inside a
+        transaction on a store with versions, the commit then fails with
+        ConflictError when a version after the one the transaction read changed
+        ``key``; anywhere else this does nothing."""
+
     def _transaction_participant(self, txn: TransactionLike) -> Any:
         """This store's part in ``txn``: stores with their own atomic multi-key
         commits (the versioned store) return a ``transaction.Participant``;

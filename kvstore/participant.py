@@ -162,5 +162,10 @@ class Participant(ABC):
     @abstractmethod
     async def commit(self, txn: TransactionHandle, *, wait: bool) -> CommitInfo: ...
 
+    def depend(self, key: str) -> None:  # noqa: B027 (an optional hook)
+        """The staged writes were derived from the value of ``key``: a root with
+        versions checks at commit that no version after the one read changed it.
+        Default: nothing (the one-key participant writes under a condition)."""
+
     def abort(self) -> None:  # noqa: B027 (an optional hook: nothing to drop by default)
         """Drop staged state (written data objects become garbage)."""

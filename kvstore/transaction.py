@@ -26,7 +26,8 @@ Guarantees on the versioned store (``{"driver": "versioned", ...}``):
   conflict raises ConflictError naming the key. Serializable transactions
   behave as if they ran one at a time, in commit order.
 * **Conflicts**: at commit, if newer versions changed a key this transaction
-  also writes (or, serializable, read), the commit raises
+  also writes (or, serializable, read; or, whatever the isolation, the
+  metadata of an array whose chunks it writes through a view), the commit raises
   :class:`~tensorstore_py.errors.ConflictError` naming the key and leaves
   nothing visible; otherwise it is rebased onto the newest version
   automatically. Retrying the whole transaction is safe.
@@ -72,10 +73,13 @@ process never delivers its fragment, nothing is committed and the others raise
   transaction (a fresh random nonce, published through the coordinator and the
   store) and merges only fragments written for that attempt. A participant
   writes its fragment for the newest attempt it sees and, while it waits,
-  rewrites it for a newer attempt (it still has its data). So a job restarted
-  with the same ``txn_id`` after process 0 died never merges a fragment left by
-  the dead run: the commit holds exactly the restarted processes' data, or
-  nothing (DeadlineExceededError) when a participant is missing.
+  rewrites it for a newer attempt (it still has its data), unless its own
+  attempt failed (then it raises that failure, as does a participant arriving
+  late after the attempt it could belong to failed). So a job restarted with the
+  same ``txn_id`` after process 0 died never merges a fragment left by the dead
+  run, nor one a slow participant of a failed run delivers later: the commit
+  holds exactly the restarted processes' data, or nothing
+  (DeadlineExceededError) when a participant is missing.
 * **The txn_id is an idempotency key**: a transaction id commits at most once.
   A process that calls ``commit()`` again with the same ``txn_id`` after the
   transaction committed (e.g. the job restarted after process 0 committed but

@@ -124,6 +124,9 @@ class TransactionalKvStore(KvStore):
         self.txn._claim_writer(self._participant, self._rel(prefix))
         await self._participant.delete_range(prefix)
 
+    def depend_on(self, key: str) -> None:
+        self._participant.depend(self._full(key))
+
     def _rel(self, key: str) -> str:
         return key.removeprefix(self.path)
 

@@ -41,11 +41,13 @@ every Dask scheduler, since views pickle as their spec (threads, processes,
     changes of the run whose result Dask kept: the data of lost runs is never
     referenced (gc reclaims it after its grace period).
 
-    * The graph is ONE transaction that reads one version: the oldest version
-      that a :func:`to_dask` array of the same store in ``source``'s graph
-      pinned, else the newest version when :func:`store` is called. A chunk
-      that a version after it changed fails the commit with ConflictError
-      (``store(to_dask(v) + 1, v)`` never overwrites a concurrent change).
+    * The graph is ONE transaction that reads one version: ``read_version``
+      if given, else the oldest version that a :func:`to_dask` array of the
+      same store in ``source``'s graph pinned (also in an optimized graph),
+      else the newest version when :func:`store` is called. A chunk that a
+      version after it changed fails the commit with ConflictError
+      (``store(to_dask(v) + 1, v)`` never overwrites a concurrent change; a
+      persisted source no longer holds its graph: pass ``read_version``).
     * The process that calls :func:`store` holds a writer lease from then until
       the commit ends (``compute=True``), or, with ``compute=False``, until the
       commit's outcome is recorded in the store (looked up every few seconds;
@@ -73,6 +75,7 @@ from __future__ import annotations
 import itertools
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -95,6 +98,7 @@ from tensorstore_py.tensorstore import TensorStore
 try:
     import dask
     import dask.array as da
+    from dask.highlevelgraph import MaterializedLayer
 except ImportError as e:  # the optional extra
     raise ImportError(
         f'tensorstore_py.dask needs dask ({e.name} is missing): pip install "tensorstore_py[dask]"'
@@ -147,8 +151,9 @@ def storage_chunks(view: TensorStore, kind: Literal["write", "read"] = "write") 
     return tuple(out)
 
 
-#: the name of a :func:`to_dask` array of a versioned store: which history, which version
-_READ_NAME = re.compile(r"^tensorstore-[0-9a-f]{32}-([0-9a-f]{16})-at-(\d+)$")
+#: the name of a :func:`to_dask` array of a versioned store (and of the key holding its
+#: view, ``original-<name>``): which history, which version
+_READ_NAME = re.compile(r"^(?:original-)?tensorstore-[0-9a-f]{32}-([0-9a-f]{16})-at-(\d+)$")
 
 
 def _pinned(view: TensorStore) -> tuple[TensorStore, str]:
@@ -168,11 +173,26 @@ def _pinned(view: TensorStore) -> tuple[TensorStore, str]:
     return out, f"{name}-{history_id(snap)}-at-{snap.version}"
 
 
+def _graph_names(source: da.Array) -> Iterator[str]:
+    """The names in ``source``'s graph that can name a :func:`to_dask` array: its
+    layers, and the string keys of materialized layers (``dask.optimize`` fuses
+    a to_dask layer into its consumers and keeps only the ``original-`` key of
+    its view)."""
+    graph = source.__dask_graph__()
+    layers = getattr(graph, "layers", None)
+    if layers is None:  # a plain dict graph
+        yield from (k for k in graph if isinstance(k, str))
+        return
+    for name, layer in layers.items():
+        yield str(name)
+        if isinstance(layer, MaterializedLayer):
+            yield from (k for k in layer if isinstance(k, str))
+
+
 def _read_version(source: da.Array, hist: str) -> int | None:
     """The oldest version of history ``hist`` that a :func:`to_dask` array in
     ``source``'s graph reads (None: none does)."""
-    layers = getattr(source.dask, "layers", source.dask)
-    found = [int(m.group(2)) for n in layers if (m := _READ_NAME.match(str(n))) and m.group(1) == hist]
+    found = [int(m.group(2)) for n in _graph_names(source) if (m := _READ_NAME.match(n)) and m.group(1) == hist]
     return min(found, default=None)
 
 
@@ -255,6 +275,7 @@ def store(
     txn_id: str | None = None,
     message: str = "",
     metadata: dict[str, Any] | None = None,
+    read_version: int | None = None,
 ) -> CommitInfo | None | Any:
     """Write the dask array ``source`` into ``view`` (same shape; dtype cast by
     numpy ``same_kind`` rules), one task per block (see the module doc).
@@ -268,6 +289,13 @@ def store(
     runs. On a versioned store, this process holds a writer lease for the
     staged data until the commit ends (``compute=False``: until its outcome is
     recorded in the store); see the module doc.
+
+    ``read_version`` (versioned stores only): the version of ``view``'s history
+    that ``source`` was computed from; every task reads it, and a chunk that a
+    later version changed fails the commit with ConflictError. Default: the
+    oldest version a :func:`to_dask` array of that history in ``source``'s
+    graph reads, else the newest version now. Pass it when ``source`` no
+    longer holds its graph (``persist()``, ``da.from_array`` of computed data).
     """
     if not isinstance(view, TensorStore):
         raise InvalidArgumentError(f"store needs a TensorStore view, got {type(view).__name__}")
@@ -286,6 +314,12 @@ def store(
     if kv.read_only:
         raise ReadOnlyError(f"store: {view!r} is read-only")
     versioned = isinstance(kv, VersionedKvStore)
+    if read_version is not None and (
+        not versioned or not isinstance(read_version, int) or isinstance(read_version, bool) or read_version < 0
+    ):
+        raise InvalidArgumentError(
+            f"store: read_version must be an int >= 0 on a versioned store, got {read_version!r} for {view!r}"
+        )
     txn_id = check_id("store: txn_id", txn_id) if txn_id is not None else f"dask-{uuid.uuid4().hex}"
     source = _aligned(source, storage_chunks(view, "write"), realign)
     blocks = source.to_delayed().reshape(-1)
@@ -294,7 +328,7 @@ def store(
     view_d = dask.delayed(view, name=f"tensorstore-view-{uuid.uuid4().hex}")
     extra: tuple[int, ...] = ()
     if versioned:
-        base = _read_version(source, history_id(kv))  # type: ignore[arg-type]
+        base = read_version if read_version is not None else _read_version(source, history_id(kv))  # type: ignore[arg-type]
         extra = (kv.newest_version().result() if base is None else base,)  # type: ignore[attr-defined]
     results = []
     for blk, idx in zip(blocks, itertools.product(*(range(len(c)) for c in source.chunks))):

@@ -295,6 +295,57 @@ def test_an_in_place_update_conflicts_with_a_change_after_its_read(tmp_path: Pat
     np.testing.assert_array_equal(ts.read().result(), [1, 2, 3, 4, 50, 50, 50, 50])
 
 
+def test_an_ingest_never_commits_chunks_over_an_array_recreated_meanwhile(tmp_path: Path) -> None:
+    # the tasks encode chunks by the metadata the view carries; another writer
+    # replaces the array (other dtype) before the graph runs: nothing committed
+    url = f"versioned+file://{tmp_path}/"
+    ts = tsp.open(url, create=True, shape=(8,), dtype="int32", chunks=(4,)).result()
+    graph = tspd.store(da.arange(8, chunks=4, dtype="int32"), ts, compute=False)
+    tsp.open(url, create=True, delete_existing=True, shape=(8,), dtype="float64", chunks=(4,)).result()
+    v = ts.kvstore.newest_version().result()
+    with dask.config.set(scheduler="threads"), pytest.raises(ConflictError, match="'zarr.json'"):
+        graph.compute()
+    assert ts.kvstore.newest_version().result() == v
+    np.testing.assert_array_equal(tsp.open(url).result().read().result(), np.zeros(8))
+
+
+def test_an_optimized_in_place_update_still_conflicts(tmp_path: Path) -> None:
+    # dask.optimize fuses the to_dask layer into its consumers: only the key of
+    # its view says which version the graph reads
+    ts = tsp.open(f"versioned+file://{tmp_path}/", create=True, shape=(8,), dtype="uint16",
+                  chunks=(4,)).result()
+    kv = ts.kvstore
+    ts.write(np.arange(8, dtype="uint16")).result()
+    (plus_one,) = dask.optimize(tspd.to_dask(ts) + 1)
+    ts[0:4].write(np.full(4, 50, dtype="uint16")).result()  # a concurrent change
+    v = kv.newest_version().result()
+    with dask.config.set(scheduler="threads"), pytest.raises(ConflictError, match="c/0"):
+        tspd.store(plus_one, ts)
+    assert kv.newest_version().result() == v
+    np.testing.assert_array_equal(ts.read().result(), [50] * 4 + [4, 5, 6, 7])
+
+
+def test_a_persisted_in_place_update_conflicts_given_its_read_version(tmp_path: Path) -> None:
+    ts = tsp.open(f"versioned+file://{tmp_path}/", create=True, shape=(8,), dtype="uint16",
+                  chunks=(4,)).result()
+    kv = ts.kvstore
+    ts.write(np.arange(8, dtype="uint16")).result()
+    read_at = kv.newest_version().result()
+    plus_one = (tspd.to_dask(ts) + 1).persist(scheduler="threads")  # the graph is gone
+    ts[4:8].write(np.full(4, 50, dtype="uint16")).result()
+    v = kv.newest_version().result()
+    with dask.config.set(scheduler="threads"):
+        with pytest.raises(ConflictError, match="c/1"):
+            tspd.store(plus_one, ts, read_version=read_at)
+        assert kv.newest_version().result() == v
+        np.testing.assert_array_equal(ts.read().result(), [0, 1, 2, 3] + [50] * 4)
+        with pytest.raises(InvalidArgumentError, match="read_version"):
+            tspd.store(plus_one, ts, read_version=-1)
+        info = tspd.store(plus_one, ts, read_version=v)  # said to be read at v: no conflict
+    assert info.version == v + 1
+    np.testing.assert_array_equal(ts.read().result(), np.arange(8) + 1)
+
+
 # -- 7. leased snapshots read in every scheduler ---------------------------------------------------------
 def _retire(url: str, kv: Any, version: int) -> None:
     """Retention deletes ``version`` and a collector without grace reclaims what it can."""

@@ -23,9 +23,10 @@ T = 120
 
 #: one process of a multi-writer save: writes shard<index>/<j> (inline, packed and
 #: large values, tagged with ``tag``) and commits; ``mode`` makes it SIGKILL itself
-#: at its first write of a commit record or of the transaction's result
+#: at its first write of a commit record or of the transaction's result, or ``wait:<path>``
+#: commit only once ``path`` exists
 WORKER = r"""
-import json, os, signal, sys
+import json, os, signal, sys, time
 import tensorstore_py as tsp
 from tensorstore_py.kvstore.fault import FaultKvStore
 from tensorstore_py.kvstore.file import FileKvStore
@@ -49,6 +50,9 @@ v = kv.with_transaction(txn)
 for j, size in enumerate((40, 3000, 300_000)):
     head = b"%s-%d-%d;" % (tag.encode(), index, j)
     v.write(f"shard{index}/{j}", (head * (size // len(head) + 1))[:size]).result()
+if mode.startswith("wait:"):  # a slow process: its data is written, its commit comes late
+    while not os.path.exists(mode[5:]):
+        time.sleep(0.01)
 try:
     info = txn.commit().result()
     print(json.dumps({"version": info.version, "write_id": info.write_id}))
@@ -141,6 +145,55 @@ def test_a_participant_follows_a_restarted_coordinator_to_its_new_attempt() -> N
     assert fut1.result(T).version == 1
     assert kv.read("a").result(T).value == b"new" and kv.read("b").result(T).value == b"new"
     assert kv.base.list("txns/").result(T) == ["txns/t/result"]
+
+
+def test_a_participant_of_a_failed_run_never_joins_the_next(tmp_path: Any) -> None:
+    """Participant 1 of run 1 is slow: process 0 gives up (its attempt's failure
+    is recorded), the job runs again, and only then does the old participant 1
+    commit. It must fail with its run, not deliver its old data into run 2."""
+    root = str(tmp_path / "run") + "/"
+    go = tmp_path / "go"
+    slow = start(root, 1, 2, "step-9", 60, "OLD", f"wait:{go}")
+    first = outcome(start(root, 0, 2, "step-9", 2, "OLD"))
+    assert first["error"] == "DeadlineExceededError" and "participant(s) [1]" in first["message"], first
+    p0 = start(root, 0, 2, "step-9", 60, "NEW")
+    deadline = time.monotonic() + T
+    while "txns/step-9/attempts/000002" not in txns_objects(root):  # run 2's process 0 began
+        assert time.monotonic() < deadline and p0.poll() is None
+        time.sleep(0.01)
+    go.touch()  # the old participant commits now
+    while slow.poll() is None and not any(n.startswith("txns/step-9/000002-") for n in txns_objects(root)):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    p1 = start(root, 1, 2, "step-9", 60, "NEW")
+    old = outcome(slow)
+    assert old.get("error") == "DeadlineExceededError" and "participant(s) [1]" in old["message"], old
+    assert [outcome(p).get("version") for p in (p0, p1)] == [1, 1]
+    kv = fresh(root)
+    assert kv.newest_version().result(T) == 1
+    assert holds(kv, "NEW", range(2))  # exactly run 2's data
+
+
+def test_a_participant_of_a_failed_run_never_joins_the_next_in_process() -> None:
+    kv = VersionedKvStore(MemoryKvStore())
+    old1 = tsp.Transaction(txn_id="f", process_index=1, process_count=2, timeout=30)
+    kv.with_transaction(old1).write("b", b"OLD").result(T)  # run 1's participant 1 begins
+    old0 = tsp.Transaction(txn_id="f", process_index=0, process_count=2, timeout=0.3)
+    kv.with_transaction(old0).write("a", b"OLD").result(T)
+    with pytest.raises(DeadlineExceededError, match=r"participant\(s\) \[1\]"):
+        old0.commit().result(T)  # its failure is recorded
+    new0 = tsp.Transaction(txn_id="f", process_index=0, process_count=2, timeout=30)
+    kv.with_transaction(new0).write("a", b"NEW").result(T)  # run 2 opens attempt 2
+    fut0 = new0.commit()
+    late = old1.commit()  # run 1's participant 1 arrives late
+    while not late.done() and not [n for n in kv.base.list("txns/f/").result(T) if n.startswith("txns/f/000002-")]:
+        time.sleep(0.01)
+    new1 = tsp.Transaction(txn_id="f", process_index=1, process_count=2, timeout=30)
+    kv.with_transaction(new1).write("b", b"NEW").result(T)
+    assert new1.commit().result(T).version == fut0.result(T).version == 1
+    with pytest.raises(DeadlineExceededError, match="failed at the coordinator"):
+        late.result(T)
+    assert [bytes(kv.read(k).result(T).value) for k in ("a", "b")] == [b"NEW", b"NEW"]
 
 
 def test_stale_fragment_alone_never_commits() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 from _multiwriter import in_threads
 
@@ -147,3 +148,47 @@ def test_multi_writer_serializable_checks_every_participants_reads() -> None:
     assert all(isinstance(r, ConflictError) for r in out), out
     assert "'config'" in str(out[0])
     assert kv.list().result(T) == ["config"]
+
+
+# -- chunks are never committed over metadata another writer changed ---------------------------------
+def _recreated(url: str) -> None:
+    """Another writer replaces the array by one of another dtype and chunk shape."""
+    tsp.open(url, create=True, delete_existing=True, shape=(8,), dtype="float64", chunks=(8,)).result(T)
+
+
+def test_a_transaction_never_commits_chunks_over_changed_metadata(tmp_path: Any) -> None:
+    # under snapshot isolation too: the chunks were encoded by the metadata the view read
+    url = f"versioned+file://{tmp_path}/"
+    ts = tsp.open(url, create=True, shape=(8,), dtype="int32", chunks=(4,)).result(T)
+    txn = tsp.Transaction()
+    ts.with_transaction(txn).write(np.arange(8, dtype="int32")).result(T)
+    _recreated(url)
+    with pytest.raises(ConflictError, match="'zarr.json'"):
+        txn.commit().result(T)
+    again = tsp.open(url).result(T)
+    assert again.dtype == np.float64
+    np.testing.assert_array_equal(again.read().result(T), np.zeros(8))  # no int32 chunk under it
+    assert again.kvstore.list().result(T) == ["zarr.json"]
+
+
+def test_multi_writer_chunks_are_never_committed_over_changed_metadata(tmp_path: Any) -> None:
+    url = f"versioned+file://{tmp_path}/"
+    tsp.open(url, create=True, shape=(8,), dtype="int32", chunks=(4,)).result(T)
+    written = threading.Barrier(2)
+
+    def run(i: int) -> Any:
+        ts = tsp.open(url).result(T)
+        txn = tsp.Transaction(txn_id="m1", process_index=i, process_count=2, timeout=30)
+        ts.with_transaction(txn)[4 * i:4 * i + 4].write(np.full(4, i + 1, dtype="int32")).result(T)
+        written.wait(30)
+        if i == 0:
+            _recreated(url)  # after both wrote their chunks
+        try:
+            return txn.commit().result(T)
+        except ConflictError as e:
+            return e
+
+    out = in_threads(2, run)
+    assert all(isinstance(r, ConflictError) for r in out), out
+    assert "'zarr.json'" in str(out[0])
+    np.testing.assert_array_equal(tsp.open(url).result(T).read().result(T), np.zeros(8))

@@ -301,6 +301,7 @@ class PrecomputedArray(ChunkedArray):
         if value.size == 0:
             return
         self._check_writable()
+        self.kvstore.depend_on(self.metadata_key)  # as ChunkedArray.write: shards encoded by this info
         await self._sharded.write(chunk_parts(index, self._chunk_shape, self._shape), value)
 
     def _check_writable(self) -> None:

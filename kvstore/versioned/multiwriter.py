@@ -68,7 +68,9 @@ from tensorstore_py.kvstore.versioned.outcomes import (
     cleanup,
     committed_record,
     committed_since,
+    failed_since,
     failure,
+    first_attempt,
     newest_attempt,
     open_attempt,
     quietly,
@@ -99,12 +101,23 @@ class MultiWriterParticipant(VersionedParticipant):
     def __init__(self, root: VersionedRoot, snapshot: int | None, txn: TransactionHandle) -> None:
         super().__init__(root, snapshot, txn)
         self._attempt: asyncio.Future[Attempt | CommitRecord] | None = None
+        self._first: asyncio.Future[int] | None = None
 
     async def pin(self, probe: asyncio.Future[int] | None = None) -> int:
         v = await super().pin(probe)
         if self.txn.process_index == 0:
             self._open()  # early, so that participants can deliver while process 0 still writes
+        elif self.txn.coordinator is None:  # (a coordination object is fresh per run)
+            self._began()
         return v
+
+    def _began(self) -> asyncio.Future[int]:
+        """(Participants) the first attempt this process can belong to, looked up
+        when it begins: it never joins a later run after its own run failed."""
+        if self._first is None:
+            self._first = asyncio.ensure_future(first_attempt(self.root, self.txn.txn_id or ""))
+            self._first.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return self._first
 
     def _open(self) -> asyncio.Future[Attempt | CommitRecord]:
         if self._attempt is None:
@@ -128,7 +141,8 @@ class MultiWriterParticipant(VersionedParticipant):
             mine = Fragment(txn.process_index, base, changes, sorted(reads.keys), sorted(reads.prefixes))
             if txn.process_index == 0:
                 return await _coordinate(self, mine, deadline)
-            return await _participate(self.root, txn, mine, deadline, wait)
+            first = await self._began() if txn.coordinator is None else 1
+            return await _participate(self.root, txn, mine, deadline, wait, first)
         finally:
             self._release()  # the writer lease: this process's part is over
 
@@ -228,13 +242,13 @@ async def _gather(root: VersionedRoot, txn: TransactionHandle, a: Attempt, deadl
 
 # -- participants i > 0 ---------------------------------------------------------------------
 async def _participate(root: VersionedRoot, txn: TransactionHandle, mine: Fragment, deadline: float,
-                       wait: bool) -> CommitInfo:
+                       wait: bool, first: int) -> CommitInfo:
     txn_id = txn.txn_id
     assert txn_id is not None
     watched: Attempt | None = None  # the attempt whose outcome this process waits for
     mine_in: Attempt | None = None  # the attempt holding this process's fragment
     try:
-        got = await _learn_attempt(root, txn, deadline)
+        got = await _learn_attempt(root, txn, deadline, first)
         if isinstance(got, Attempt):
             watched = got
             if await _deliver(root, txn, watched, mine):
@@ -321,8 +335,11 @@ def _error_of(outcome: dict[str, Any], txn: TransactionHandle) -> TensorStoreErr
     return cls(msg)
 
 
-async def _learn_attempt(root: VersionedRoot, txn: TransactionHandle, deadline: float) -> Attempt | dict[str, Any]:
-    """Process 0's newest attempt, or the transaction's outcome if it was already decided."""
+async def _learn_attempt(root: VersionedRoot, txn: TransactionHandle, deadline: float,
+                         first: int) -> Attempt | dict[str, Any]:
+    """Process 0's newest attempt, or the transaction's outcome if it was already
+    decided, or the failure of an attempt ``>= first``: this process's run
+    failed, and a job that runs again must not merge this process's writes."""
     txn_id = txn.txn_id
     assert txn_id is not None
     what = (f"multi-writer transaction {txn_id!r}: process {txn.process_index} saw no attempt of "
@@ -342,10 +359,17 @@ async def _learn_attempt(root: VersionedRoot, txn: TransactionHandle, deadline: 
     if done is not None:
         return done
     if a is not None:
-        res = await root.base.read(failed_name(txn_id, a.number, a.nonce))
+        ended = await failed_since(root, txn_id, first, a.number)
+        if ended is not None:
+            return ended
+        name = failed_name(txn_id, a.number, a.nonce)
+        res = await root.base.read(name)
         if res.state != "value":
             return a
-        # that attempt is over (a job that failed before): wait for process 0's next one
+        if a.number >= first:
+            return decode_outcome(res.value, name)
+        # that attempt was over before this process began (a job that failed before):
+        # wait for process 0's next one
     nxt = attempt_name(txn_id, a.number + 1 if a is not None else 1)
 
     async def probe() -> Attempt | dict[str, Any] | None:
@@ -393,7 +417,13 @@ async def _await_outcome(
         kind, got = await _backoff_poll(_Watch(root, a, min(mine.base, a.since)), deadline, what)
         if kind != "attempt":
             return got, a, mine_in
-        a = got  # a restarted process 0 opened a newer attempt: deliver again
+        # a restarted process 0 opened a newer attempt: deliver again, unless the
+        # watched attempt failed meanwhile (then this process's run is over)
+        failed = failed_name(txn_id, a.number, a.nonce)
+        res = await root.base.read(failed)
+        if res.state == "value":
+            return decode_outcome(res.value, failed), a, mine_in
+        a = got
         if await _deliver(root, txn, a, mine):
             mine_in = a
 

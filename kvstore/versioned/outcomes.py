@@ -40,8 +40,8 @@ from tensorstore_py.kvstore.versioned.fragments import (
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
 
 __all__ = [
-    "CONCURRENCY", "announce", "cleanup", "committed_record", "committed_since", "failure", "find_committed",
-    "newest_attempt", "open_attempt", "quietly", "read_result", "success",
+    "CONCURRENCY", "announce", "cleanup", "committed_record", "committed_since", "failed_since", "failure",
+    "find_committed", "first_attempt", "newest_attempt", "open_attempt", "quietly", "read_result", "success",
 ]
 
 log = logging.getLogger("tensorstore_py.kvstore.versioned")
@@ -107,6 +107,35 @@ async def find_committed(root: VersionedRoot, txn_id: str) -> tuple[CommitRecord
     raise DataCorruptionError(
         f"multi-writer transaction {txn_id!r}: attempts on {root.base!r} vanish without a result"
     )
+
+
+# -- participants: which runs they can belong to ---------------------------------------
+async def first_attempt(root: VersionedRoot, txn_id: str) -> int:
+    """The first attempt a participant beginning now can belong to: the newest
+    attempt if it has not failed, else the next one (1 with none).
+
+    Attempts below it were over before this participant began; an attempt at
+    or above it that failed ended this participant's run (FORMAT.md §7.3)."""
+    a, _ = await newest_attempt(root, txn_id)
+    if a is None:
+        return 1
+    res = await root.base.read(failed_name(txn_id, a.number, a.nonce))
+    return a.number + 1 if res.state == "value" else a.number
+
+
+async def failed_since(root: VersionedRoot, txn_id: str, first: int, below: int) -> dict[str, Any] | None:
+    """The recorded failure of an attempt ``first <= k < below``, if any (the
+    outcome body of its ``failed`` object)."""
+    for k in range(first, below):
+        res = await root.base.read(attempt_name(txn_id, k))
+        if res.state != "value":
+            continue  # deleted: the transaction committed (its result says so)
+        a = decode_attempt(res.value, attempt_name(txn_id, k), txn_id)
+        name = failed_name(txn_id, k, a.nonce)
+        fail = await root.base.read(name)
+        if fail.state == "value":
+            return decode_outcome(fail.value, name)
+    return None
 
 
 # -- process 0: its attempt, the outcome, cleanup -------------------------------------

@@ -35,7 +35,9 @@ Guarantees:
 * :func:`commit_staged` is atomic: all parts become visible in one version or
   nothing does. A key staged by two parts raises InvalidArgumentError; a key
   that a version newer than the oldest part's base version changed raises
-  ConflictError (the same rule as a transaction); a data object a part
+  ConflictError (the same rule as a transaction), and so does a key a part's
+  changes were derived from (``StagedChanges.depends``: the metadata of the
+  array whose chunks it wrote); a data object a part
   references that no longer exists (collected while no lease protected it)
   raises DataCorruptionError, checked right before the commit record is
   written; nothing is committed then.
@@ -78,7 +80,12 @@ from tensorstore_py.kvstore.versioned.outcomes import announce, cleanup, failure
 from tensorstore_py.kvstore.versioned.root import VersionedRoot
 from tensorstore_py.kvstore.versioned.store import VersionedKvStore
 from tensorstore_py.kvstore.versioned.tree import Change
-from tensorstore_py.kvstore.versioned.txn import AlreadyCommitted, VersionedParticipant, commit_changes
+from tensorstore_py.kvstore.versioned.txn import (
+    AlreadyCommitted,
+    ReadSet,
+    VersionedParticipant,
+    commit_changes,
+)
 
 __all__ = [
     "StagedChanges", "commit_staged", "history_id", "protect", "read_from", "release_when_decided", "stage",
@@ -96,13 +103,16 @@ class StagedChanges:
     still holds that record, so parts read from a store deleted and recreated
     since are refused (ConflictError);
     ``changes`` are ``(key, encoded entry or None for a delete)`` pairs, sorted,
-    with keys relative to the history's root. Plain data: pickles anywhere.
+    with keys relative to the history's root; ``depends`` are the keys the
+    changes were derived from (an array's metadata), which no version after
+    ``base_version`` may have changed. Plain data: pickles anywhere.
     """
 
     history: str
     base_version: int
     changes: tuple[tuple[str, Any], ...]
     base_write_id: str | None = None
+    depends: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.changes)
@@ -224,6 +234,7 @@ def stage(txn: Transaction, store: VersionedKvStore) -> Future[StagedChanges]:
             _history(store), base,
             tuple((k, None if e is None else e.encode()) for k, e in changes),
             pinned[1] if pinned is not None else None,
+            tuple(sorted(participant.depends)),
         )
 
     return spawn(run())
@@ -271,10 +282,12 @@ def commit_staged(
     changes: list[Change] = sorted(merged.items())
     bases = [p.base_version for p in parts if p.changes]
     pinned = sorted({(p.base_version, p.base_write_id) for p in parts if p.changes and p.base_write_id})
+    depends = {k for p in parts if p.changes for k in p.depends}
     txn = Transaction(txn_id=txn_id, message=message, metadata=metadata)
     root = store._root
 
-    return spawn(_commit(root, changes, min(bases, default=0), txn, pinned), cancel_reports_outcome=True)
+    return spawn(_commit(root, changes, min(bases, default=0), txn, pinned, ReadSet(depends) if depends else None),
+                 cancel_reports_outcome=True)
 
 
 def _info(rec: CommitRecord, keys_changed: int = 0) -> CommitInfo:
@@ -296,7 +309,7 @@ async def _earlier(root: VersionedRoot, rec: CommitRecord, changes: list[Change]
 
 
 async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Transaction,
-                  pinned: list[tuple[int, str]]) -> CommitInfo:
+                  pinned: list[tuple[int, str]], depends: ReadSet | None) -> CommitInfo:
     objects = sorted({e.object for _, e in changes if isinstance(e, RefEntry)})
 
     async def present() -> None:
@@ -308,7 +321,7 @@ async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Tr
         rec = await root.record_at(await root.newest())
         return CommitInfo(version=0, txn_id=txn.txn_id) if rec is None else _info(rec)
     if txn.txn_id is None:
-        rec = await commit_changes(root, changes, base, txn, before_publish=present, pinned=pinned)
+        rec = await commit_changes(root, changes, base, txn, reads=depends, before_publish=present, pinned=pinned)
         return _info(rec, len(changes))
     got = await open_attempt(root, txn)  # None of it committed: an attempt, else its commit
     if isinstance(got, CommitRecord):
@@ -317,9 +330,8 @@ async def _commit(root: VersionedRoot, changes: list[Change], base: int, txn: Tr
     try:
         # a version above the attempt's ``since`` (or the parts' base) that carries
         # the id is its commit: AlreadyCommitted instead of a second one
-        rec = await commit_changes(root, changes, base, txn, nonce=got.nonce, txn_from=min(got.since, base),
-                                   pinned=pinned,
-                                   before_publish=present)
+        rec = await commit_changes(root, changes, base, txn, reads=depends, nonce=got.nonce,
+                                   txn_from=min(got.since, base), pinned=pinned, before_publish=present)
     except AlreadyCommitted as e:
         await announce(root, txn, got, success(e.rec))
         await cleanup(root, txn.txn_id)

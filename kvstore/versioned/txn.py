@@ -80,7 +80,7 @@ class ReadSet:
 
         def match(key: str) -> str | None:
             if key in keys:
-                return f"key {key!r}, which this serializable transaction read,"
+                return f"key {key!r}, which this transaction read (or derived its writes from),"
             i = bisect.bisect_right(prefixes, key)
             if i and key.startswith(prefixes[i - 1]):
                 return (f"key {key!r}, under the prefix {prefixes[i - 1]!r} that this serializable "
@@ -207,6 +207,9 @@ class VersionedParticipant(Participant):
         #: the keys whose values :meth:`link` staged elsewhere: checked at commit like
         #: a serializable read, whatever the isolation
         self.links: set[str] = set()
+        #: the keys the writes were derived from (an array's metadata: depend),
+        #: checked at commit like a serializable read, whatever the isolation
+        self.depends: set[str] = set()
 
     @property
     def has_writes(self) -> bool:
@@ -351,12 +354,15 @@ class VersionedParticipant(Participant):
             self._stage(key, RefEntry(new_stamp(), found.object, found.offset, found.length, found.crc))
         return True
 
+    def depend(self, key: str) -> None:
+        self.depends.add(key)
+
     def checked_reads(self) -> ReadSet | None:
         """What the commit checks besides the written keys: the serializable read
-        set and the sources of :meth:`link`."""
-        if not self.links:
+        set, the sources of :meth:`link` and the keys of :meth:`depend`."""
+        if not self.links and not self.depends:
             return self.reads
-        out = ReadSet(set(self.links))
+        out = ReadSet(self.links | self.depends)
         if self.reads is not None:
             out.update(self.reads)
         return out
