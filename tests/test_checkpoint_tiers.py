@@ -172,7 +172,7 @@ def _kill_trials(tmp_path: Path, n: int) -> Counter[str]:
 
 @pytest.mark.timeout(300)
 def test_kill9_during_local_saves_and_promotions_leaves_every_tier_consistent(tmp_path: Path) -> None:
-    _kill_trials(tmp_path, 10)
+    _kill_trials(tmp_path, 6)
 
 
 @pytest.mark.slow

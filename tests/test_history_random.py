@@ -42,7 +42,7 @@ if DASK:
     import dask.array  # noqa: F401  (imported once here, not in every forked operation)
 
 #: seconds the default run spends on histories (it runs at least DEFAULT_MIN of them)
-DEFAULT_BUDGET = 45.0
+DEFAULT_BUDGET = 25.0
 DEFAULT_MIN = 4
 SEED0 = int(os.environ.get("TSP_HISTORY_SEED0", "0"))
 LONG = range(SEED0, SEED0 + int(os.environ.get("TSP_HISTORIES", "500")))
