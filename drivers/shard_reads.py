@@ -492,7 +492,8 @@ def run_blocking(reader: Generator[Request, Any, None], kv: Any, full: str) -> N
         elif isinstance(req, Works):
             answer = [w.fn(*w.args) for w in req.items]
         elif isinstance(req, DecodeParts):
-            answer = req.sh.decode_present(req.key, req.present, req.values, req.dest)
+            req.sh.decode_present(req.key, req.present, req.values, req.dest)
+            answer = None
         elif isinstance(req, InnerRanges):
             answer = _ranges_blocking(kv, full, req.ranges)
         elif isinstance(req, IndexBytes):
