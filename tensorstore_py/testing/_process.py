@@ -1,14 +1,27 @@
 """What the test servers that run as subprocesses share: a temporary directory
-with the server's log, and stopping (terminate, then kill)."""
+with the server's log, and stopping (terminate, then kill), at the latest when
+the interpreter exits: a script that fails between ``start()`` and ``stop()``
+leaves no server running behind it."""
 
 from __future__ import annotations
 
+import atexit
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import IO, Self
 
 __all__ = ["ServerProcess"]
+
+#: servers started and not yet stopped (held here, so that one whose object was
+#: dropped without stop() is still stopped at interpreter exit)
+_running: set[ServerProcess] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_running):
+        server.stop()
 
 
 class ServerProcess:
@@ -22,6 +35,7 @@ class ServerProcess:
     def _open_log(self, prefix: str) -> Path:
         """Make the temporary directory and open the log file; the directory."""
         self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
+        _running.add(self)  # every start() begins here
         # stays open for the server's lifetime; closed in stop()
         self._log = open(Path(self._tmp.name, "server.log"), "wb")
         return Path(self._tmp.name)
@@ -43,6 +57,7 @@ class ServerProcess:
 
     def stop(self) -> None:
         """Stop the server and delete its temporary directory."""
+        _running.discard(self)
         self._terminate()
         if self._log is not None:
             self._log.close()
