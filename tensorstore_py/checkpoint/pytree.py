@@ -153,10 +153,9 @@ def _remember(tu: Any, tree: Any, leaves: list[tuple[str, Any]], structure: Stru
 def _walk(tree: Any, tu: Any) -> tuple[list[tuple[str, Any]], Structure]:
     """:func:`flatten` by a walk of the tree in Python."""
     leaves: list[tuple[str, Any]] = []
-    jax = sys.modules.get("jax")
 
     def walk(x: Any, path: str) -> Structure:
-        if type(x) in _ARRAY_TYPES:  # the common leaf: none of the node tests below
+        if type(x) in _PLAIN_TYPES:  # the common leaf (an array): none of the node tests below
             leaves.append((path, x))
             return {"t": "leaf", "i": len(leaves) - 1}
         if x is None:
@@ -198,18 +197,11 @@ def _walk(tree: Any, tu: Any) -> tuple[list[tuple[str, Any]], Structure]:
                 "keys": [f".{f}" for f in fields],
                 "c": [walk(getattr(x, f), f"{path}.{f}") for f in fields],
             }
-        if jax is not None and isinstance(x, jax.Array):
-            _ARRAY_TYPES.add(type(x))  # a concrete jax.Array type: always a leaf (see above)
+        _plain(x)  # an array type is then known as a leaf (checked first next time)
         leaves.append((path, x))
         return {"t": "leaf", "i": len(leaves) - 1}
 
     return leaves, walk(tree, "")
-
-
-#: exact types that :func:`_walk` always takes as leaves (numpy arrays; the
-#: concrete ``jax.Array`` types, added as met): checked first, so a tree of
-#: 10,000 arrays skips the dict/namedtuple/dataclass/pytree-node tests per leaf
-_ARRAY_TYPES: set[type] = {np.ndarray}
 
 
 def _sorted_keys(d: dict[Any, Any]) -> list[Any]:
