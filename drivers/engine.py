@@ -51,7 +51,7 @@ from tensorstore_py.drivers.chunked_metadata import ParsedMetadata, json_object
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec, is_fill
-from tensorstore_py.drivers.copies import copy_into
+from tensorstore_py.drivers.copies import as_contiguous, copy_into
 from tensorstore_py.drivers.dtypes import element_nbytes
 from tensorstore_py.drivers.fastpath import has_sync_io
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, dim_parts, out_shape
@@ -503,7 +503,7 @@ class ChunkedArray(ArrayDriver):
         """Encode a chunk wholly given by ``src`` (out-of-bounds part = fill)."""
         if src.shape == self._chunk_shape:
             # a shard gathers its inner chunks from any strides: no copy first
-            arr = src if self._shard is not None else np.ascontiguousarray(src)
+            arr = src if self._shard is not None else as_contiguous(src)
         else:
             arr = np.full(self._chunk_shape, self._fill_arr, dtype=self._dtype)
             arr[self._in_bounds(p.cell)] = src

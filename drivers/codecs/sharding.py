@@ -26,6 +26,7 @@ from tensorstore_py.drivers.codecs._cells import MISSING, gather_cells, place_ce
 from tensorstore_py.drivers.codecs.base import ArrayBytesCodec, ChunkSpec
 from tensorstore_py.drivers.codecs.chain import CodecChain
 from tensorstore_py.drivers.codecs.registry import register_codec
+from tensorstore_py.drivers.copies import as_contiguous, copy_into
 from tensorstore_py.drivers.dtypes import is_variable_length
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
 from tensorstore_py.kvstore.base import Buffer, ByteRange
@@ -56,6 +57,14 @@ def is_fill(a: np.ndarray, fill: np.ndarray) -> bool:
         return bool((u8 == fill.reshape(1).view(np.uint64)).all())
     b = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(-1, size)  # e.g. S5, <U3
     return bool((b == np.frombuffer(fill.tobytes(), np.uint8)).all())
+
+
+def _place(dest: np.ndarray, where: tuple[slice, ...], src: np.ndarray) -> None:
+    """``dest[where] = src``; in 3 or more dimensions row by row (short rows: drivers/copies.py)."""
+    if dest.ndim >= 3:
+        copy_into(dest[where], src)
+    else:
+        dest[where] = src
 
 
 @register_codec
@@ -204,10 +213,10 @@ class ShardingCodec(ArrayBytesCodec):
         were read at (an inner chunk another of them decodes is taken from there)."""
         for (ip, off, n), v in zip(present, values):
             if shared is None:
-                dest[ip.out] = self.decode_inner(v, ip, off, n, key=key)[ip.chunk]
+                _place(dest, ip.out, self.decode_inner(v, ip, off, n, key=key)[ip.chunk])
             else:
                 arr = shared.get(off, n, lambda ip=ip, off=off, n=n, v=v: self.decode_inner(v, ip, off, n, key=key))
-                dest[ip.out] = arr[ip.chunk]
+                _place(dest, ip.out, arr[ip.chunk])
 
     def read_region(self, buf: Buffer, idx: np.ndarray, region: tuple[slice, ...],
                     parts: list[ChunkPart], dest: np.ndarray, key: str, base: int = 0) -> None:
@@ -267,7 +276,7 @@ class ShardingCodec(ArrayBytesCodec):
             return self._encode_raw(a)
         encoded: list[tuple[int, Buffer]] = []
         for i, (_cell, sl) in enumerate(self.cells):
-            chunk = np.ascontiguousarray(a[sl])
+            chunk = as_contiguous(a[sl])
             if not is_fill(chunk, self.fill):
                 encoded.append((i, memoryview(self.inner.encode(chunk)).cast("B")))
         return self._assemble(encoded)
@@ -377,7 +386,7 @@ class ShardingCodec(ArrayBytesCodec):
             if off == missing:
                 out[sl] = self.fill
                 continue
-            out[sl] = self.inner.decode(mv[off: off + n], key=f"{key} (inner chunk {list(cell)})")
+            _place(out, sl, self.inner.decode(mv[off: off + n], key=f"{key} (inner chunk {list(cell)})"))
 
     def inner_cells(self, region: tuple[slice, ...]) -> list[tuple[int, ...]]:
         """Inner chunk positions that intersect ``region`` (step-1 bounds)."""
