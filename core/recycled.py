@@ -41,6 +41,8 @@ class RecycledBuffers:
         self._kept = 0
         self._serial = 0
         self._lock = threading.Lock()
+        #: blocks made fresh so far (a get that found none free to reuse)
+        self.made = 0
 
     @property
     def kept_bytes(self) -> int:
@@ -57,6 +59,7 @@ class RecycledBuffers:
                 self._kept -= size
             else:
                 block = aligned_empty(-(-n // _GRAIN) * _GRAIN)
+                self.made += 1
         view = block[:n]
         weakref.finalize(view, self._put_back, block).atexit = False
         return view

@@ -47,6 +47,7 @@ from tensorstore_py.core.errors import (
 from tensorstore_py.core.pools import run_in
 from tensorstore_py.drivers.base import ArrayDriver, Index
 from tensorstore_py.drivers.cache import CachePool
+from tensorstore_py.drivers.chunk_buffers import chunk_buffer
 from tensorstore_py.drivers.chunked_metadata import ParsedMetadata, json_object
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.chain import CodecChain
@@ -417,6 +418,13 @@ class ChunkedArray(ArrayDriver):
             if arr is not dest:
                 copy_into(dest, arr)
             return None
+        if self._cache is None and codec.direct and not self._dtype.hasobject:
+            # decoded only to be copied: into a block that serves the next chunk warm
+            block = chunk_buffer(self._chunk_nbytes)
+            if block is not None:
+                arr = codec.decode(buf, key=key, out=block.view(self._dtype).reshape(self._chunk_shape))
+                copy_into(dest, arr if whole else arr[p.chunk])
+                return None
         arr = codec.decode(buf, key=key)
         copy_into(dest, arr if whole else arr[p.chunk])
         return arr

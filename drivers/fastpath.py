@@ -25,6 +25,7 @@ import numpy as np
 from tensorstore_py.core.buffers import aligned_empty, thread_scratch
 from tensorstore_py.core.errors import ConditionFailedError
 from tensorstore_py.core.future import submit_blocking
+from tensorstore_py.drivers.chunk_buffers import chunk_buffer
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.sharding import ShardingCodec
 from tensorstore_py.drivers.grid import ChunkPart, chunk_parts
@@ -170,15 +171,20 @@ def read_batch_general(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.n
     each chunk's stored bytes go into this thread's scratch buffer
     (core/buffers.py::thread_scratch), warm in cache, and are decoded from
     there before the next chunk is read: no allocation, generation or result
-    object per chunk. A value larger than the buffer takes ``_read_blocking``.
+    object per chunk; chunks too large for it, into a block of
+    drivers/chunk_buffers.py. A value larger than the buffer takes ``_read_blocking``.
     """
     buf = None
+    pooled = False  # a block per chunk from drivers/chunk_buffers.py (chunks too large for the scratch)
     if arr._shard is None and hasattr(kv, "_read_into_blocking"):
         buf = thread_scratch(arr._chunk_nbytes + READ_SLACK_BYTES)
+        pooled = buf is None
     for p in parts:
         key = arr.chunk_key(p.cell)
         full = kv.path + key  # our keys are valid by construction
         dest = out[p.out + (Ellipsis,)]
+        if pooled:
+            buf = chunk_buffer(arr._chunk_nbytes + READ_SLACK_BYTES)
         if buf is not None:
             size = kv._read_into_blocking(full, buf, smaller=True)
             if size < 0:
