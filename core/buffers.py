@@ -126,7 +126,7 @@ def new_array(shape: tuple[int, ...], dtype: Any, *, what: str, aligned: bool = 
         )
     try:
         return mapped_empty(shape_t, dt) if aligned else np.empty(shape_t, dt)
-    except (MemoryError, ValueError) as e:
+    except (MemoryError, ValueError, OSError) as e:  # OSError: a mapping refused (ENOMEM)
         raise ResourceExhaustedError(
             f"{what}: a {dt} array of shape {shape_t} ({nbytes} bytes) can not be allocated "
             f"({type(e).__name__}: {e}); read a smaller region"
