@@ -23,6 +23,7 @@ that are allocated and dropped over and over (chunk reads) stay with
 
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
@@ -61,13 +62,19 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.nda
 
 def mapped_empty(shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
     """Like :func:`aligned_empty`, but at :data:`MAPPED_BYTES` or more a private
-    anonymous mapping of its own, never advised for huge pages (see above)."""
+    anonymous mapping of its own, never advised for huge pages (see above). A
+    mapping the kernel refuses raises MemoryError, as numpy's allocations do."""
     shape_t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
     dt = np.dtype(dtype)
     n = math.prod(shape_t) * dt.itemsize
     if n < MAPPED_BYTES:
         return aligned_empty(shape_t, dt)
-    mem = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # page-aligned
+    try:
+        mem = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # page-aligned
+    except OSError as e:
+        if e.errno in (errno.ENOMEM, errno.EOVERFLOW):
+            raise MemoryError(f"a mapping of {n} bytes: {e.strerror}") from None
+        raise
     return cast(np.ndarray, np.frombuffer(mem, dtype=np.uint8).view(dt).reshape(shape_t))
 
 
@@ -126,7 +133,7 @@ def new_array(shape: tuple[int, ...], dtype: Any, *, what: str, aligned: bool = 
         )
     try:
         return mapped_empty(shape_t, dt) if aligned else np.empty(shape_t, dt)
-    except (MemoryError, ValueError, OSError) as e:  # OSError: a mapping refused (ENOMEM)
+    except (MemoryError, ValueError) as e:
         raise ResourceExhaustedError(
             f"{what}: a {dt} array of shape {shape_t} ({nbytes} bytes) can not be allocated "
             f"({type(e).__name__}: {e}); read a smaller region"
