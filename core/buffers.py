@@ -5,18 +5,14 @@ into unaligned ones (measured here: 6.8 vs 1.6 GiB/s from the page cache), and
 ``jax.device_put`` on CPU aliases such memory instead of copying it (0.2 s
 instead of 1.5-3.5 s for 1 GiB).
 
-:func:`mapped_empty` is for large results made fresh (a restore's blocks, the
-result of an array read: :func:`new_array` with ``aligned``): a private
-anonymous mapping of its own, not a numpy allocation. numpy asks the
+:func:`mapped_empty` is for large results made fresh (a restore's blocks): a
+private anonymous mapping of its own, not a numpy allocation. numpy asks the
 kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)``) on every
 allocation of 4 MiB or more, and where the kernel's ``transparent_hugepage/defrag``
 is ``madvise`` (a common default) the first touch of fresh memory so advised may
 wait for memory compaction: on a busy machine reading 1 GiB from the page cache
 into such buffers took 3.6x as long as into plain mappings (5.5 s vs 1.5 s,
-medians), and reading 1 GiB of float32 in 4 MiB zstd chunks from local files
-took 1.04-2.04 s into a numpy result and 0.83-0.93 s into a mapping (three
-runs each, alternating, 2 cores; TensorStore, whose results are 4 KiB pages
-too, 1.04-1.24 s in the same runs). A mapping goes back to the system when its last array goes. Buffers
+medians). A mapping goes back to the system when its last array goes. Buffers
 that are allocated and dropped over and over (chunk reads) stay with
 :func:`aligned_empty`, whose memory the allocator reuses already touched.
 """
@@ -115,9 +111,7 @@ def pread_full(fd: int, mv: memoryview, offset: int, got: int = 0) -> int:
 
 
 def new_array(shape: tuple[int, ...], dtype: Any, *, what: str, aligned: bool = False) -> np.ndarray:
-    """An uninitialised array to hold ``what``; with ``aligned`` page-aligned,
-    and from :data:`MAPPED_BYTES` on a mapping of its own (:func:`mapped_empty`:
-    4 KiB pages, no wait for memory compaction on its first touch).
+    """An uninitialised array to hold ``what`` (page-aligned with ``aligned``).
 
     Raises :class:`ResourceExhaustedError` naming ``what``, its shape and its
     size in bytes when it can not exist (more bytes than the address space) or
@@ -132,7 +126,7 @@ def new_array(shape: tuple[int, ...], dtype: Any, *, what: str, aligned: bool = 
             f"array can hold (at most {np.iinfo(np.intp).max}); read a smaller region"
         )
     try:
-        return mapped_empty(shape_t, dt) if aligned else np.empty(shape_t, dt)
+        return aligned_empty(shape_t, dt) if aligned else np.empty(shape_t, dt)
     except (MemoryError, ValueError) as e:
         raise ResourceExhaustedError(
             f"{what}: a {dt} array of shape {shape_t} ({nbytes} bytes) can not be allocated "
