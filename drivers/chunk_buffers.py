@@ -7,10 +7,10 @@ result. numpy asks for transparent huge pages on every allocation of 4 MiB or
 more and the allocator gives such blocks back to the kernel when they are
 freed, so each chunk's buffers were fresh memory again: a page fault and a
 cleared page on every first touch. Reading 1 GiB of float32 in 4 MiB zstd
-chunks from local files spent 19% less CPU (2.40 instead of 2.96 s, wall 1.32
-instead of 1.50 s, 2 cores) once both buffers came from :data:`chunk_buffers`,
-blocks handed out again once nothing refers to them
-(:class:`~tensorstore_py.core.recycled.RecycledBuffers`).
+chunks from local files took 0.90-1.57 s instead of 1.81-1.94 s (CPU 1.8-3.1 s
+instead of 3.6-3.8 s; 2 cores, old and new alternating, three runs each) once
+both buffers came from :data:`chunk_buffers`, blocks handed out again once
+nothing refers to them (:class:`~tensorstore_py.core.recycled.RecycledBuffers`).
 
 Smaller chunks keep the allocator's memory, which it hands back already
 touched. The free list keeps at most :data:`KEPT_BYTES_PER_CPU` per CPU this

@@ -184,6 +184,7 @@ def read_batch_general(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.n
         full = kv.path + key  # our keys are valid by construction
         dest = out[p.out + (Ellipsis,)]
         if pooled:
+            buf = None  # the last chunk's block goes back first: two blocks per thread, not three
             buf = chunk_buffer(arr._chunk_nbytes + READ_SLACK_BYTES)
         if buf is not None:
             size = kv._read_into_blocking(full, buf, smaller=True)
