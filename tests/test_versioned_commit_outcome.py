@@ -35,6 +35,16 @@ def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(root_module, "PUBLISH_RETRY", RetryPolicy(max_attempts=4, initial_delay=0.002))
 
 
+def _one_version_over_faults() -> tuple[MemoryKvStore, FaultKvStore, VersionedKvStore]:
+    """A versioned store over a fault-injecting wrapper of a memory store, with
+    one version (``a`` = ``1``): the memory store, the wrapper, the store."""
+    mem = MemoryKvStore()
+    fault = FaultKvStore(mem)
+    kv = VersionedKvStore(fault)
+    kv.write("a", b"1").result(T)
+    return mem, fault, kv
+
+
 def _unknown(fut: Any) -> CommitOutcomeUnknownError:
     with pytest.raises(StorageError) as info:
         fut.result(T)
@@ -46,10 +56,7 @@ def _unknown(fut: Any) -> CommitOutcomeUnknownError:
 
 
 def test_commit_record_write_that_never_lands() -> None:
-    mem = MemoryKvStore()
-    fault = FaultKvStore(mem)
-    kv = VersionedKvStore(fault)
-    kv.write("a", b"1").result(T)
+    mem, fault, kv = _one_version_over_faults()
     fault.inject(op="write", key_pattern="commits/*")  # every one fails before reaching the store
     txn = tsp.Transaction()
     kv.with_transaction(txn).write("a", b"2").result(T)
@@ -68,10 +75,7 @@ def test_commit_record_write_that_never_lands() -> None:
 
 
 def test_commit_record_that_landed_but_can_not_be_confirmed() -> None:
-    mem = MemoryKvStore()
-    fault = FaultKvStore(mem)
-    kv = VersionedKvStore(fault)
-    kv.write("a", b"1").result(T)
+    mem, fault, kv = _one_version_over_faults()
     txn = tsp.Transaction()
     kv.with_transaction(txn).write("a", b"2").result(T)
     # the record lands but every answer is lost; every read of it after the
@@ -136,10 +140,7 @@ def test_find_write_id_answers_none_only_once_it_is_final() -> None:
     delayed request may still land it: "not found" is final only once that
     version exists. Asked with the error, find_write_id raises the unknown
     outcome again until then, and answers None (final) after."""
-    mem = MemoryKvStore()
-    fault = FaultKvStore(mem)
-    kv = VersionedKvStore(fault)
-    kv.write("a", b"1").result(T)
+    mem, fault, kv = _one_version_over_faults()
     fault.inject(op="write", key_pattern="commits/*")
     txn = tsp.Transaction()
     kv.with_transaction(txn).write("a", b"2").result(T)
@@ -167,10 +168,7 @@ def test_a_commit_cancelled_after_its_record_was_sent_has_an_unknown_outcome() -
     CommitOutcomeUnknownError with the write-id and the version it can land as."""
     import time
 
-    mem = MemoryKvStore()
-    fault = FaultKvStore(mem)
-    kv = VersionedKvStore(fault)
-    kv.write("a", b"1").result(T)
+    mem, fault, kv = _one_version_over_faults()
     fault.inject(op="write", key_pattern="commits/*", error=None, latency=2.0)  # a slow record write
     txn = tsp.Transaction()
     kv.with_transaction(txn).write("a", b"2").result(T)
@@ -196,10 +194,7 @@ def test_a_commit_cancelled_before_its_record_was_sent_failed() -> None:
     import concurrent.futures
     import time
 
-    mem = MemoryKvStore()
-    fault = FaultKvStore(mem)
-    kv = VersionedKvStore(fault)
-    kv.write("a", b"1").result(T)
+    mem, fault, kv = _one_version_over_faults()
     fault.inject(op="write", key_pattern="nodes/*", error=None, latency=2.0)
     txn = tsp.Transaction()
     kv.with_transaction(txn).write("a", b"2").result(T)
@@ -231,10 +226,7 @@ def test_a_write_cancelled_before_its_commit_record_was_sent_is_not_committed() 
     import concurrent.futures
     import time
 
-    mem = MemoryKvStore()
-    fault = FaultKvStore(mem)
-    kv = VersionedKvStore(fault)
-    kv.write("a", b"1").result(T)
+    mem, fault, kv = _one_version_over_faults()
     fault.inject(op="write", key_pattern="nodes/*", error=None, latency=1.0, times=1)
     mine, other = kv.write("mine", b"cancelled"), kv.write("other", b"kept")
     _until_faulted(fault)
@@ -253,10 +245,7 @@ def test_a_write_cancelled_while_queued_behind_a_commit_is_not_committed() -> No
     import concurrent.futures
     import time
 
-    mem = MemoryKvStore()
-    fault = FaultKvStore(mem)
-    kv = VersionedKvStore(fault)
-    kv.write("a", b"1").result(T)
+    mem, fault, kv = _one_version_over_faults()
     fault.inject(op="write", key_pattern="commits/*", error=None, latency=1.0, times=1)
     first = kv.write("first", b"1")
     _until_faulted(fault)  # the first batch's record is in flight: the next write queues
@@ -274,10 +263,7 @@ def test_a_write_cancelled_while_queued_behind_a_commit_is_not_committed() -> No
 
 
 def test_a_write_cancelled_after_its_commit_record_was_sent_has_an_unknown_outcome() -> None:
-    mem = MemoryKvStore()
-    fault = FaultKvStore(mem)
-    kv = VersionedKvStore(fault)
-    kv.write("a", b"1").result(T)
+    mem, fault, kv = _one_version_over_faults()
     fault.inject(op="write", key_pattern="commits/*", error=None, latency=1.0, times=1)
     mine = kv.write("mine", b"2")
     _until_faulted(fault)
@@ -301,10 +287,7 @@ def test_a_tag_deletion_or_staged_commit_cancelled_after_its_record_was_sent_has
 
     from tensorstore_py.kvstore.versioned.staging import commit_staged, stage
 
-    mem = MemoryKvStore()
-    fault = FaultKvStore(mem)
-    kv = VersionedKvStore(fault)
-    kv.write("a", b"1").result(T)
+    mem, fault, kv = _one_version_over_faults()
     kv.write("a", b"2").result(T)
     fault.inject(op="write", key_pattern="commits/*", error=None, latency=1.0, times=1)
     if edit == "commit_staged":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -48,6 +49,33 @@ def _data(base: Any) -> set[str]:
     return set(base.list("data/").result(T))
 
 
+def _collected_while_a_write_stalls(gcs_emulator: Any, prefix: str, after_stall: Callable[[], None]) -> None:
+    """A write outside a transaction stalls 2 s between its tree nodes and its
+    record (``after_stall()`` runs at the end of the stall); a collector of
+    another root, grace 0, runs then and takes the data object. The write must
+    fail as refused, nothing committed, the object's key missing."""
+    bucket = gcs_emulator.create_bucket()
+    spec = gcs_emulator.spec(bucket, path=prefix)
+    base = OneClockPaused(tsp.KvStore.open(spec).result(T))
+    collector = Paused(tsp.KvStore.open({**spec, "concurrency": 8}).result(T))  # another root
+    kv = VersionedKvStore(base)
+    kv.write("a", b"1").result(T)
+    deleted: list[str] = []
+
+    async def stall_and_collect() -> None:
+        await asyncio.sleep(2.0)
+        after_stall()
+        rep = await gc(collector, grace=0, dry_run=False)
+        deleted.extend(rep.deleted)
+
+    base.pause("write", "nodes/*", stall_and_collect)  # data written, record not yet
+    with pytest.raises(DataCorruptionError, match="this batch wrote are gone.*nothing was committed"):
+        kv.write("big", os.urandom(300_000)).result(T)
+    assert base.fired and [n for n in deleted if n.startswith("data/")], deleted
+    assert kv.newest_version().result(T) == 1
+    assert kv.read("big").result(T).state == "missing"
+
+
 def test_a_lease_that_lapsed_after_the_write_does_not_vouch_for_it(
         gcs_emulator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lease is not refreshed within its ttl after the data object's write: a
@@ -79,25 +107,7 @@ def test_a_lease_gone_stale_before_the_record_does_not_vouch(
     stale when the record is due, so the object is read back: refused."""
     monkeypatch.setattr(_leases, "TTL", 1.5)
     monkeypatch.setattr(_leases, "REFRESH", 1000.0)
-    bucket = gcs_emulator.create_bucket()
-    spec = gcs_emulator.spec(bucket, path="stale/")
-    base = OneClockPaused(tsp.KvStore.open(spec).result(T))
-    collector = Paused(tsp.KvStore.open({**spec, "concurrency": 8}).result(T))  # another root
-    kv = VersionedKvStore(base)
-    kv.write("a", b"1").result(T)
-    deleted: list[str] = []
-
-    async def stall_and_collect() -> None:
-        await asyncio.sleep(2.0)
-        rep = await gc(collector, grace=0, dry_run=False)
-        deleted.extend(rep.deleted)
-
-    base.pause("write", "nodes/*", stall_and_collect)  # data written, record not yet
-    with pytest.raises(DataCorruptionError, match="this batch wrote are gone.*nothing was committed"):
-        kv.write("big", os.urandom(300_000)).result(T)
-    assert base.fired and [n for n in deleted if n.startswith("data/")], deleted
-    assert kv.newest_version().result(T) == 1
-    assert kv.read("big").result(T).state == "missing"
+    _collected_while_a_write_stalls(gcs_emulator, "stale/", lambda: None)
 
 
 def test_a_collector_racing_a_leased_commit_keeps_its_data_unread(gcs_emulator: Any) -> None:
@@ -155,23 +165,8 @@ def test_a_lease_that_expired_while_the_host_was_suspended_does_not_vouch(
     monkeypatch.setattr(_leases, "REFRESH", 1000.0)
     host = _SuspendedHost()
     monkeypatch.setattr(_leases, "time", host)
-    bucket = gcs_emulator.create_bucket()
-    spec = gcs_emulator.spec(bucket, path="suspended/")
-    base = OneClockPaused(tsp.KvStore.open(spec).result(T))
-    collector = Paused(tsp.KvStore.open({**spec, "concurrency": 8}).result(T))  # another root
-    kv = VersionedKvStore(base)
-    kv.write("a", b"1").result(T)
-    deleted: list[str] = []
 
-    async def sleep_and_collect() -> None:
-        await asyncio.sleep(2.0)
+    def suspended() -> None:
         host.slept += 2.0  # the host was suspended all that time
-        rep = await gc(collector, grace=0, dry_run=False)
-        deleted.extend(rep.deleted)
 
-    base.pause("write", "nodes/*", sleep_and_collect)  # data written, record not yet
-    with pytest.raises(DataCorruptionError, match="this batch wrote are gone.*nothing was committed"):
-        kv.write("big", os.urandom(300_000)).result(T)
-    assert base.fired and [n for n in deleted if n.startswith("data/")], deleted
-    assert kv.newest_version().result(T) == 1
-    assert kv.read("big").result(T).state == "missing"
+    _collected_while_a_write_stalls(gcs_emulator, "suspended/", suspended)
