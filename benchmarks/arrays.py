@@ -14,6 +14,9 @@ Cases (``--small`` shrinks every size for a quick run):
 * 1 GiB float32 in 4 MiB chunks, raw and zstd level 1: full write and full read (MiB/s).
 * 256 MiB float32 in 64x64 chunks, plain and inside 1024x1024 shards: write and
   read (chunks/s).
+* each of these reads twice after its write: ``_read_after_write`` is the first
+  read (the written array still held, so the result lands in memory the process
+  has not used yet), ``_read`` the second (its result may reuse the first's).
 * random 64^3 crops from a sharded uint8 volume served over HTTP by a separate
   server process (crops/s).
 * a uint8 volume (64^3 chunks in 512^3 shards) filled by 2 processes at once,
@@ -162,6 +165,7 @@ def bench_dense(tmp: Path, name: str, shape: tuple[int, ...], chunks: tuple[int,
     n_chunks = int(np.prod([-(-s // c) for s, c in zip(shape, chunks)]))
     amount, unit = (n_chunks, "chunks/s") if per_chunk else (data.nbytes / (1 << 20), "MiB/s")
     w_times: dict[str, list[float]] = {lib: [] for lib in LIBS}
+    first_times: dict[str, list[float]] = {lib: [] for lib in LIBS}
     r_times: dict[str, list[float]] = {lib: [] for lib in LIBS}
     for rep in range(repeats):
         for lib in LIBS:  # in turns, run by run
@@ -171,8 +175,14 @@ def bench_dense(tmp: Path, name: str, shape: tuple[int, ...], chunks: tuple[int,
             t0 = time.perf_counter()
             write(lib, arr, data)
             w_times[lib].append(time.perf_counter() - t0)
-            if rep == 0 and not np.array_equal(read(lib, arr), data):
+            # the first read after the write (the written array still held), then a second
+            gc.collect()
+            t0 = time.perf_counter()
+            got = read(lib, arr)
+            first_times[lib].append(time.perf_counter() - t0)
+            if rep == 0 and not np.array_equal(np.asarray(got), data):
                 raise SystemExit(f"{name}: {lib} read back different data")
+            del got
             gc.collect()
             t0 = time.perf_counter()
             read(lib, arr)
@@ -180,6 +190,8 @@ def bench_dense(tmp: Path, name: str, shape: tuple[int, ...], chunks: tuple[int,
             del arr
             shutil.rmtree(path)
     report(f"{name}_write", {lib: amount / statistics.median(t) for lib, t in w_times.items()}, unit)
+    report(f"{name}_read_after_write", {lib: amount / statistics.median(t) for lib, t in first_times.items()},
+           unit)
     report(f"{name}_read", {lib: amount / statistics.median(t) for lib, t in r_times.items()}, unit)
 
 
