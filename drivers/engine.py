@@ -55,7 +55,7 @@ from tensorstore_py.drivers.codecs.sharding import ShardingCodec, is_fill
 from tensorstore_py.drivers.copies import as_contiguous, copy_into
 from tensorstore_py.drivers.dtypes import element_nbytes
 from tensorstore_py.drivers.fastpath import has_sync_io
-from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, dim_parts, out_shape
+from tensorstore_py.drivers.grid import ChunkPart, chunk_parts, count_chunks, dim_parts, out_shape
 from tensorstore_py.drivers.raw_regions import read_region_async, wants_ranges
 from tensorstore_py.drivers.rmw import RMW_RETRY, rmw_lost
 from tensorstore_py.drivers.shard_reads import (
@@ -65,7 +65,13 @@ from tensorstore_py.drivers.shard_reads import (
     read_part,
     run_async,
 )
-from tensorstore_py.drivers.sizing import async_tasks, blocking_read_tasks, prepared_read_tasks, write_tasks
+from tensorstore_py.drivers.sizing import (
+    async_tasks,
+    blocking_read_tasks,
+    prepared_read_tasks,
+    write_batch_bytes,
+    write_tasks,
+)
 from tensorstore_py.kvstore.base import BlockingRead, Generation, KvStore, ReadResult
 
 __all__ = ["ChunkCodec", "ChunkedArray", "ParsedMetadata", "json_object"]
@@ -73,8 +79,7 @@ __all__ = ["ChunkCodec", "ChunkedArray", "ParsedMetadata", "json_object"]
 # Chunks smaller than this are decoded on the loop thread: a thread hop costs
 # more than a memcpy or decompression of a few KiB.
 _INLINE_BYTES = 64 << 10
-# How many batches run at once comes from drivers/sizing.py (threads per CPU).
-_WRITE_BATCH_BYTES = 256 << 10
+# How many batches run at once, and their bytes, come from drivers/sizing.py.
 _WRITE_BATCH_PARTS = 8
 # Prepared reads (KvStore._prepare_read): chunk bytes resolved together (their
 # lookups share one probe of the newest version), and chunk bytes per pool call.
@@ -463,9 +468,11 @@ class ChunkedArray(ArrayDriver):
                 else:
                     await self._run_io(fastpath.write_batch, self, kv, b, value)
 
+            target = write_batch_bytes(
+                self._threads, count_chunks(index, self._chunk_shape, self._shape) * self._chunk_nbytes)
             await run_bounded(
                 fastpath.batches(chunk_parts(index, self._chunk_shape, self._shape), self._chunk_nbytes,
-                                 target=_WRITE_BATCH_BYTES, max_parts=_WRITE_BATCH_PARTS),
+                                 target=target, max_parts=_WRITE_BATCH_PARTS),
                 batch, budget=self._budget, cost=lambda b: len(b) * self._write_cost,
                 max_tasks=write_tasks(self._threads),
             )

@@ -16,12 +16,16 @@ from tensorstore_py.core import pools
 from tensorstore_py.core.budget import ByteBudget, default_bytes_in_flight, default_max_tasks
 from tensorstore_py.core.pools import Concurrency, available_cpus
 from tensorstore_py.drivers.sizing import (
+    MIN_WRITE_BATCH_BYTES,
+    WRITE_BATCH_BYTES,
     async_tasks,
     blocking_read_tasks,
     prepared_read_tasks,
+    write_batch_bytes,
     write_tasks,
 )
 from tensorstore_py.errors import InvalidSpecError
+from tensorstore_py.kvstore.file import FileKvStore
 
 T = 60
 MiB = 1 << 20
@@ -73,6 +77,38 @@ def test_sixteen_cpus_run_sixteen_decoders():
     # remote stores: more chunks in flight with more codec threads
     assert async_tasks(c16, 4 * MiB, write=False) == 16
     assert async_tasks(c2, 4 * MiB, write=False) == 8
+
+
+def test_write_batches_hold_about_2_mib_unless_the_write_is_small():
+    c16, c2 = Concurrency(cpu=16, io=64), Concurrency(cpu=2, io=32)
+    assert WRITE_BATCH_BYTES == 2 * MiB and MIN_WRITE_BATCH_BYTES == 256 << 10
+    assert write_batch_bytes(c2, 128 * MiB) == 2 * MiB == write_batch_bytes(c16, 128 * MiB)
+    # at least 4 batches per codec thread, down to 256 KiB
+    assert write_batch_bytes(c16, 32 * MiB) == 512 << 10
+    assert write_batch_bytes(c16, 8 * MiB) == 256 << 10 == write_batch_bytes(c2, 4 << 10)
+
+
+@pytest.mark.parametrize(("cpus", "blocks_per_store_call"), [(2, 8), (4, 4), (16, 1)])
+def test_a_write_stores_its_chunks_in_batches_of_about_2_mib(tmp_path, monkeypatch, cpus,
+                                                             blocks_per_store_call):
+    """64 N5 blocks of 256 KiB (16 MiB): eight to a store call with 2 codec
+    threads, four with 4, one with 16 (each thread still gets 4 batches); the
+    values read back."""
+    calls: list[int] = []
+    original = FileKvStore._write_many_blocking
+
+    def counting(self, items):
+        calls.append(len(items))
+        return original(self, items)
+
+    monkeypatch.setattr(FileKvStore, "_write_many_blocking", counting)
+    ctx = tsp.Context({"data_copy_concurrency": {"limit": cpus}})
+    a = tsp.open(f"file://{tmp_path}/n5/", driver="n5", create=True, dtype="uint8", shape=[256] * 3,
+                 chunks=[64] * 3, context=ctx).result(T)
+    x = np.random.default_rng(1).integers(0, 255, (256,) * 3, dtype=np.uint8)
+    a.write(x).result(T)
+    assert calls == [blocks_per_store_call] * (64 // blocks_per_store_call)
+    assert np.array_equal(np.asarray(tsp.open(f"file://{tmp_path}/n5/").result(T).read().result(T)), x)
 
 
 def test_context_thread_limits_round_trip_and_validate():
