@@ -151,7 +151,10 @@ def test_a_late_refusal_of_a_replaced_token_keeps_the_new_one(
     for kv in stores:
         kv.read("k").result(T)
     front.revoke()
-    front.refusal_delays = [0.0, 1.0]
+    # both requests reach the front with the revoked token before the first refusal
+    # is answered (else, on a loaded machine, the second may only leave once the new
+    # token is in and never be refused); the second refusal comes back a second later
+    front.refusal_delays = [0.5, 1.5]
     futures = [kv.read("k") for kv in stores]
     assert [bytes(f.result(T).value) for f in futures] == [b"value"] * 2
     for kv in stores:
