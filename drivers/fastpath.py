@@ -282,15 +282,18 @@ def store_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], encoded: list[An
 
 
 def write_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], value: np.ndarray) -> None:
-    """Encode and write every part (whole chunks unconditionally, partial ones
-    as a generation-checked read-modify-write retried on a lost race)."""
+    """Encode and write every part: whole chunks unconditionally, together (one
+    ``store_batch``), partial ones as a generation-checked read-modify-write
+    retried on a lost race."""
+    whole = [p for p in parts if p.full]
+    if whole:
+        store_batch(arr, kv, whole, encode_batch(arr, whole, value))
     for p in parts:
+        if p.full:
+            continue
         key = arr.chunk_key(p.cell)
         full = kv.path + key  # our keys are valid by construction
         src = value[p.out + (Ellipsis,)]
-        if p.full:
-            store_batch(arr, kv, [p], [arr._encode_full(p, src)])
-            continue
         for attempt in range(1, RMW_RETRY.max_attempts + 1):
             res = kv._read_blocking(full, None, None)
             enc = arr._modify(res, key, p, src)

@@ -111,6 +111,30 @@ def test_a_write_stores_its_chunks_in_batches_of_about_2_mib(tmp_path, monkeypat
     assert np.array_equal(np.asarray(tsp.open(f"file://{tmp_path}/n5/").result(T).read().result(T)), x)
 
 
+def test_whole_chunks_beside_partial_ones_are_stored_together(tmp_path, monkeypatch):
+    """A write whose last dimension is unaligned puts partial chunks in every batch:
+    the whole chunks of each batch still go to the store in one call."""
+    calls: list[int] = []
+    original = FileKvStore._write_many_blocking
+
+    def counting(self, items):
+        calls.append(len(items))
+        return original(self, items)
+
+    ctx = tsp.Context({"data_copy_concurrency": {"limit": 2}})
+    a = tsp.open(f"file://{tmp_path}/n5/", driver="n5", create=True, dtype="uint8", shape=[256] * 3,
+                 chunks=[64] * 3, context=ctx).result(T)
+    x = np.random.default_rng(2).integers(0, 255, (256,) * 3, dtype=np.uint8)
+    a.write(x).result(T)
+    monkeypatch.setattr(FileKvStore, "_write_many_blocking", counting)
+    a[:, :, 1:255].write(x[:, :, 1:255] ^ 0xFF).result(T)
+    # 8 batches of 8 chunks: 2 rows of 4, the first and last of each row partial
+    assert calls == [4] * 8
+    want = x.copy()
+    want[:, :, 1:255] ^= 0xFF
+    assert np.array_equal(np.asarray(a.read().result(T)), want)
+
+
 def test_context_thread_limits_round_trip_and_validate():
     ctx = tsp.Context({"data_copy_concurrency": {"limit": 3}, "file_io_concurrency": {"limit": 5}})
     assert ctx.concurrency == Concurrency(cpu=3, io=5)
