@@ -88,12 +88,9 @@ def test_write_batches_hold_about_2_mib_unless_the_write_is_small():
     assert write_batch_bytes(c16, 8 * MiB) == 256 << 10 == write_batch_bytes(c2, 4 << 10)
 
 
-@pytest.mark.parametrize(("cpus", "blocks_per_store_call"), [(2, 8), (4, 4), (16, 1)])
-def test_a_write_stores_its_chunks_in_batches_of_about_2_mib(tmp_path, monkeypatch, cpus,
-                                                             blocks_per_store_call):
-    """64 N5 blocks of 256 KiB (16 MiB): eight to a store call with 2 codec
-    threads, four with 4, one with 16 (each thread still gets 4 batches); the
-    values read back."""
+def _count_store_calls(monkeypatch) -> list[int]:
+    """The number of chunks of each ``_write_many_blocking`` call of the file
+    store from now on (the real method does the writing)."""
     calls: list[int] = []
     original = FileKvStore._write_many_blocking
 
@@ -102,6 +99,16 @@ def test_a_write_stores_its_chunks_in_batches_of_about_2_mib(tmp_path, monkeypat
         return original(self, items)
 
     monkeypatch.setattr(FileKvStore, "_write_many_blocking", counting)
+    return calls
+
+
+@pytest.mark.parametrize(("cpus", "blocks_per_store_call"), [(2, 8), (4, 4), (16, 1)])
+def test_a_write_stores_its_chunks_in_batches_of_about_2_mib(tmp_path, monkeypatch, cpus,
+                                                             blocks_per_store_call):
+    """64 N5 blocks of 256 KiB (16 MiB): eight to a store call with 2 codec
+    threads, four with 4, one with 16 (each thread still gets 4 batches); the
+    values read back."""
+    calls = _count_store_calls(monkeypatch)
     ctx = tsp.Context({"data_copy_concurrency": {"limit": cpus}})
     a = tsp.open(f"file://{tmp_path}/n5/", driver="n5", create=True, dtype="uint8", shape=[256] * 3,
                  chunks=[64] * 3, context=ctx).result(T)
@@ -114,19 +121,12 @@ def test_a_write_stores_its_chunks_in_batches_of_about_2_mib(tmp_path, monkeypat
 def test_whole_chunks_beside_partial_ones_are_stored_together(tmp_path, monkeypatch):
     """A write whose last dimension is unaligned puts partial chunks in every batch:
     the whole chunks of each batch still go to the store in one call."""
-    calls: list[int] = []
-    original = FileKvStore._write_many_blocking
-
-    def counting(self, items):
-        calls.append(len(items))
-        return original(self, items)
-
     ctx = tsp.Context({"data_copy_concurrency": {"limit": 2}})
     a = tsp.open(f"file://{tmp_path}/n5/", driver="n5", create=True, dtype="uint8", shape=[256] * 3,
                  chunks=[64] * 3, context=ctx).result(T)
     x = np.random.default_rng(2).integers(0, 255, (256,) * 3, dtype=np.uint8)
     a.write(x).result(T)
-    monkeypatch.setattr(FileKvStore, "_write_many_blocking", counting)
+    calls = _count_store_calls(monkeypatch)
     a[:, :, 1:255].write(x[:, :, 1:255] ^ 0xFF).result(T)
     # 8 batches of 8 chunks: 2 rows of 4, the first and last of each row partial
     assert calls == [4] * 8
