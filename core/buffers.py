@@ -5,15 +5,30 @@ into unaligned ones (measured here: 6.8 vs 1.6 GiB/s from the page cache), and
 ``jax.device_put`` on CPU aliases such memory instead of copying it (0.2 s
 instead of 1.5-3.5 s for 1 GiB).
 
-:func:`mapped_empty` is for large results made fresh (a restore's blocks): a
-private anonymous mapping of its own, not a numpy allocation. numpy asks the
-kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)``) on every
-allocation of 4 MiB or more, and where the kernel's ``transparent_hugepage/defrag``
-is ``madvise`` (a common default) the first touch of fresh memory so advised may
-wait for memory compaction: on a busy machine reading 1 GiB from the page cache
-into such buffers took 3.6x as long as into plain mappings (5.5 s vs 1.5 s,
-medians). A mapping goes back to the system when its last array goes. Buffers
-that are allocated and dropped over and over (chunk reads) stay with
+:func:`mapped_empty` is for large results made fresh (an array read's result of
+32 MiB or more, a restore's blocks): a private anonymous mapping of its own, not a numpy
+allocation, so it gets the kernel's 4 KiB pages, as TensorStore's results do.
+numpy asks the kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)``)
+on every allocation of 4 MiB or more, and the first touch of fresh memory so
+advised can cost far more than it saves:
+
+- where the kernel's ``transparent_hugepage/defrag`` is ``madvise`` (a common
+  default), it may wait for memory compaction: on a busy machine reading 1 GiB
+  from the page cache into such buffers took 3.6x as long as into plain
+  mappings (5.5 s vs 1.5 s, medians);
+- on a VM whose free memory goes back to the hypervisor (free page reporting
+  works on 2 MiB blocks, exactly what a huge page needs, and leaves the 4 KiB
+  fragments), each huge page comes back from the host: the first read after a
+  write of 1 GiB (4 MiB chunks, 2 cores) took 1.7-1.8 s with 3.1-3.4 s of
+  system time into numpy's memory, 0.39-0.40 s into a plain mapping.
+
+The cost of 4 KiB pages where memory is warm (recycled at once, as on a machine
+without page reporting): touching 256 MiB of fresh memory took 154 ms against
+80 ms with huge pages (``np.copyto`` into a new mapping, medians of 7), and a
+second read of that 1 GiB 0.45-0.49 s against 0.32-0.39 s.
+
+A mapping goes back to the system when its last array goes. Buffers that are
+allocated and dropped over and over (chunk reads) stay with
 :func:`aligned_empty`, whose memory the allocator reuses already touched.
 """
 
@@ -30,13 +45,19 @@ import numpy as np
 
 from tensorstore_py.core.errors import ResourceExhaustedError
 
-__all__ = ["MAPPED_BYTES", "PAGE", "SCRATCH_BYTES", "aligned_empty", "mapped_empty", "new_array", "pread_full",
+__all__ = ["MAPPED_BYTES", "PAGE", "RESULT_MAPPED_BYTES", "SCRATCH_BYTES", "aligned_empty", "mapped_empty", "new_array", "pread_full",
            "thread_scratch"]
 
 #: the alignment of every buffer made here
 PAGE = 4096
 #: :func:`mapped_empty` buffers this large or larger are mappings of their own (see above)
 MAPPED_BYTES = 4 << 20
+#: :func:`new_array` results this large or larger are :func:`mapped_empty` mappings. Below
+#: it glibc's malloc keeps freed memory for the next request (its mmap threshold grows
+#: with the blocks freed, up to 32 MiB on 64-bit), so a result made there comes back
+#: touched read after read; at or above it every allocation is a fresh mapping anyway,
+#: and the only choice left is its page size (see the module doc).
+RESULT_MAPPED_BYTES = 32 << 20
 #: the largest buffer :func:`thread_scratch` keeps per thread
 SCRATCH_BYTES = 2 << 20
 
@@ -111,7 +132,9 @@ def pread_full(fd: int, mv: memoryview, offset: int, got: int = 0) -> int:
 
 
 def new_array(shape: tuple[int, ...], dtype: Any, *, what: str, aligned: bool = False) -> np.ndarray:
-    """An uninitialised array to hold ``what`` (page-aligned with ``aligned``).
+    """An uninitialised C-order array to hold ``what``: page-aligned with
+    ``aligned``, and at :data:`RESULT_MAPPED_BYTES` or more a mapping of its own
+    (:func:`mapped_empty`, 4 KiB pages; see the module doc) whatever ``aligned``.
 
     Raises :class:`ResourceExhaustedError` naming ``what``, its shape and its
     size in bytes when it can not exist (more bytes than the address space) or
@@ -126,8 +149,10 @@ def new_array(shape: tuple[int, ...], dtype: Any, *, what: str, aligned: bool = 
             f"array can hold (at most {np.iinfo(np.intp).max}); read a smaller region"
         )
     try:
+        if nbytes >= RESULT_MAPPED_BYTES and not dt.hasobject and dt.kind != "T":  # no pointers in a mapping
+            return mapped_empty(shape_t, dt)
         return aligned_empty(shape_t, dt) if aligned else np.empty(shape_t, dt)
-    except (MemoryError, ValueError) as e:
+    except (MemoryError, ValueError, OverflowError) as e:
         raise ResourceExhaustedError(
             f"{what}: a {dt} array of shape {shape_t} ({nbytes} bytes) can not be allocated "
             f"({type(e).__name__}: {e}); read a smaller region"

@@ -5,6 +5,7 @@ and no fresh block per chunk once the pool is warm."""
 
 from __future__ import annotations
 
+import mmap
 import threading
 from pathlib import Path
 
@@ -92,3 +93,50 @@ def test_a_mapping_the_kernel_refuses_is_a_memory_error() -> None:
     assert block.ctypes.data % 4096 == 0 and block.flags.writeable
     with pytest.raises(MemoryError, match="bytes"):
         mapped_empty(1 << 55)
+
+
+def _vm_flags(address: int) -> list[str] | None:
+    """The kernel's VmFlags of the mapping holding ``address`` (None off Linux)."""
+    try:
+        text = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return None
+    inside = False
+    for line in text.splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return None
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_a_large_read_lands_in_a_mapping_of_4k_pages(tmp_path: Path, where: str) -> None:
+    """A result of 32 MiB or more is a mapping of its own that asks for no huge pages
+    (core/buffers.py: numpy's memory is advised MADV_HUGEPAGE, whose first touch
+    cost 4x here on a VM that hands free memory back); a smaller one is not."""
+    from tensorstore_py.core.buffers import RESULT_MAPPED_BYTES
+
+    url = (tmp_path / "a").as_uri() + "/" if where == "file" else "memory://"
+    shape = (RESULT_MAPPED_BYTES // 4 // 1024, 1024)
+    data = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    a = tsp.open(url, create=True, dtype="float32", shape=shape, chunks=(512, 1024)).result()
+    a.write(data).result()
+    got = a.read().result()
+    assert np.array_equal(got, data)
+    assert got.ctypes.data % 4096 == 0 and got.flags.c_contiguous and got.flags.writeable
+    owner = got
+    while isinstance(owner, np.ndarray | memoryview):
+        owner = owner.base if isinstance(owner, np.ndarray) else owner.obj
+    assert isinstance(owner, mmap.mmap), type(owner)
+    part = a[1:-1].read().result()  # under the threshold: the allocator's memory
+    assert np.array_equal(part, data[1:-1]) and part.nbytes < RESULT_MAPPED_BYTES
+    flags = _vm_flags(got.ctypes.data + got.nbytes // 2)  # (numpy advises its 2 MiB-aligned part)
+    if flags is None:
+        pytest.skip("no /proc/self/smaps here")
+    assert "hg" not in flags, flags
+    big_numpy = np.empty(RESULT_MAPPED_BYTES, np.uint8)  # the contrast: what numpy asks for
+    if "hg" not in (_vm_flags(big_numpy.ctypes.data + RESULT_MAPPED_BYTES // 2) or []):
+        pytest.skip("numpy asks for no huge pages on this kernel: nothing to tell apart")

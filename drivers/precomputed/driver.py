@@ -280,12 +280,7 @@ class PrecomputedArray(ChunkedArray):
         if self._sharded is None:
             return await super().read(index, out=out)
         index = self._check_index(index)
-        shape = out_shape(index)
-        if out is None:
-            out = np.empty(shape, dtype=self._dtype)
-        elif out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
-            raise InvalidArgumentError(f"out must be a writeable {self._dtype} array of shape {shape}, "
-                                       f"got {out.dtype} {out.shape}")
+        out = self._out(index, out)
         if out.size:
             await self._sharded.read(chunk_parts(index, self._chunk_shape, self._shape), out)
         return out

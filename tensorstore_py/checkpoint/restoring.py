@@ -76,7 +76,7 @@ from tensorstore_py.checkpoint.prng import from_key_data, is_prng_key
 from tensorstore_py.checkpoint.pytree import flatten_target, unflatten
 from tensorstore_py.checkpoint.storage import StepStore, read_spans
 from tensorstore_py.core.budget import ByteBudget, run_bounded
-from tensorstore_py.core.buffers import aligned_empty
+from tensorstore_py.core.buffers import mapped_empty
 from tensorstore_py.core.errors import DataCorruptionError, InvalidArgumentError, NotFoundError
 from tensorstore_py.core.future import run_sync
 from tensorstore_py.core.gcpause import gc_paused
@@ -136,7 +136,7 @@ async def read_regions(
         if len(overlaps) == 1 and region_shape(overlaps[0][1]) == tuple(leaf.chunk_shape):
             r.direct = True
         elif r.sink is None:
-            r.out = aligned_empty(shape, little_endian(leaf.dtype))
+            r.out = mapped_empty(shape, little_endian(leaf.dtype))  # 4 KiB pages at 4 MiB and more (core/buffers.py)
     codecs: dict[str, Any] = {}  # leaf key -> its compressor (compressed leaves only)
     for cr in chunk_reads.values():
         cs = cr.leaf.chunk_shape
