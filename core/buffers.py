@@ -39,6 +39,7 @@ import math
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -131,22 +132,27 @@ def pread_full(fd: int, mv: memoryview, offset: int, got: int = 0) -> int:
     return got
 
 
-def new_array(shape: tuple[int, ...], dtype: Any, *, what: str, aligned: bool = False) -> np.ndarray:
+_INTP_MAX = int(np.iinfo(np.intp).max)
+
+
+def new_array(shape: tuple[int, ...], dtype: Any, *, what: str | Callable[[], str],
+              aligned: bool = False) -> np.ndarray:
     """An uninitialised C-order array to hold ``what``: page-aligned with
     ``aligned``, and at :data:`RESULT_MAPPED_BYTES` or more a mapping of its own
     (:func:`mapped_empty`, 4 KiB pages; see the module doc) whatever ``aligned``.
 
-    Raises :class:`ResourceExhaustedError` naming ``what``, its shape and its
+    Raises :class:`ResourceExhaustedError` naming ``what`` (or what it returns:
+    the words are made only for the error), its shape and its
     size in bytes when it can not exist (more bytes than the address space) or
     can not be allocated, instead of numpy's ValueError or MemoryError.
     """
     dt = np.dtype(dtype)
     shape_t = tuple(int(s) for s in shape)
     nbytes = math.prod(shape_t) * dt.itemsize
-    if nbytes > np.iinfo(np.intp).max - PAGE:
+    if nbytes > _INTP_MAX - PAGE:
         raise ResourceExhaustedError(
-            f"{what}: a {dt} array of shape {shape_t} would take {nbytes} bytes, more than an "
-            f"array can hold (at most {np.iinfo(np.intp).max}); read a smaller region"
+            f"{_words(what)}: a {dt} array of shape {shape_t} would take {nbytes} bytes, more than an "
+            f"array can hold (at most {_INTP_MAX}); read a smaller region"
         )
     try:
         if nbytes >= RESULT_MAPPED_BYTES and not dt.hasobject and dt.kind != "T":  # no pointers in a mapping
@@ -154,6 +160,10 @@ def new_array(shape: tuple[int, ...], dtype: Any, *, what: str, aligned: bool = 
         return aligned_empty(shape_t, dt) if aligned else np.empty(shape_t, dt)
     except (MemoryError, ValueError, OverflowError) as e:
         raise ResourceExhaustedError(
-            f"{what}: a {dt} array of shape {shape_t} ({nbytes} bytes) can not be allocated "
+            f"{_words(what)}: a {dt} array of shape {shape_t} ({nbytes} bytes) can not be allocated "
             f"({type(e).__name__}: {e}); read a smaller region"
         ) from None
+
+
+def _words(what: str | Callable[[], str]) -> str:
+    return what if isinstance(what, str) else what()

@@ -216,7 +216,8 @@ def _read_raw_batch(arr: ChunkOps, kv: Any, parts: list[ChunkPart], out: np.ndar
     key_of = arr.chunk_key
     cs = arr._chunk_shape
     nbytes = arr._chunk_nbytes
-    raw = aligned_empty(nbytes)
+    scratch = thread_scratch(nbytes)  # this thread's, warm (a read of one chunk allocates nothing)
+    raw = scratch if scratch is not None else aligned_empty(nbytes)
     chunk = raw.view(arr._dtype).reshape(cs)
     copyto = np.copyto
     # a whole chunk can be contiguous in ``out`` only if it spans out's rows

@@ -41,7 +41,7 @@ from numcodecs.blosc import list_compressors
 from tensorstore_py.core.errors import InvalidSpecError, UnsupportedError
 from tensorstore_py.core.ranges import Buffer
 from tensorstore_py.drivers.codecs._limits import LZMA_MEMLIMIT, check_size, decompress_bounded
-from tensorstore_py.drivers.codecs.blosc_codec import blosc_decode
+from tensorstore_py.drivers.codecs.blosc_codec import blosc_decode, own_threads_only
 from tensorstore_py.drivers.codecs.zstd_codec import zstd_decode
 from tensorstore_py.drivers.n5.lz4block import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from tensorstore_py.drivers.n5.lz4block import decode as lz4_decode
@@ -212,8 +212,9 @@ class BloscCompression(Compression):
     def encode(self, data: Buffer, *, itemsize: int) -> Buffer:
         if self.cname not in _BLOSC_BUILT_IN:
             raise UnsupportedError(f"n5 blosc compression: this blosc build has no {self.cname!r} codec")
-        return Blosc(cname=self.cname, clevel=self.clevel, shuffle=self.shuffle, blocksize=self.blocksize,
-                     typesize=itemsize).encode(data)
+        codec = Blosc(cname=self.cname, clevel=self.clevel, shuffle=self.shuffle, blocksize=self.blocksize,
+                      typesize=itemsize)
+        return own_threads_only(codec.encode, data)
 
     def decode(self, data: Buffer, *, size: int, key: str) -> Buffer:
         return blosc_decode(_BLOSC_DECODER, data, key=key, size=size, limit=size)
