@@ -46,8 +46,8 @@ import numpy as np
 
 from tensorstore_py.core.errors import ResourceExhaustedError
 
-__all__ = ["MAPPED_BYTES", "PAGE", "RESULT_MAPPED_BYTES", "SCRATCH_BYTES", "aligned_empty", "mapped_empty", "new_array", "pread_full",
-           "thread_scratch"]
+__all__ = ["MAPPED_BYTES", "PAGE", "RESULT_MAPPED_BYTES", "SCRATCH_BYTES", "aligned_empty", "mapped_empty",
+           "new_array", "pread_full", "thread_scratch"]
 
 #: the alignment of every buffer made here
 PAGE = 4096

@@ -270,7 +270,8 @@ class ChunkedArray(ArrayDriver):
     def _out(self, index: Index, out: np.ndarray | None) -> np.ndarray:
         shape = out_shape(index)
         if out is None:
-            return new_array(shape, self._dtype, what=lambda: f"reading {shape} of the array on {self.kvstore!r}")
+            return new_array(shape, self._dtype,
+                             what=lambda: f"reading {shape} of the array on {self.kvstore!r}")
         if out.shape != shape or out.dtype != self._dtype or not out.flags.writeable:
             raise InvalidArgumentError(
                 f"out must be a writeable {self._dtype} array of shape {shape}, "

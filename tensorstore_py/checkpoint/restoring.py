@@ -136,7 +136,8 @@ async def read_regions(
         if len(overlaps) == 1 and region_shape(overlaps[0][1]) == tuple(leaf.chunk_shape):
             r.direct = True
         elif r.sink is None:
-            r.out = mapped_empty(shape, little_endian(leaf.dtype))  # 4 KiB pages at 4 MiB and more (core/buffers.py)
+            # a mapping in 4 KiB pages from 4 MiB on (core/buffers.py)
+            r.out = mapped_empty(shape, little_endian(leaf.dtype))
     codecs: dict[str, Any] = {}  # leaf key -> its compressor (compressed leaves only)
     for cr in chunk_reads.values():
         cs = cr.leaf.chunk_shape
