@@ -307,8 +307,8 @@ class TensorStore:
             # local files: no event loop round trips. Queued on the I/O pool, and
             # run by the caller itself when it waits before a pool thread took it
             # (core/future.py::submit_blocking): a read waited on at once takes
-            # no thread hand-off (2-3 per crop were 0.4-0.6 ms of a 3 ms crop on
-            # 2 busy cores), reads started together still run side by side.
+            # no thread hand-off (one chunk: 184 us, was 307-336 us through a pool
+            # thread), and reads started together still run side by side.
             return submit_blocking(self._read_blocking, plan)
         return spawn(self._read(plan))
 
