@@ -8,6 +8,7 @@ when the commit is planned.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -172,3 +173,48 @@ def test_a_cancelled_write_whose_upload_is_in_flight_leaves_the_rest_of_its_batc
     assert reader.newest_version().result(T) == 3  # "k", "first", then the batch of the 3 others
     assert [reader.read(f"s{i}").result(T).value for i in range(3)] == [b"0", b"1", b"2"]
     assert reader.read("big").result(T).state == "missing"
+
+
+def test_a_first_commit_planned_on_the_empty_store_is_replanned_over_another_s(gcs_emulator: Any) -> None:
+    # this process found the store empty; its commit plans against version 0
+    # while the probe runs, and another process committed meanwhile: the
+    # attempt is dropped and planned again on version 1 (both values survive)
+    bucket = gcs_emulator.create_bucket()
+    direct = gcs_emulator.spec(bucket, path="v/")
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.05, handshake=0.0) as proxy:
+        store = tsp.KvStore.open({"driver": "versioned", "base": {**direct, "endpoint": proxy.endpoint}}).result(T)
+        assert store.newest_version().result(T) == 0
+        txn = tsp.Transaction()
+        store.with_transaction(txn).write("mine", b"1").result(T)  # reads version 0
+        _other_process_commits(direct, {"theirs": "2"})
+        assert txn.commit().result(T).version == 2
+    fresh = _fresh(direct)
+    assert fresh.read("mine").result(T).value == b"1"
+    assert fresh.read("theirs").result(T).value == b"2"
+    assert [v.version for v in fresh.versions().result(T)] == [1, 2]
+
+
+def test_a_hint_is_checked_with_the_version_above_it() -> None:
+    # the newest version named by the hint costs one round of probes (it and the
+    # one above it together), a store found empty one as well
+    from tensorstore_py.kvstore.versioned.newest import probe_newest
+
+    def rounds(newest: int, known: int, hint: int) -> tuple[int, int]:
+        state = {"in_flight": 0, "rounds": 0}
+
+        async def exists(v: int) -> bool:
+            if state["in_flight"] == 0:
+                state["rounds"] += 1
+            state["in_flight"] += 1
+            await asyncio.sleep(0.001)
+            state["in_flight"] -= 1
+            return v <= newest
+
+        return asyncio.run(probe_newest(exists, known, hint)), state["rounds"]
+
+    assert rounds(7, 0, 7) == (7, 1)  # the hint names the newest
+    assert rounds(7, 1, 7) == (7, 1)
+    assert rounds(0, 0, 0) == (0, 1)
+    assert rounds(9, 0, 7) == (9, 4)  # behind: 7 and 8 exist, then 9, 11 (no), 10 (no)
+    assert rounds(7, 3, 0) == (7, 5)  # no hint: 4, 6, 10 (no), 8 (no), 7
+    assert rounds(3, 0, 7)[0] == 3  # a hint ahead (the store was recreated): probed from known

@@ -53,10 +53,16 @@ async def probe_newest(exists: Callable[[int], Awaitable[bool]], known: int, hin
     ``known`` is a version known to exist and ``hint`` one that may (the
     ``latest`` hint). Versions are dense, so a galloping search upwards from
     the higher of the two, then a bisection, finds the newest in O(log n) probes.
+    A hint is checked together with the version above it: a hint that names
+    the newest version (the usual case) costs one round trip.
     """
     lo = known
-    if hint > lo and await exists(hint):
-        lo = hint
+    if hint > lo:
+        here, above = await asyncio.gather(exists(hint), exists(hint + 1))
+        if here:
+            if not above:
+                return hint
+            lo = hint + 1
     step = 1
     while await exists(lo + step):
         lo += step

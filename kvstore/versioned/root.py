@@ -275,21 +275,33 @@ class VersionedRoot:
         replaced that record, and then everything cached of the old history is
         dropped and the probe starts over from the store as it is.
         """
-        hint = 0
-        if not self._hint_read:
-            self._hint_read = True
-            hint = await read_hint(self.base)
         known = self.known
         if known == 0:
-            lo = await probe_newest(self._exists, 0, hint)
+            if self._hint_read:
+                lo = await probe_newest(self._exists, 0)
+            else:
+                self._hint_read = True
+                lo = await self._probe_unknown()
         else:
+            hint = 0
+            if not self._hint_read:
+                self._hint_read = True
+                hint = await read_hint(self.base)
             same, lo = await asyncio.gather(self._same_record(known), probe_newest(self._exists, known, hint))
             if not same:
                 self._forget_history()
                 self._hint_read = True
-                lo = await probe_newest(self._exists, 0, await read_hint(self.base))
+                lo = await self._probe_unknown()
         self.known = max(self.known, lo)
         return self.known
+
+    async def _probe_unknown(self) -> int:
+        """The newest version of a store whose history this process does not
+        know: the ``latest`` hint and ``commits/1`` are read together, so an
+        empty store is found empty in one round trip (and a store with
+        history costs the same two as reading the hint first)."""
+        hint, first = await asyncio.gather(read_hint(self.base), self._exists(1))
+        return await probe_newest(self._exists, 1, hint) if first else 0
 
     async def _same_record(self, version: int) -> bool:
         """Whether ``commits/<version>`` still holds the record this process cached."""
@@ -421,8 +433,13 @@ class VersionedRoot:
         """:meth:`_prepare` against the answer of ``probe``, started against the
         newest cached version while the probe is in flight (see :meth:`commit`)."""
         guess = self.known
-        cached = self.records.get(guess) if guess > 0 and not probe.done() else None
-        if cached is None:
+        if probe.done():
+            return await self._prepare(await probe, plan_fn)
+        cached = self.records.get(guess) if guess > 0 else None
+        # an empty store is guessed too once a probe of this process found it
+        # empty: there is no record whose write-id could differ
+        empty = guess == 0 and self._probe_done > 0
+        if cached is None and not empty:
             return await self._prepare(await probe, plan_fn)
         attempt = asyncio.ensure_future(self._prepare(guess, plan_fn))
         attempt.add_done_callback(lambda f: f.cancelled() or f.exception())  # a dropped one's error
@@ -439,7 +456,7 @@ class VersionedRoot:
         # the same version with the same record: the probe re-read commits/<guess>
         # from the store and found the write-id cached (a recreated store drops
         # the cache and never matches)
-        if n == guess and now is not None and now.write_id == cached.write_id:
+        if n == guess and (empty or (now is not None and cached is not None and now.write_id == cached.write_id)):
             return await attempt
         attempt.cancel()
         await asyncio.wait([attempt])  # its plan_fn call has ended before the next one
