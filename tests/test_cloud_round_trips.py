@@ -188,6 +188,74 @@ def test_versioned_transaction_of_written_keys_commits_in_2_round_trips(gcs_emul
         assert store.read("k05").result(T).value == b"old 5"
 
 
+def _until(proxy: ShapingProxy, done: float) -> tuple[int, list[str]]:
+    """(sequential round trips, request lines) of the requests sent before ``done``
+    since the last ``reset_counters``."""
+    log = [r for r in proxy.request_log() if r[1] < done]
+    chain, last_end = 0, float("-inf")
+    for _, start, end in sorted(log, key=lambda r: r[2]):
+        if start >= last_end:
+            chain, last_end = chain + 1, end
+    return chain, [line for line, _, _ in log]
+
+
+@pytest.mark.parametrize("server", ["gcs", "s3"])
+def test_a_checkpoint_save_blocks_for_one_round_trip_and_commits_in_four(
+        request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, server: str) -> None:
+    # save() waits for the staging and, asked meanwhile, whether the step exists
+    # (an empty store: the hint and commits/1 together; later: the cached newest
+    # record and the one above it) and the writer lease: one round trip. Then
+    # the chunks (all at once), the probe with the tree nodes planned against
+    # the version the check saw (an empty store too) and the manifest's data
+    # object, then the record: 4 in all for a fresh root. The next step reads
+    # the previous one's manifest and digests first (one round trip, both at
+    # once: the incremental save's links), and writes no lease (the linger): 5.
+    # It was 8 and 9: the check's hint and probe, the transaction's own probe
+    # and the lease one after another, the nodes after the probe, the digests
+    # after the manifest.
+    # (no ``latest`` hint is written after the commits: the measured save reads
+    # it, and another's background rewrite would be counted with it)
+    monkeypatch.setattr(versioned_newest.HintWriter, "note", lambda self, version: None)
+    srv = request.getfixturevalue("gcs_emulator" if server == "gcs" else "s3_server")
+    field = "endpoint" if server == "gcs" else "endpoint_url"
+    bucket = srv.create_bucket()
+    tree = {"w": np.arange(3 * 100_000, dtype=np.float32).reshape(3, -1), "b": np.ones(16, np.int32), "n": 3}
+    with ShapingProxy(srv.endpoint, ttfb=0.1, handshake=0.0) as proxy:
+        root = {**srv.spec(bucket, path="ck/"), field: proxy.endpoint}
+        for step in (1, 2):
+            tree["w"] += 1
+            proxy.reset_counters()
+            fut = tsp.checkpoint.save(root, tree, step=step)
+            blocked, lines = _until(proxy, time.monotonic())
+            assert blocked <= 1, lines
+            assert fut.result(T).step == step
+            rounds, lines = _until(proxy, time.monotonic())
+            assert rounds <= 3 + step, lines
+            assert _data_reads(lines) == []
+        got = tsp.checkpoint.restore(srv.spec(bucket, path="ck/"))
+        np.testing.assert_array_equal(got["w"], tree["w"])
+        np.testing.assert_array_equal(got["b"], tree["b"])
+        assert got["n"] == 3
+        with pytest.raises(tsp.errors.ConditionFailedError, match="step 2 already exists"):
+            tsp.checkpoint.save(root, tree, step=2)
+
+
+def test_a_checkpoint_save_of_an_existing_step_fails_before_returning(gcs_emulator: Any) -> None:
+    # the check runs beside the staging, and save() still raises, with nothing written
+    bucket = gcs_emulator.create_bucket()
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.05) as proxy:
+        root = {**gcs_emulator.spec(bucket, path="ck/"), "endpoint": proxy.endpoint}
+        tsp.checkpoint.save(root, {"a": np.zeros(4)}, step=1).result(T)
+        plain = tsp.KvStore.open(gcs_emulator.spec(bucket, path="ck/")).result(T)
+        time.sleep(0.3)  # the trailing ``latest`` hint
+        before = sorted(plain.list("").result(T))
+        with pytest.raises(tsp.errors.ConditionFailedError, match="step 1 already exists"):
+            tsp.checkpoint.save(root, {"a": np.ones(4)}, step=1)
+        time.sleep(0.3)  # anything the failed save might have left in flight
+        assert sorted(plain.list("").result(T)) == before
+        np.testing.assert_array_equal(tsp.checkpoint.restore(root, step=1)["a"], np.zeros(4))
+
+
 def test_a_whole_read_keeps_every_request_slot_of_the_store_busy(gcs_emulator: Any) -> None:
     # 12 chunks of 4 MiB on a store with 32 request slots: all 12 in flight at once
     # (bytes in flight over the round trip is the throughput), not a count from CPUs

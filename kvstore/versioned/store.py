@@ -419,13 +419,25 @@ class VersionedKvStore(VersionHistory):
 
     def stat(self, keys: Sequence[str], *, version: int | None = None) -> Future[list[EntryInfo | None]]:
         """The index entry of each of ``keys`` (None where absent), in order; no value is read."""
+        return spawn(self._at(version, lambda rec: self._stat_in(rec, keys)))
 
-        async def op(rec: CommitRecord | None) -> list[EntryInfo | None]:
-            tree = rec.root if rec else None
-            found = await asyncio.gather(*(self._root.lookup(tree, self.path + k) for k in keys))
-            return [None if e is None else entry_info(k, e) for k, e in zip(keys, found)]
+    def stat_with_version(self, keys: Sequence[str]) -> Future[tuple[int, list[EntryInfo | None]]]:
+        """``(version, entries)``: :meth:`stat` of ``keys`` at this view's snapshot
+        or the newest version, and which version that was (0: the empty state),
+        from one look-up of the newest version. A writer that checked keys this
+        way can make its transaction read that version
+        (:func:`~tensorstore_py.kvstore.versioned.staging.read_from`) instead of
+        looking the newest up again."""
 
-        return spawn(self._at(version, op))
+        async def op(rec: CommitRecord | None) -> tuple[int, list[EntryInfo | None]]:
+            return (rec.version if rec else 0), await self._stat_in(rec, keys)
+
+        return spawn(self._at(None, op))
+
+    async def _stat_in(self, rec: CommitRecord | None, keys: Sequence[str]) -> list[EntryInfo | None]:
+        tree = rec.root if rec else None
+        found = await asyncio.gather(*(self._root.lookup(tree, self.path + k) for k in keys))
+        return [None if e is None else entry_info(k, e) for k, e in zip(keys, found, strict=True)]
 
     def commit_details(self, version: int) -> Future[CommitDetails]:
         """The commit record of ``version``, deleted or not (NotFoundError if it never existed)."""

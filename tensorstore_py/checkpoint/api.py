@@ -13,12 +13,14 @@ from tensorstore_py.checkpoint.inflight import track
 from tensorstore_py.checkpoint.interop import restore_foreign_root
 from tensorstore_py.checkpoint.leaves import array_leaves, open_leaf
 from tensorstore_py.checkpoint.restoring import ReadStats, restore_step
-from tensorstore_py.checkpoint.saving import SaveOptions, default_coordinator, run_save, snapshot
-from tensorstore_py.checkpoint.storage import StepInfo, StepStore, check_step, checked_metrics, record_key
-from tensorstore_py.core.errors import ConditionFailedError, NotFoundError
-from tensorstore_py.core.future import Future, run_sync, spawn
+from tensorstore_py.checkpoint.saving import SaveOptions, Snapshot, default_coordinator, run_save, snapshot
+from tensorstore_py.checkpoint.storage import StepInfo, StepStore, check_step, checked_metrics
+from tensorstore_py.core.errors import NotFoundError
+from tensorstore_py.core.future import Future, spawn
 from tensorstore_py.kvstore.base import KvStore
 from tensorstore_py.kvstore.registry import require_conditional_writes
+from tensorstore_py.kvstore.versioned.leases import Hold
+from tensorstore_py.kvstore.versioned.staging import protect
 from tensorstore_py.progress import ProgressArg, reporter
 from tensorstore_py.tensorstore import TensorStore
 
@@ -33,6 +35,17 @@ def open_root(root: RootLike) -> KvStore:
     if isinstance(root, str) and "://" in root and not root.endswith("/") and "@" not in root.rsplit("/", 1)[-1]:
         root = root + "/"
     return KvStore.open(root).result()
+
+
+def _release(hold: Future[Hold]) -> None:
+    """Release the writer lease ``hold`` resolves to, whenever it does (a failed
+    registration is left to the save, whose own registration meets it)."""
+
+    def done(f: Future[Hold]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            f.result().release()
+
+    hold.add_done_callback(done)
 
 
 class Root:
@@ -65,12 +78,7 @@ class Root:
         try:
             require_conditional_writes(self.kv, f"checkpoint save of step {step}")
             metrics = checked_metrics(step, metrics)
-            if run_sync(self.kv.read(record_key(step))).state == "value":
-                raise ConditionFailedError(f"checkpoint step {step} already exists at {self.kv!r}")
-            snap = snapshot(
-                tree, process_index=coord.process_index, process_count=coord.process_count,
-                options=options,
-            )
+            snap, read_version, hold = self._stage(step, tree, coord, options)
         except BaseException as e:
             if coord.process_count > 1:  # the others must not wait for this process's part
                 told = spawn(publish_failure(coord, namespace, e, options.commit_timeout))
@@ -84,9 +92,11 @@ class Root:
             run_save(
                 self.store, step, snap, coordinator=coord, namespace=namespace,
                 metrics=metrics, options=options, on_commit=on_commit, progress=bar,
+                read_version=read_version,
             )
         )
         fut.add_done_callback(lambda _f: snap.release())
+        fut.add_done_callback(lambda _f: _release(hold))
         track(fut, what=what, exit_timeout=options.exit_timeout)
         if bar is not None:
             fut.add_done_callback(lambda f: bar.close(failed=f.cancelled() or f.exception() is not None))
@@ -94,6 +104,38 @@ class Root:
         # arrays; return once they are no longer needed (or the save failed)
         snap.staged.wait()
         return fut
+
+    def _stage(
+        self, step: int, tree: Any, coord: Coordinator, options: SaveOptions
+    ) -> tuple[Snapshot, int, Future[Hold]]:
+        """The tree staged, the version in which ``step`` was found absent
+        (ConditionFailedError if it exists) and this process's writer lease.
+
+        The store is asked about the step, and the lease written, while the tree
+        is staged: the caller waits for the longest of the three, not for their
+        sum (on an object store each is a round trip or two). The lease makes the
+        transaction's own registration find it in place; released when the save
+        ends."""
+        unsaved = spawn(self.store.unsaved_version(step))
+        hold = protect(self.kv)
+        try:
+            try:
+                snap = snapshot(
+                    tree, process_index=coord.process_index, process_count=coord.process_count,
+                    options=options,
+                )
+            except BaseException:
+                unsaved.cancel()
+                raise
+            try:
+                read_version = unsaved.result()
+            except BaseException:
+                snap.release()
+                raise
+        except BaseException:
+            _release(hold)
+            raise
+        return snap, read_version, hold
 
     def restore(
         self,

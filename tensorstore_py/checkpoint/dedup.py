@@ -188,11 +188,16 @@ async def load_previous(root: KvStore, step: int, leaves: list[dict[str, Any]]) 
         return None
     prev = older[-1]
     pdir = step_dir(prev)
-    raw, listed = await asyncio.gather(_read_json(root, f"{pdir}/manifest.json"), root.list(f"{pdir}/{DIGESTS_DIR}/"))
-    names = [k for k in listed if k.endswith(".json")]
+
+    async def documents() -> tuple[list[str], list[bytes | None]]:
+        names = [k for k in await root.list(f"{pdir}/{DIGESTS_DIR}/") if k.endswith(".json")]
+        return names, list(await asyncio.gather(*(_read_json(root, k) for k in names)))
+
+    # the digest documents are read beside the manifest, not after it: on an
+    # object store that is one round trip before the chunk writes instead of two
+    raw, (names, docs) = await asyncio.gather(_read_json(root, f"{pdir}/manifest.json"), documents())
     if raw is None or not names:
         return None
-    docs = await asyncio.gather(*(_read_json(root, k) for k in names))
     try:
         manifest = json.loads(raw)
         old_leaves = {str(e["path"]): e for e in manifest["leaves"] if "key" in e}

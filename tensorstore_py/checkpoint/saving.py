@@ -77,6 +77,7 @@ from tensorstore_py.core.gcpause import gc_paused
 from tensorstore_py.core.pools import run_io
 from tensorstore_py.kvstore.base import Generation, KvStore
 from tensorstore_py.kvstore.transaction import Transaction
+from tensorstore_py.kvstore.versioned.staging import read_from
 from tensorstore_py.progress import Progress
 
 __all__ = ["MANIFEST_FORMAT", "SaveOptions", "run_save", "snapshot", "write_documents"]
@@ -458,6 +459,7 @@ async def run_save(
     progress: Progress | None = None,
     digests: Mapping[str, str] | None = None,
     heads: Mapping[str, str] | None = None,
+    read_version: int | None = None,
 ) -> StepInfo:
     """Phases 2 and 3 (background). Raises ConditionFailedError if ``step`` exists.
     ``progress`` advances with the bytes of each chunk written. The caller
@@ -465,7 +467,11 @@ async def run_save(
     ends. ``digests``: chunk key -> digest of chunks whose digests are known
     (a promotion: the local part's), not hashed again, and linked without
     being read when equal to the previous step's; ``heads``: their head
-    digests (dedup.py), recorded with them."""
+    digests (dedup.py), recorded with them. ``read_version``: the version the
+    caller found the step absent in (``StepStore.unsaved_version``); a
+    single-process save reads that version rather than looking up the newest
+    again (one round trip less; the commit still checks every version after
+    it, and the step record is created only if absent)."""
     p, n = coordinator.process_index, coordinator.process_count
     timeout = options.commit_timeout
     if n > 1:
@@ -482,6 +488,8 @@ async def run_save(
         )
     else:
         txn = Transaction(message=f"checkpoint step {step}", metadata={"checkpoint_step": step})
+        if read_version is not None:
+            await read_from(txn, store.kv, read_version)
     view = store.kv.with_transaction(txn)
     started = time.time()
     committing = False

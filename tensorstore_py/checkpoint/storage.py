@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensorstore_py.core.errors import (
+    ConditionFailedError,
     ConflictError,
     DataCorruptionError,
     InvalidArgumentError,
@@ -167,6 +168,15 @@ class StepStore:
             except NotFoundError:
                 continue  # deleted between finding it and leasing it: take the newest again
         raise NotFoundError(f"checkpoint root {self.kv!r}: the newest version keeps being deleted; retry")
+
+    async def unsaved_version(self, step: int) -> int:
+        """The newest version, checked not to hold ``step``: a save can read
+        (``read_from``) the version its fail-fast check saw.
+        ConditionFailedError if the step exists."""
+        version, (entry,) = await self.kv.stat_with_version([record_key(step)])
+        if entry is not None:
+            raise ConditionFailedError(f"checkpoint step {step} already exists at {self.kv!r}")
+        return version
 
     async def list_steps(self, view: KvStore | None = None) -> list[int]:
         """The committed steps (of ``view``, default the live store), ascending."""
