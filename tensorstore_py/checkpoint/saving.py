@@ -488,12 +488,12 @@ async def run_save(
         )
     else:
         txn = Transaction(message=f"checkpoint step {step}", metadata={"checkpoint_step": step})
-        if read_version is not None:
-            await read_from(txn, store.kv, read_version)
     view = store.kv.with_transaction(txn)
     started = time.time()
     committing = False
     try:
+        if n == 1 and read_version is not None:
+            await read_from(txn, store.kv, read_version)
         # the step's create-only record and the previous step's digests are read
         # at once: both wait on the version the transaction pins, not on each other
         incremental = await _begin(view, store, step, snap, options, p, n, metrics, started, digests, heads)
