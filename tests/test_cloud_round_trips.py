@@ -240,6 +240,25 @@ def test_a_checkpoint_save_blocks_for_one_round_trip_and_commits_in_four(
             tsp.checkpoint.save(root, tree, step=2)
 
 
+def test_a_checkpoint_restore_reads_the_step_record_and_manifest_together(
+        gcs_emulator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the newest version (1), the reader lease and the check after it that the
+    # version is not deleted (2, 3: in this order, FORMAT.md §9.5), the step's
+    # record and manifest together (4), the chunks (5). It was 6: the manifest
+    # after the record.
+    monkeypatch.setattr(versioned_newest.HintWriter, "note", lambda self, version: None)
+    bucket = gcs_emulator.create_bucket()
+    tree = {f"w{i}": np.full(70_000, i, dtype=np.float32) for i in range(4)}
+    with ShapingProxy(gcs_emulator.endpoint, ttfb=0.1, handshake=0.0) as proxy:
+        root = {**gcs_emulator.spec(bucket, path="ck/"), "endpoint": proxy.endpoint}
+        tsp.checkpoint.save(root, tree, step=1).result(T)
+        got: dict[str, Any] = {}
+        rounds, lines = _rounds(proxy, lambda: got.update(tsp.checkpoint.restore(root)))
+        assert rounds <= 5, lines
+        for k, v in tree.items():
+            np.testing.assert_array_equal(got[k], v)
+
+
 def test_a_checkpoint_save_of_an_existing_step_fails_before_returning(gcs_emulator: Any) -> None:
     # the check runs beside the staging, and save() still raises, with nothing written
     bucket = gcs_emulator.create_bucket()

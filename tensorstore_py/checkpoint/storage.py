@@ -218,9 +218,15 @@ class StepStore:
             if not steps:
                 raise NotFoundError(f"no checkpoint steps at {self.kv!r}")
             step = steps[-1]
-        await self.record(step, snap)  # NotFoundError names the step
-        manifest = await self.manifest(step, snap)
-        return step, manifest, snap.with_path(step_dir(step))
+        # the record and the manifest are read together (on an object store one
+        # round trip, not two); a missing record is the error to raise
+        recorded, read = await asyncio.gather(self.record(step, snap), self.manifest(step, snap),
+                                              return_exceptions=True)
+        if isinstance(recorded, BaseException):
+            raise recorded  # NotFoundError names the step
+        if isinstance(read, BaseException):
+            raise read
+        return step, read, snap.with_path(step_dir(step))
 
     # -- deleting --------------------------------------------------------------
     async def delete_steps(
