@@ -210,9 +210,9 @@ def test_a_checkpoint_save_blocks_for_one_round_trip_and_commits_in_four(
     # object, then the record: 4 in all for a fresh root. The next step reads
     # the previous one's manifest and digests first (one round trip, both at
     # once: the incremental save's links), and writes no lease (the linger): 5.
-    # It was 8 and 9: the check's hint and probe, the transaction's own probe
-    # and the lease one after another, the nodes after the probe, the digests
-    # after the manifest.
+    # A fresh root took 8: the check's hint and probe, the transaction's own
+    # probe and the lease one after another, the nodes after the probe; a later
+    # step also read the digests after the manifest.
     # (no ``latest`` hint is written after the commits: the measured save reads
     # it, and another's background rewrite would be counted with it)
     monkeypatch.setattr(versioned_newest.HintWriter, "note", lambda self, version: None)
