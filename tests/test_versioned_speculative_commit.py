@@ -175,7 +175,7 @@ def test_a_cancelled_write_whose_upload_is_in_flight_leaves_the_rest_of_its_batc
     assert reader.read("big").result(T).state == "missing"
 
 
-def test_a_first_commit_planned_on_the_empty_store_is_replanned_over_another_s(gcs_emulator: Any) -> None:
+def test_a_first_commit_planned_on_the_empty_store_is_replanned_over_a_new_commit(gcs_emulator: Any) -> None:
     # this process found the store empty; its commit plans against version 0
     # while the probe runs, and another process committed meanwhile: the
     # attempt is dropped and planned again on version 1 (both values survive)
