@@ -119,20 +119,18 @@ class Root:
         unsaved = spawn(self.store.unsaved_version(step))
         hold = protect(self.kv)
         try:
-            try:
-                snap = snapshot(
-                    tree, process_index=coord.process_index, process_count=coord.process_count,
-                    options=options,
-                )
-            except BaseException:
-                unsaved.cancel()
-                raise
-            try:
-                read_version = unsaved.result()
-            except BaseException:
-                snap.release()
-                raise
+            snap = snapshot(
+                tree, process_index=coord.process_index, process_count=coord.process_count,
+                options=options,
+            )
         except BaseException:
+            unsaved.cancel()
+            _release(hold)
+            raise
+        try:
+            read_version = unsaved.result()
+        except BaseException:
+            snap.release()
             _release(hold)
             raise
         return snap, read_version, hold
