@@ -60,9 +60,14 @@ class RecycledBuffers:
             else:
                 block = aligned_empty(-(-n // _GRAIN) * _GRAIN)
                 self.made += 1
-        view = block[:n]
-        weakref.finalize(view, self._put_back, block).atexit = False
-        return view
+        tracked = block[:n]
+        weakref.finalize(tracked, self._put_back, block).atexit = False
+        # Handed out through a memoryview of ``tracked``, not as ``tracked`` itself:
+        # numpy collapses the base of a slice (``view[:k]``, ``view.reshape(...)``) to
+        # the array that owns the memory, the block, so a slice of ``tracked`` would
+        # not keep it alive and the block would serve again under the slice. Every
+        # array made from this one refers to the memoryview, which refers to ``tracked``.
+        return np.frombuffer(tracked.data, np.uint8)
 
     def _put_back(self, block: np.ndarray) -> None:
         with self._lock:

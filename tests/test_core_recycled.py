@@ -29,6 +29,25 @@ def test_a_block_serves_again_once_every_view_of_it_is_gone() -> None:
     del b, c
 
 
+def test_numpy_slices_keep_their_block() -> None:
+    """numpy gives a slice of a view the block itself as its base: the block must
+    still not serve again while only such a slice (or a reshape, a dtype view) lives."""
+    pool = RecycledBuffers(keep_bytes=64 << 20)
+    for derive in (lambda a: a[:1000], lambda a: a.reshape(1024, -1)[3:], lambda a: a.view(np.float32)[7:],
+                   lambda a: a[::2], lambda a: np.asarray(a)[5:]):
+        a = pool.get(2 << 20)
+        a[:] = 7
+        part = derive(a)
+        where = _address(a)
+        del a
+        b = pool.get(2 << 20)
+        assert _address(b) != where and pool.kept_bytes == 0
+        b[:] = 1
+        assert (part.view(np.uint8) == 7).all()
+        del part, b
+        pool.clear()
+
+
 def test_only_blocks_of_a_similar_size_are_reused() -> None:
     pool = RecycledBuffers(keep_bytes=64 << 20)
     big = pool.get(16 << 20)
