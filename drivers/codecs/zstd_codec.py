@@ -28,6 +28,7 @@ from tensorstore_py.drivers.codecs.registry import (
     register_compression,
     register_v2_decoder,
 )
+from tensorstore_py.drivers.codecs.zstd_into import compress_into
 from tensorstore_py.kvstore.base import Buffer
 
 _MAGIC = b"\x28\xb5\x2f\xfd"
@@ -74,7 +75,8 @@ class ZstdCodec(BytesBytesCodec):
         return {"name": "zstd", "configuration": {"level": self.level, "checksum": self.checksum}}
 
     def encode(self, buf: Buffer) -> Buffer:
-        return self._z.encode(buf)
+        out = compress_into(buf, self.level, self.checksum)  # large chunks: into a recycled block
+        return self._z.encode(buf) if out is None else out
 
     def decode(self, buf: Buffer, *, key: str, size: int | None, limit: int,
                out: Buffer | None = None) -> Buffer:
