@@ -61,11 +61,12 @@ def _record_reads(lines: list[str]) -> list[str]:
             if line.startswith("GET") and ("v%2Fcommits%2F" in line or "/v/commits/" in line)]
 
 
-def _read_once_each(reads: list[str]) -> None:
-    """Every commit record among ``reads`` is read once: the probe's read of the
-    parent record is the one that proves it is still on the store (none again)."""
+def _parent_read_once(reads: list[str], parent: int) -> None:
+    """The parent's commit record is read once, and no other: that read proves
+    it is still on the store (FORMAT.md §5.1), and the record's create-only
+    write, not a read, finds a version above it (root.start_probe)."""
     keys = [line.split()[1].split("?")[0] for line in reads]
-    assert len(keys) == len(set(keys)) == 2, reads  # the parent record and the one above it
+    assert len(keys) == 1 and keys[0].endswith(f"commits%2F{parent:020d}" if "%2F" in keys[0] else f"commits/{parent:020d}"), reads
 
 
 def _lease_generations(spec: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +122,7 @@ def test_versioned_commit_of_one_key_takes_2_round_trips(
         held = _lease_generations(srv.spec(bucket, path="v/"))
         rounds, lines = _commit_rounds(proxy, lambda: store.write("k07", value).result(T))
         assert _data_reads(lines) == []  # no pre-commit read of the data object
-        _read_once_each(_record_reads(lines))
+        _parent_read_once(_record_reads(lines), parent=20)
         assert held and _lease_generations(srv.spec(bucket, path="v/")) == held  # no lease written
         assert rounds <= 2, lines
         reader = tsp.KvStore.open({"driver": "versioned", "base": srv.spec(bucket, path="v/")}).result(T)
@@ -181,7 +182,7 @@ def test_versioned_transaction_of_written_keys_commits_in_2_round_trips(gcs_emul
         # together, then the record (the lease vouches for the data object: no read of it)
         rounds, lines = _commit_rounds(proxy, lambda: txn.commit().result(T))
         assert _data_reads(lines) == []
-        _read_once_each(_record_reads(lines))
+        _parent_read_once(_record_reads(lines), parent=20)
         assert rounds <= 2, lines
         assert store.read("k03").result(T).value == b"a" * 5000
         assert store.read("k04").result(T).value == b"b" * 10

@@ -87,6 +87,33 @@ def test_a_condition_true_only_at_the_stale_version_fails(stores: Any) -> None:
     assert reader.newest_version().result(T) == 4  # nothing committed by the failed write
 
 
+def test_a_condition_true_only_at_a_version_this_process_has_not_seen_holds(stores: Any) -> None:
+    """The writer's probe re-reads the version this process knows and does not
+    look above it (the record's create-only write would find a newer one). A
+    write whose condition fails there writes no record, so the newest version
+    is looked up before the failure is reported: it holds there, and commits."""
+    store, direct, _proxy = stores
+    _other_process_commits(direct, {"k1": "theirs"})  # version 4, unseen by `store`
+    gen = _fresh(direct).read("k1").result(T).generation  # learnt elsewhere
+    store.write("k1", b"mine", if_equal=gen).result(T)
+    reader = _fresh(direct)
+    assert reader.read("k1").result(T).value == b"mine"
+    assert reader.newest_version().result(T) == 5
+    with pytest.raises(ConditionFailedError):  # and one false at the newest still fails
+        store.write("k1", b"again", if_equal=gen).result(T)
+    assert _fresh(direct).newest_version().result(T) == 5
+
+
+def test_a_delete_of_a_key_only_a_version_this_process_has_not_seen_holds(stores: Any) -> None:
+    store, direct, _proxy = stores
+    _other_process_commits(direct, {"new": "theirs"})  # version 4, unseen by `store`
+    store.delete("new").result(T)  # planned on version 3; its record write finds version 4
+    reader = _fresh(direct)
+    assert reader.newest_version().result(T) == 5
+    assert reader.read("new").result(T).state == "missing"
+    assert reader.read("k1").result(T).value == b"old 1"
+
+
 def test_a_transaction_is_rebased_over_a_commit_it_did_not_know(stores: Any) -> None:
     # the transaction is based on version 3 (its first write); another process
     # commits version 4 (other keys) before the commit, which this process has

@@ -249,11 +249,27 @@ class VersionedRoot:
         return self.known
 
     def start_probe(self) -> asyncio.Future[int]:
-        """:meth:`newest` in the background, for :meth:`commit`'s ``probe``: a
-        writer looks the newest version up while it uploads its data."""
-        probe = asyncio.ensure_future(self.newest())
+        """For :meth:`commit`'s ``probe``: the version a commit builds on, looked
+        up in the background while the writer uploads its data.
+
+        Where this process knows the store's history, that is the newest version
+        it knows, once ``commits/<known>`` is read back from the store with the
+        write-id cached (FORMAT.md §5.1 asks for that read); the version above
+        it is not probed. The commit record's create-only write is that probe: a
+        version another writer committed meanwhile makes it fail, and the next
+        attempt looks the newest version up in full (:meth:`newest`). One request
+        less per commit (a one-key commit: 4, was 5), for one round trip more
+        when another writer won the race. Otherwise (nothing known, or the record
+        read back differs) it is :meth:`newest`."""
+        probe = asyncio.ensure_future(self._base_version())
         probe.add_done_callback(lambda f: f.cancelled() or f.exception())
         return probe
+
+    async def _base_version(self) -> int:
+        known = self.known
+        if known > 0 and await self._same_record(known):
+            return known
+        return await self.newest()
 
     async def _run_probe(self, seq: int) -> int:
         try:
@@ -374,6 +390,7 @@ class VersionedRoot:
 
     async def _commit(self, plan_fn: Planner, probe: asyncio.Future[int] | None) -> CommitRecord | None:
         failures = 0
+        newer: int | None = None  # a version above the first probe's, found by _newer_than
         while True:
             try:
                 # Dense versions rest on "commits/<n+1> is only created by a writer
@@ -387,9 +404,17 @@ class VersionedRoot:
                 # process created it meanwhile. No second read of it is needed.
                 if probe is not None:
                     first, probe = probe, None
-                    prepared = await self._prepare_beside(first, plan_fn)
+                    try:
+                        prepared = await self._prepare_beside(first, plan_fn)
+                    except ConditionFailedError:
+                        if (newer := await self._newer_than(first.result())) is None:
+                            raise
+                        continue
+                    if prepared is None and (newer := await self._newer_than(first.result())) is not None:
+                        continue
                 else:
-                    prepared = await self._prepare(await self.newest(), plan_fn)
+                    n, newer = (newer, None) if newer is not None else (await self.newest(), None)
+                    prepared = await self._prepare(n, plan_fn)
                 if prepared is None:
                     return None
                 plan, rec = prepared
@@ -419,6 +444,16 @@ class VersionedRoot:
                 self.hints.note(self.known)
                 return rec
             # lost the race: the loop re-plans against the newer version (rebase)
+
+    async def _newer_than(self, version: int) -> int | None:
+        """After a first attempt found a condition false, or nothing to commit, on
+        the ``version`` its probe answered: the newest version if it is above that
+        one, else None. A writer's probe does not look above the version it
+        checked (:meth:`start_probe`) and only a record write finds a newer one,
+        so an attempt that writes no record must ask: a condition may hold there,
+        or a delete find its key."""
+        n = await self.newest()
+        return n if n > version else None
 
     async def _prepare(self, n: int, plan_fn: Planner) -> tuple[Plan, CommitRecord] | None:
         """Plan against version ``n`` and write the attempt's objects: (plan,
