@@ -1,7 +1,8 @@
 """``zstd`` through numcodecs (C, releases the GIL).
 
 Also decodes the zarr v2 compressor ``zstd``, and is ``compression="zstd"``
-(level 1, no checksum).
+(level 1, no checksum). Chunks of 1 MiB or more are compressed into recycled
+blocks, with numcodecs' bytes (``zstd_into.py``).
 """
 
 from __future__ import annotations
