@@ -38,7 +38,6 @@ from tensorstore_py.drivers.codecs import compression_compressor, v2_decoder
 from tensorstore_py.drivers.codecs._limits import decode_limit
 from tensorstore_py.drivers.codecs.base import ChunkCodec
 from tensorstore_py.drivers.codecs.vlen import decode_vlen, encode_vlen
-from tensorstore_py.drivers.codecs.zstd_into import compress_into
 from tensorstore_py.drivers.copies import copy_into
 from tensorstore_py.drivers.documents import AttributedArray, update_json
 from tensorstore_py.drivers.dtypes import (
@@ -141,10 +140,7 @@ class V2ChunkCodec(ChunkCodec):
             buf = buf.view(np.dtype("i8").newbyteorder(buf.dtype.byteorder))
         for c in (*self.filters, *([self.compressor] if self.compressor is not None else [])):
             try:
-                # a large chunk's zstd output goes into a recycled block (codecs/zstd_into.py)
-                out = (compress_into(buf, c.level, getattr(c, "checksum", False))
-                       if c.codec_id == "zstd" else None)
-                buf = c.encode(buf) if out is None else out
+                buf = c.encode(buf)
             except Exception as e:  # a configuration numcodecs took but can not encode with
                 raise InvalidSpecError(
                     f"zarr metadata: codec {c.get_config()!r} can not encode a chunk of "

@@ -11,7 +11,6 @@ Modules:
 * ``transpose``     ``transpose``
 * ``gzip_codec``    ``gzip``; zarr v2 ``gzip``/``zlib``; ``compression="gzip"``
 * ``zstd_codec``    ``zstd``; zarr v2 ``zstd``; ``compression="zstd"``
-* ``zstd_into``     chunks of 1 MiB or more zstd-compressed into recycled blocks
 * ``blosc_codec``   ``blosc``; zarr v2 ``blosc``; ``compression="blosc"``
 * ``crc32c_codec``  ``crc32c``
 * ``lz4_v2``        zarr v2 ``lz4`` (no zarr3 codec)

@@ -1,8 +1,7 @@
 """``zstd`` through numcodecs (C, releases the GIL).
 
 Also decodes the zarr v2 compressor ``zstd``, and is ``compression="zstd"``
-(level 1, no checksum). Chunks of 1 MiB or more are compressed into recycled
-blocks, with numcodecs' bytes (``zstd_into.py``).
+(level 1, no checksum).
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from tensorstore_py.drivers.codecs.registry import (
     register_compression,
     register_v2_decoder,
 )
-from tensorstore_py.drivers.codecs.zstd_into import compress_into
 from tensorstore_py.kvstore.base import Buffer
 
 _MAGIC = b"\x28\xb5\x2f\xfd"
@@ -76,8 +74,7 @@ class ZstdCodec(BytesBytesCodec):
         return {"name": "zstd", "configuration": {"level": self.level, "checksum": self.checksum}}
 
     def encode(self, buf: Buffer) -> Buffer:
-        out = compress_into(buf, self.level, self.checksum)  # large chunks: into a recycled block
-        return self._z.encode(buf) if out is None else out
+        return self._z.encode(buf)
 
     def decode(self, buf: Buffer, *, key: str, size: int | None, limit: int,
                out: Buffer | None = None) -> Buffer:
