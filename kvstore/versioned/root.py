@@ -371,16 +371,19 @@ class VersionedRoot:
         CommitOutcomeUnknownError: the record may land; before, it is a plain
         cancellation and nothing becomes visible.
 
-        ``probe``: a :meth:`newest` the caller started earlier, to overlap the
-        search for the newest version with its own work (uploading data). While
+        ``probe``: a :meth:`start_probe` the caller started earlier, to overlap the
+        search for the version to build on with its own work (uploading data). While
         it is in flight, the first attempt is planned and its tree nodes are
         written against the newest version this process knows (one round trip
         less: probe and nodes together, then the record); it is kept only if
         the probe answers that same version, with the same record, else
         dropped (its nodes are garbage for gc) and re-planned against the
-        answer. An answer that is stale by the time of the record costs
-        nothing but a lost race: the create of the commit record fails and the
-        next attempt re-plans against a fresh probe.
+        answer. An answer that is stale by the time of the record (or was
+        stale already: that probe does not look above the version it checked)
+        costs nothing but a lost race: the create of the commit record fails
+        and the next attempt re-plans against a fresh probe. An attempt that
+        writes no record (a false condition, nothing to commit) asks for the
+        newest version first and is planned again there if it is newer.
 
         Holds a writer lease (§9.3) while it writes nodes and the record: a
         coordinator that wrote nothing else has none of its own.
