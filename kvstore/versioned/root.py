@@ -416,7 +416,8 @@ class VersionedRoot:
                     if prepared is None and (newer := await self._newer_than(first.result())) is not None:
                         continue
                 else:
-                    n, newer = (newer, None) if newer is not None else (await self.newest(), None)
+                    n = newer if newer is not None else await self.newest()
+                    newer = None
                     prepared = await self._prepare(n, plan_fn)
                 if prepared is None:
                     return None
